@@ -1,0 +1,1 @@
+//! Spillway's workloads and benchmarks.

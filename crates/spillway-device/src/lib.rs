@@ -1,0 +1,207 @@
+//! GPU tier backends of Spillway.
+//!
+//! A [`Device`] owns two pieces of memory, both sized once at creation:
+//! - **frames**: `frames` page-sized pieces of device memory, the GPU budget;
+//! - **host slots**: `host_slots` page-sized pieces of host memory, the host tier (pinned
+//!   on a real GPU, so copies run at full PCIe speed).
+//!
+//! It moves pages between them on two copy *streams*, one per [`Direction`], so a load and
+//! an eviction run at once. Copies of one direction complete in submission order, and
+//! each completion is reported to the [`CompletionSink`] given at creation, from the
+//! device's own thread. The caller (the pool) guarantees that no frame or slot is touched
+//! by anyone else while a copy that uses it is in flight; the device does not check.
+//!
+//! Backends:
+//! - [`sim::SimDevice`]: device memory is host memory under the budget, copies are real
+//!   `memcpy` on one thread per direction. Always built; every test and the demo use it.
+//! - `cuda` (feature `cuda`): cudarc, loaded at run time.
+//!
+//! Besides copies, a device runs three small kernels on a page (fill with the
+//! [`spillway_types::pattern`], checksum, and arithmetic work) so that the demo and the
+//! tests work on every backend without reading pages back to the host.
+
+pub mod sim;
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use spillway_types::{BufferId, Direction, FrameId, HostSlot, TransferId};
+
+/// Which backend a device is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// Host memory standing in for a GPU.
+    Sim,
+    /// An NVIDIA GPU through CUDA.
+    Cuda,
+}
+
+impl DeviceKind {
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Sim => "sim",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// Sizes a device is created with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Number of page-sized frames of device memory (the GPU budget in pages).
+    pub frames: u32,
+    /// Number of page-sized host slots (the host tier in pages).
+    pub host_slots: u32,
+    /// Bytes per page.
+    pub page_bytes: u64,
+}
+
+/// One copy of (part of) a page between a frame and a host slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyOp {
+    /// Reported back in the completion.
+    pub id: TransferId,
+    /// Which way the bytes go; also picks the stream.
+    pub direction: Direction,
+    /// The device side.
+    pub frame: FrameId,
+    /// The host side.
+    pub slot: HostSlot,
+    /// Bytes from the start of the page (at most the page size).
+    pub bytes: u64,
+}
+
+/// A finished copy.
+#[derive(Debug)]
+pub struct Completion {
+    /// The copy's id, as submitted.
+    pub id: TransferId,
+    /// Whether the bytes arrived.
+    pub result: Result<(), DeviceError>,
+}
+
+/// Where completions go. Called from the device's threads, never while the device holds
+/// a lock of its own, so it may submit new copies.
+pub type CompletionSink = Arc<dyn Fn(Completion) + Send + Sync>;
+
+/// An address in device memory as kernels see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DevicePtr(pub u64);
+
+/// Errors of a device backend.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The backend cannot be used on this machine or build.
+    #[error("the {backend} device is unavailable: {reason}")]
+    Unavailable {
+        /// `sim` or `cuda`.
+        backend: &'static str,
+        /// What is missing (a feature, a driver, a GPU).
+        reason: String,
+    },
+    /// Device or host memory could not be had.
+    #[error("out of {what} memory: asked for {requested_bytes} bytes, {available_bytes} available")]
+    OutOfMemory {
+        /// `device` or `host`.
+        what: &'static str,
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// Bytes that were free.
+        available_bytes: u64,
+    },
+    /// A range outside a frame or slot.
+    #[error("range {offset}+{len} is outside a page of {page_bytes} bytes")]
+    OutOfRange {
+        /// Start inside the page.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// Size of a page.
+        page_bytes: u64,
+    },
+    /// The driver reported an error.
+    #[error("device driver error during {op}: {message}")]
+    Driver {
+        /// What was being done.
+        op: &'static str,
+        /// The driver's message.
+        message: String,
+    },
+}
+
+/// A GPU tier backend. See the crate docs for the contract on copies.
+pub trait Device: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> DeviceKind;
+    /// A human description (`"sim (host memory)"`, the GPU's name).
+    fn describe(&self) -> String;
+    /// The sizes the device was created with.
+    fn config(&self) -> DeviceConfig;
+    /// Queues a copy on the stream of its direction. The completion reaches the sink.
+    fn submit(&self, op: CopyOp);
+
+    /// Copies `data` into host slot `slot` at `offset`, synchronously.
+    fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError>;
+    /// Copies from host slot `slot` at `offset` into `out`, synchronously.
+    fn read_host(&self, slot: HostSlot, offset: u64, out: &mut [u8]) -> Result<(), DeviceError>;
+    /// Copies `data` into frame `frame` at `offset`; returns when the bytes are there.
+    fn write_frame(&self, frame: FrameId, offset: u64, data: &[u8]) -> Result<(), DeviceError>;
+    /// Copies from frame `frame` at `offset` into `out`; returns when the bytes are there.
+    fn read_frame(&self, frame: FrameId, offset: u64, out: &mut [u8]) -> Result<(), DeviceError>;
+
+    /// The device address of a frame.
+    fn frame_ptr(&self, frame: FrameId) -> DevicePtr;
+    /// The frame's memory as the host sees it, when device memory is host memory (`sim`).
+    /// `None` for a real GPU.
+    fn host_view(&self, frame: FrameId) -> Option<NonNull<u8>>;
+
+    /// Reserves a contiguous device address range for a buffer of `bytes`, into which
+    /// its resident pages are mapped. Backends without virtual memory return `None`.
+    fn reserve_range(
+        &self,
+        buffer: BufferId,
+        bytes: u64,
+    ) -> Result<Option<DevicePtr>, DeviceError> {
+        let _ = (buffer, bytes);
+        Ok(None)
+    }
+    /// Maps `frame` as page `index` of `buffer`'s range (no-op without virtual memory).
+    fn map_page(&self, buffer: BufferId, index: u32, frame: FrameId) -> Result<(), DeviceError> {
+        let _ = (buffer, index, frame);
+        Ok(())
+    }
+    /// Unmaps page `index` of `buffer`'s range (no-op without virtual memory).
+    fn unmap_page(&self, buffer: BufferId, index: u32) -> Result<(), DeviceError> {
+        let _ = (buffer, index);
+        Ok(())
+    }
+    /// Gives back `buffer`'s range (no-op without virtual memory).
+    fn release_range(&self, buffer: BufferId) -> Result<(), DeviceError> {
+        let _ = buffer;
+        Ok(())
+    }
+
+    /// Fills `len` bytes of `frame` with [`spillway_types::pattern::fill`] of `seed`.
+    fn fill_pattern(&self, frame: FrameId, len: u64, seed: u64) -> Result<(), DeviceError>;
+    /// [`spillway_types::pattern::checksum`] of the first `len` bytes of `frame`.
+    fn checksum(&self, frame: FrameId, len: u64) -> Result<u64, DeviceError>;
+    /// Arithmetic work over the first `len` bytes of `frame`, `passes` times; returns a
+    /// value derived from every byte so the work cannot be skipped. The demo's "kernel".
+    fn compute(&self, frame: FrameId, len: u64, passes: u32) -> Result<u64, DeviceError>;
+
+    /// A first guess of copy bandwidth in one direction, before any copy is measured.
+    fn bandwidth_hint_bytes_per_s(&self, direction: Direction) -> f64;
+}
+
+/// Checks that `offset + len` fits in a page of `page_bytes`.
+pub(crate) fn check_range(offset: u64, len: u64, page_bytes: u64) -> Result<(), DeviceError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= page_bytes => Ok(()),
+        _ => Err(DeviceError::OutOfRange {
+            offset,
+            len,
+            page_bytes,
+        }),
+    }
+}
