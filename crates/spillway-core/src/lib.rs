@@ -1,1 +1,17 @@
-//! placeholder
+//! Sans-IO state machines of Spillway.
+//!
+//! Nothing here touches a socket, a thread, a device or the clock: time comes in as an
+//! argument (`now`, a [`std::time::Duration`] since the pool began), and work goes out
+//! through `poll_*` methods, in the shape of `quinn-proto`. The driver that does the IO
+//! is `spillway-client`. Parts:
+//! - [`pool`]: the page table, tier accounting with hard budgets, and transfer planning;
+//! - [`eviction`]: the [`eviction::EvictionPolicy`] trait, CLOCK and next-use;
+//! - [`predictor`]: learns each step's access order and predicts what comes next.
+
+pub mod error;
+pub mod eviction;
+pub mod pool;
+pub mod predictor;
+
+pub use error::CoreError;
+pub use pool::{AccessMode, AcquireId, CoreStats, MappingChange, PageLocation, PoolCore, Transfer};

@@ -1,0 +1,90 @@
+//! Errors of the pool's state machine. Each names the numbers a user needs to act.
+
+use spillway_types::BufferId;
+
+/// An operation the pool refused. The pool's state is unchanged by a refused operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoreError {
+    /// A buffer of zero bytes.
+    #[error("a buffer must have at least one byte")]
+    EmptyBuffer,
+    /// A buffer that could never be resident on the GPU at once.
+    #[error("buffer of {requested_bytes} bytes ({pages} pages) is larger than the GPU budget of {budget_bytes} bytes")]
+    BufferTooLarge {
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// Pages it would take.
+        pages: u64,
+        /// The GPU budget.
+        budget_bytes: u64,
+    },
+    /// The host tier has no room for the buffer's pages.
+    #[error("pool full: a buffer of {requested_bytes} bytes needs {needed_pages} pages but the host tier has {free_pages} of {total_pages} free")]
+    PoolFull {
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// Pages it needs.
+        needed_pages: u64,
+        /// Free host pages.
+        free_pages: u64,
+        /// All host pages.
+        total_pages: u64,
+    },
+    /// Too many live buffers.
+    #[error("too many buffers: the limit is {limit}")]
+    TooManyBuffers {
+        /// The limit ([`spillway_types::limits::BUFFERS_MAX`]).
+        limit: usize,
+    },
+    /// No such buffer was ever allocated.
+    #[error("unknown buffer {0}")]
+    UnknownBuffer(BufferId),
+    /// The buffer was freed.
+    #[error("{0} was freed")]
+    Freed(BufferId),
+    /// Free of a buffer that is still acquired.
+    #[error("{buffer} is still acquired ({holders} holders); release it before freeing")]
+    BufferHeld {
+        /// The buffer.
+        buffer: BufferId,
+        /// How many guards hold it.
+        holders: u32,
+    },
+    /// An exclusive acquire of a buffer that is held, or a shared one of a buffer held
+    /// exclusively.
+    #[error("{buffer} is busy: it is acquired {mode} elsewhere")]
+    BufferBusy {
+        /// The buffer.
+        buffer: BufferId,
+        /// `shared` or `exclusively`.
+        mode: &'static str,
+    },
+    /// The acquires held at once would need more GPU memory than the budget: waiting
+    /// could never succeed, so it fails at once.
+    #[error("acquire of {buffer} needs {requested_bytes} bytes while {held_bytes} are held, over the GPU budget of {budget_bytes} bytes; release something first")]
+    HeldAcquiresExceedBudget {
+        /// The buffer being acquired.
+        buffer: BufferId,
+        /// Bytes of pages already pinned by other acquires.
+        held_bytes: u64,
+        /// Bytes of the new acquire's pages not already pinned.
+        requested_bytes: u64,
+        /// The GPU budget.
+        budget_bytes: u64,
+    },
+    /// A read or write past the end of the buffer.
+    #[error("range {offset}+{len} is outside {buffer} of {bytes} bytes")]
+    OutOfRange {
+        /// The buffer.
+        buffer: BufferId,
+        /// Start asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// The buffer's size.
+        bytes: u64,
+    },
+    /// A copy failed on the device; the pages involved are unusable.
+    #[error("device copy failed: {0}")]
+    DeviceFailed(String),
+}

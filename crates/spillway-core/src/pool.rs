@@ -1,0 +1,900 @@
+//! The pool's state machine: page table, tier accounting, eviction and transfer planning.
+//!
+//! [`PoolCore`] does no IO. The driver (the embedded pool in `spillway-client`) calls:
+//! - `alloc` / `free` / `begin_acquire` / `release` / `step` / host access, with `now`;
+//! - [`PoolCore::poll_transfer`] to take copies to start, and [`PoolCore::poll_mapping`]
+//!   for device mappings to change, after every call;
+//! - [`PoolCore::handle_transfer_done`] when the device reports a copy finished.
+//!
+//! ## Pages and tiers
+//! The host tier is *inclusive*: every page of every buffer has a host slot from `alloc`
+//! to `free`, so a page whose GPU copy is clean leaves the GPU without a copy. A page's
+//! GPU state is one of `Absent`, `Loading` (host→device copy in flight), `Resident`
+//! (clean or dirty) and `Evicting` (device→host copy of a dirty page in flight).
+//!
+//! ## Invariants (checked by [`PoolCore::check_invariants`] in tests)
+//! - frames in use + free frames = frames of the budget; each frame has at most one page;
+//!   so the GPU budget is never exceeded. The same for host slots.
+//! - a page that is pinned (acquired), host-pinned (read or written by the host) or in
+//!   flight is never chosen for eviction, and a page being read or written by the host
+//!   never starts a copy.
+//! - bytes in flight per direction never exceed the configured bound (one copy is always
+//!   allowed when none is in flight, so progress is guaranteed).
+//! - the pages pinned at once never exceed the frames: an acquire that would need more
+//!   fails at once ([`CoreError::HeldAcquiresExceedBudget`]), so waiting always ends.
+//!
+//! ## Planning
+//! Demand loads (pages of a pending acquire) go first. Under [`Policy::Learned`] the
+//! planner then walks the predictor's upcoming accesses, nearest first, and queues loads
+//! of absent pages while (a) the access is within the lookahead horizon: the first
+//! [`MIN_LOOKAHEAD_ACCESSES`] accesses always, later ones while the predicted time until
+//! them is below [`LEAD_FACTOR`] times the time the copies queued so far will take at
+//! the measured bandwidth; and (b) a frame can be had without evicting a page whose next
+//! use is sooner than the incoming page's. Eviction is by next use (furthest first).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use spillway_types::config::{PoolConfig, Policy};
+use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, TransferId, limits};
+
+use crate::error::CoreError;
+use crate::eviction::{Clock, EvictionPolicy, NextUse, VictimView};
+use crate::predictor::{Predictor, PredictorStats};
+
+/// The first this many predicted accesses are always considered for prefetch (planning
+/// only happens at accesses, so the next few must be covered whatever their timing).
+pub const MIN_LOOKAHEAD_ACCESSES: u64 = 4;
+/// How far ahead of its predicted use a copy is started, as a multiple of the time the
+/// copies queued before it will take. Larger hides more jitter but loads mispredicted
+/// pages earlier.
+pub const LEAD_FACTOR: f64 = 4.0;
+/// Weight of the newest copy in the bandwidth estimate.
+const BANDWIDTH_ALPHA: f64 = 0.2;
+
+/// One acquire in progress or held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AcquireId(pub u64);
+
+/// How a buffer is acquired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AccessMode {
+    /// Read only; any number of shared acquires at once.
+    Shared,
+    /// Read and write; no other acquire at the same time. Pages become dirty.
+    Exclusive,
+}
+
+/// A copy for the driver to start on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    /// Reported back to [`PoolCore::handle_transfer_done`].
+    pub id: TransferId,
+    /// Which way.
+    pub direction: Direction,
+    /// The page moved.
+    pub page: PageId,
+    /// The device side.
+    pub frame: FrameId,
+    /// The host side.
+    pub slot: HostSlot,
+    /// Bytes to copy (the page's length; the last page of a buffer may be short).
+    pub bytes: u64,
+}
+
+/// A change to a buffer's device address range, for backends with virtual memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MappingChange {
+    /// `page` now lives in `frame`.
+    Map {
+        /// The page.
+        page: PageId,
+        /// Its frame.
+        frame: FrameId,
+    },
+    /// `page` left its frame.
+    Unmap {
+        /// The page.
+        page: PageId,
+    },
+}
+
+/// Where a page's current contents are, for host reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageLocation {
+    /// On the GPU, in this frame.
+    Gpu(FrameId),
+    /// In the host tier, in this slot.
+    Host(HostSlot),
+}
+
+/// Counters of the pool since it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CoreStats {
+    /// Acquires begun.
+    pub acquires: u64,
+    /// Acquires whose pages were all resident when asked for (no wait for a copy).
+    pub hits: u64,
+    /// Steps marked.
+    pub steps: u64,
+    /// Bytes copied host to device.
+    pub h2d_bytes: u64,
+    /// Bytes copied device to host.
+    pub d2h_bytes: u64,
+    /// Loads started because an acquire needed them.
+    pub demand_loads: u64,
+    /// Loads started by the prefetcher.
+    pub prefetch_loads: u64,
+    /// Prefetched pages evicted before any acquire used them.
+    pub prefetch_wasted: u64,
+    /// Clean pages dropped from the GPU (no copy needed).
+    pub evictions_clean: u64,
+    /// Dirty pages written back to the host.
+    pub evictions_dirty: u64,
+    /// Frames in use now.
+    pub frames_in_use: u64,
+    /// Most frames in use at once.
+    pub frames_in_use_peak: u64,
+    /// Frames of the GPU budget.
+    pub frames_total: u64,
+    /// Host slots in use now.
+    pub slots_in_use: u64,
+    /// Host slots of the host budget.
+    pub slots_total: u64,
+    /// Live buffers.
+    pub buffers: u64,
+    /// Estimated host-to-device bandwidth, bytes/s.
+    pub h2d_bytes_per_s: f64,
+    /// Estimated device-to-host bandwidth, bytes/s.
+    pub d2h_bytes_per_s: f64,
+    /// The predictor's counters.
+    pub predictor: PredictorStats,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gpu {
+    Absent,
+    Loading { frame: FrameId, prefetch: bool },
+    Resident { frame: FrameId, dirty: bool, unused_prefetch: bool },
+    Evicting { frame: FrameId },
+}
+
+#[derive(Debug)]
+struct Page {
+    slot: HostSlot,
+    gpu: Gpu,
+    pins: u32,
+    host_pins: u32,
+    in_flight: u8,
+}
+
+#[derive(Debug)]
+struct Buffer {
+    bytes: u64,
+    pages: Vec<Page>,
+    shared_holders: u32,
+    exclusive: bool,
+    freed: bool,
+}
+
+impl Buffer {
+    fn holders(&self) -> u32 {
+        self.shared_holders + u32::from(self.exclusive)
+    }
+}
+
+#[derive(Debug)]
+struct InFlight {
+    page: PageId,
+    direction: Direction,
+    bytes: u64,
+    issued_at: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Acquire {
+    buffer: BufferId,
+    mode: AccessMode,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bandwidth {
+    bytes_per_s: f64,
+    last_done: Duration,
+}
+
+fn dir_index(d: Direction) -> usize {
+    match d {
+        Direction::HostToDevice => 0,
+        Direction::DeviceToHost => 1,
+    }
+}
+
+/// The pool's state machine. See the module docs.
+pub struct PoolCore {
+    cfg: PoolConfig,
+    page_bytes: u64,
+    frames: Vec<Option<PageId>>,
+    frame_next_use: Vec<Option<u64>>,
+    free_frames: Vec<FrameId>,
+    free_slots: Vec<HostSlot>,
+    buffers: HashMap<BufferId, Buffer>,
+    next_buffer: u64,
+    transfers: HashMap<TransferId, InFlight>,
+    next_transfer: u64,
+    out: VecDeque<Transfer>,
+    mappings: VecDeque<MappingChange>,
+    in_flight_bytes: [u64; 2],
+    demand: VecDeque<PageId>,
+    plan: VecDeque<(PageId, u64)>,
+    next_use: HashMap<BufferId, u64>,
+    accesses: u64,
+    acquires: HashMap<AcquireId, Acquire>,
+    next_acquire: u64,
+    pinned_pages: u64,
+    evicting_frames: u64,
+    eviction: Box<dyn EvictionPolicy>,
+    predictor: Predictor,
+    bandwidth: [Bandwidth; 2],
+    stats: CoreStats,
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for PoolCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolCore").field("stats", &self.stats()).finish_non_exhaustive()
+    }
+}
+
+/// What [`PoolCore::frame_for`] found.
+enum Got {
+    Frame(FrameId),
+    /// A write-back in flight will free a frame for this load.
+    Later,
+    /// No frame can be had now.
+    Never,
+}
+
+struct View<'a> {
+    core: &'a PoolCore,
+    bound: Option<u64>,
+}
+
+impl VictimView for View<'_> {
+    fn frame_count(&self) -> u32 {
+        self.core.frames.len() as u32
+    }
+
+    fn eligible(&self, frame: FrameId) -> bool {
+        let Some(pid) = self.core.frames[frame.0 as usize] else { return false };
+        let page = self.core.page(pid);
+        matches!(page.gpu, Gpu::Resident { .. }) && page.pins == 0 && page.host_pins == 0
+    }
+
+    fn next_use(&self, frame: FrameId) -> Option<u64> {
+        self.core.frame_next_use[frame.0 as usize].filter(|&n| n > self.core.accesses)
+    }
+
+    fn must_exceed(&self) -> Option<u64> {
+        self.bound
+    }
+}
+
+impl PoolCore {
+    /// A pool for `cfg` (validated here). `bandwidth_hint_bytes_per_s` seeds the copy
+    /// bandwidth estimate until copies are measured.
+    pub fn new(cfg: PoolConfig, bandwidth_hint_bytes_per_s: f64) -> Result<PoolCore, spillway_types::config::ConfigError> {
+        cfg.validate()?;
+        let frames = cfg.gpu_frames() as u32;
+        let slots = cfg.host_slots() as u32;
+        let eviction: Box<dyn EvictionPolicy> = match cfg.policy {
+            Policy::Learned => Box::new(NextUse::new(frames)),
+            Policy::Clock | Policy::OnDemand => Box::new(Clock::new(frames)),
+        };
+        let bw = Bandwidth { bytes_per_s: bandwidth_hint_bytes_per_s.max(1e6), last_done: Duration::ZERO };
+        Ok(PoolCore {
+            page_bytes: cfg.page_size.bytes(),
+            frames: vec![None; frames as usize],
+            frame_next_use: vec![None; frames as usize],
+            free_frames: (0..frames).rev().map(FrameId).collect(),
+            free_slots: (0..slots).rev().map(HostSlot).collect(),
+            buffers: HashMap::new(),
+            next_buffer: 1,
+            transfers: HashMap::new(),
+            next_transfer: 1,
+            out: VecDeque::new(),
+            mappings: VecDeque::new(),
+            in_flight_bytes: [0; 2],
+            demand: VecDeque::new(),
+            plan: VecDeque::new(),
+            next_use: HashMap::new(),
+            accesses: 0,
+            acquires: HashMap::new(),
+            next_acquire: 1,
+            pinned_pages: 0,
+            evicting_frames: 0,
+            eviction,
+            predictor: Predictor::new(cfg.history_steps),
+            bandwidth: [bw; 2],
+            stats: CoreStats::default(),
+            failed: None,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.cfg
+    }
+
+    fn page(&self, pid: PageId) -> &Page {
+        &self.buffers[&pid.buffer].pages[pid.index as usize]
+    }
+
+    fn page_mut(&mut self, pid: PageId) -> &mut Page {
+        &mut self.buffers.get_mut(&pid.buffer).expect("page of a live buffer").pages[pid.index as usize]
+    }
+
+    /// Bytes of page `index` of a buffer of `bytes`.
+    fn page_len(&self, bytes: u64, index: u32) -> u64 {
+        (bytes - u64::from(index) * self.page_bytes).min(self.page_bytes)
+    }
+
+    fn live(&self, id: BufferId) -> Result<&Buffer, CoreError> {
+        match self.buffers.get(&id) {
+            Some(b) if !b.freed => Ok(b),
+            Some(_) => Err(CoreError::Freed(id)),
+            None if id.0 > 0 && id.0 < self.next_buffer => Err(CoreError::Freed(id)),
+            None => Err(CoreError::UnknownBuffer(id)),
+        }
+    }
+
+    /// Size of a live buffer in bytes.
+    pub fn buffer_bytes(&self, id: BufferId) -> Result<u64, CoreError> {
+        Ok(self.live(id)?.bytes)
+    }
+
+    /// Registers a buffer of `bytes`; its pages start in the host tier, zero-filled.
+    pub fn alloc(&mut self, bytes: u64) -> Result<BufferId, CoreError> {
+        if bytes == 0 {
+            return Err(CoreError::EmptyBuffer);
+        }
+        let pages = bytes.div_ceil(self.page_bytes);
+        if pages > self.frames.len() as u64 || pages > limits::PAGES_PER_BUFFER_MAX {
+            return Err(CoreError::BufferTooLarge { requested_bytes: bytes, pages, budget_bytes: self.frames.len() as u64 * self.page_bytes });
+        }
+        if self.buffers.len() >= limits::BUFFERS_MAX {
+            return Err(CoreError::TooManyBuffers { limit: limits::BUFFERS_MAX });
+        }
+        if (self.free_slots.len() as u64) < pages {
+            return Err(CoreError::PoolFull {
+                requested_bytes: bytes,
+                needed_pages: pages,
+                free_pages: self.free_slots.len() as u64,
+                total_pages: self.cfg.host_slots(),
+            });
+        }
+        let id = BufferId(self.next_buffer);
+        self.next_buffer += 1;
+        let pages = (0..pages)
+            .map(|_| Page { slot: self.free_slots.pop().expect("counted"), gpu: Gpu::Absent, pins: 0, host_pins: 0, in_flight: 0 })
+            .collect();
+        self.buffers.insert(id, Buffer { bytes, pages, shared_holders: 0, exclusive: false, freed: false });
+        Ok(id)
+    }
+
+    /// Frees a buffer. Its frames and slots are given back at once, or when copies in
+    /// flight for it finish.
+    pub fn free(&mut self, id: BufferId, now: Duration) -> Result<(), CoreError> {
+        let b = self.live(id)?;
+        let holders = b.holders() + b.pages.iter().map(|p| p.host_pins).sum::<u32>();
+        if holders > 0 {
+            return Err(CoreError::BufferHeld { buffer: id, holders });
+        }
+        self.buffers.get_mut(&id).expect("live").freed = true;
+        let n = self.buffers[&id].pages.len() as u32;
+        for index in 0..n {
+            let pid = PageId { buffer: id, index };
+            if let Gpu::Resident { frame, .. } = self.page(pid).gpu {
+                self.release_frame(pid, frame);
+            }
+        }
+        self.reap(id);
+        self.pump(now);
+        Ok(())
+    }
+
+    /// Gives back a freed buffer's slots once no copy uses its pages.
+    fn reap(&mut self, id: BufferId) {
+        let Some(b) = self.buffers.get(&id) else { return };
+        if !b.freed || b.pages.iter().any(|p| p.in_flight > 0) {
+            return;
+        }
+        let b = self.buffers.remove(&id).expect("present");
+        for p in b.pages {
+            debug_assert_eq!(p.gpu, Gpu::Absent);
+            self.free_slots.push(p.slot);
+        }
+    }
+
+    /// The page leaves `frame`: the frame is free again.
+    fn release_frame(&mut self, pid: PageId, frame: FrameId) {
+        let page = self.page_mut(pid);
+        if let Gpu::Resident { unused_prefetch: true, .. } = page.gpu {
+            self.stats.prefetch_wasted += 1;
+        }
+        self.page_mut(pid).gpu = Gpu::Absent;
+        debug_assert_eq!(self.frames[frame.0 as usize], Some(pid));
+        self.frames[frame.0 as usize] = None;
+        self.frame_next_use[frame.0 as usize] = None;
+        self.eviction.on_free(frame);
+        self.free_frames.push(frame);
+        self.mappings.push_back(MappingChange::Unmap { page: pid });
+    }
+
+    /// Starts an acquire of `id`: pins its pages and queues loads of those not resident.
+    /// Returns the acquire and whether it is a hit (every page already resident).
+    pub fn begin_acquire(&mut self, id: BufferId, mode: AccessMode, now: Duration) -> Result<(AcquireId, bool), CoreError> {
+        if let Some(f) = &self.failed {
+            return Err(CoreError::DeviceFailed(f.clone()));
+        }
+        let b = self.live(id)?;
+        match mode {
+            AccessMode::Exclusive if b.holders() > 0 => {
+                return Err(CoreError::BufferBusy { buffer: id, mode: if b.exclusive { "exclusively" } else { "shared" } });
+            }
+            AccessMode::Shared if b.exclusive => return Err(CoreError::BufferBusy { buffer: id, mode: "exclusively" }),
+            _ => {}
+        }
+        let newly = b.pages.iter().filter(|p| p.pins == 0).count() as u64;
+        if self.pinned_pages + newly > self.frames.len() as u64 {
+            return Err(CoreError::HeldAcquiresExceedBudget {
+                buffer: id,
+                held_bytes: self.pinned_pages * self.page_bytes,
+                requested_bytes: newly * self.page_bytes,
+                budget_bytes: self.frames.len() as u64 * self.page_bytes,
+            });
+        }
+        self.accesses += 1;
+        if self.cfg.policy == Policy::Learned {
+            self.predictor.on_access(id, now);
+        }
+        self.pinned_pages += newly;
+        let b = self.buffers.get_mut(&id).expect("live");
+        match mode {
+            AccessMode::Shared => b.shared_holders += 1,
+            AccessMode::Exclusive => b.exclusive = true,
+        }
+        let mut hit = true;
+        for index in 0..b.pages.len() as u32 {
+            let page = &mut b.pages[index as usize];
+            page.pins += 1;
+            match &mut page.gpu {
+                Gpu::Resident { frame, unused_prefetch, .. } => {
+                    *unused_prefetch = false;
+                    self.eviction.on_access(*frame);
+                }
+                _ => {
+                    hit = false;
+                    self.demand.push_back(PageId { buffer: id, index });
+                }
+            }
+        }
+        self.stats.acquires += 1;
+        self.stats.hits += u64::from(hit);
+        let acquire = AcquireId(self.next_acquire);
+        self.next_acquire += 1;
+        self.acquires.insert(acquire, Acquire { buffer: id, mode });
+        if self.cfg.policy == Policy::Learned {
+            self.replan();
+        }
+        self.pump(now);
+        Ok((acquire, hit))
+    }
+
+    /// Whether every page of the acquire is resident (its frames may be used).
+    pub fn is_ready(&self, acquire: AcquireId) -> Result<bool, CoreError> {
+        if let Some(f) = &self.failed {
+            return Err(CoreError::DeviceFailed(f.clone()));
+        }
+        let a = self.acquires.get(&acquire).expect("acquire ids come from begin_acquire");
+        Ok(self.buffers[&a.buffer].pages.iter().all(|p| matches!(p.gpu, Gpu::Resident { .. })))
+    }
+
+    /// The frames of a ready acquire's pages, in page order.
+    pub fn frames_of(&self, acquire: AcquireId) -> Vec<FrameId> {
+        let a = self.acquires.get(&acquire).expect("acquire ids come from begin_acquire");
+        self.buffers[&a.buffer]
+            .pages
+            .iter()
+            .map(|p| match p.gpu {
+                Gpu::Resident { frame, .. } => frame,
+                other => panic!("frames_of an acquire that is not ready: {other:?}"),
+            })
+            .collect()
+    }
+
+    /// Ends an acquire; an exclusive one leaves its pages dirty.
+    pub fn release(&mut self, acquire: AcquireId, now: Duration) {
+        let a = self.acquires.remove(&acquire).expect("acquire ids come from begin_acquire");
+        let on_demand = self.cfg.policy == Policy::OnDemand;
+        let b = self.buffers.get_mut(&a.buffer).expect("held buffers cannot be freed");
+        match a.mode {
+            AccessMode::Shared => b.shared_holders -= 1,
+            AccessMode::Exclusive => b.exclusive = false,
+        }
+        let mut unpinned = 0;
+        let mut drop_now = Vec::new();
+        for (index, page) in b.pages.iter_mut().enumerate() {
+            page.pins -= 1;
+            if let (AccessMode::Exclusive, Gpu::Resident { dirty, .. }) = (a.mode, &mut page.gpu) {
+                *dirty = true;
+            }
+            if page.pins == 0 {
+                unpinned += 1;
+                if on_demand && page.host_pins == 0 {
+                    drop_now.push(index as u32);
+                }
+            }
+        }
+        self.pinned_pages -= unpinned;
+        for index in drop_now {
+            self.evict(PageId { buffer: a.buffer, index }, now);
+        }
+        self.pump(now);
+    }
+
+    /// Marks the end of a step (an iteration of the job).
+    pub fn step(&mut self, now: Duration) {
+        self.stats.steps += 1;
+        if self.cfg.policy == Policy::Learned {
+            self.predictor.end_step(now);
+            self.replan();
+        }
+        self.pump(now);
+    }
+
+    /// Begins a host read or write of `len` bytes at `offset`: returns `None` while a
+    /// page of the range is in flight (wait for a completion and ask again), else the
+    /// location of each page of the range, which stay put until
+    /// [`PoolCore::end_host_access`].
+    pub fn begin_host_access(&mut self, id: BufferId, offset: u64, len: u64) -> Result<Option<Vec<PageLocation>>, CoreError> {
+        let b = self.live(id)?;
+        if offset.checked_add(len).is_none_or(|end| end > b.bytes) || len == 0 {
+            return Err(CoreError::OutOfRange { buffer: id, offset, len, bytes: b.bytes });
+        }
+        let (first, last) = ((offset / self.page_bytes) as usize, ((offset + len - 1) / self.page_bytes) as usize);
+        if b.pages[first..=last].iter().any(|p| p.in_flight > 0) {
+            return Ok(None);
+        }
+        let b = self.buffers.get_mut(&id).expect("live");
+        let mut out = Vec::with_capacity(last - first + 1);
+        for p in &mut b.pages[first..=last] {
+            p.host_pins += 1;
+            out.push(match p.gpu {
+                Gpu::Resident { frame, .. } => PageLocation::Gpu(frame),
+                Gpu::Absent => PageLocation::Host(p.slot),
+                Gpu::Loading { .. } | Gpu::Evicting { .. } => unreachable!("checked not in flight"),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// Ends a host access begun with the same range; `wrote` marks GPU copies dirty.
+    pub fn end_host_access(&mut self, id: BufferId, offset: u64, len: u64, wrote: bool, now: Duration) {
+        let page_bytes = self.page_bytes;
+        let b = self.buffers.get_mut(&id).expect("host-pinned buffers cannot be freed");
+        let (first, last) = ((offset / page_bytes) as usize, ((offset + len - 1) / page_bytes) as usize);
+        for p in &mut b.pages[first..=last] {
+            p.host_pins -= 1;
+            if let (true, Gpu::Resident { dirty, .. }) = (wrote, &mut p.gpu) {
+                *dirty = true;
+            }
+        }
+        self.pump(now);
+    }
+
+    /// The next copy to start, if any.
+    pub fn poll_transfer(&mut self) -> Option<Transfer> {
+        self.out.pop_front()
+    }
+
+    /// The next change to device address ranges, if any.
+    pub fn poll_mapping(&mut self) -> Option<MappingChange> {
+        self.mappings.pop_front()
+    }
+
+    /// Records that copy `id` finished (`Err` with the device's message if it failed).
+    pub fn handle_transfer_done(&mut self, id: TransferId, result: Result<(), String>, now: Duration) {
+        let Some(t) = self.transfers.remove(&id) else {
+            debug_assert!(false, "completion of unknown transfer {id:?}");
+            return;
+        };
+        let d = dir_index(t.direction);
+        self.in_flight_bytes[d] -= t.bytes;
+        let bw = &mut self.bandwidth[d];
+        let service = now.saturating_sub(t.issued_at.max(bw.last_done)).as_secs_f64();
+        if service > 0.0 {
+            bw.bytes_per_s += BANDWIDTH_ALPHA * (t.bytes as f64 / service - bw.bytes_per_s);
+        }
+        bw.last_done = now;
+        let pid = t.page;
+        let page = self.page_mut(pid);
+        page.in_flight -= 1;
+        if let Err(e) = result {
+            self.failed.get_or_insert(e);
+        }
+        let (freed, wanted) = {
+            let b = &self.buffers[&pid.buffer];
+            let p = &b.pages[pid.index as usize];
+            (b.freed, p.pins > 0)
+        };
+        match (t.direction, self.page(pid).gpu) {
+            (Direction::HostToDevice, Gpu::Loading { frame, prefetch }) => {
+                self.stats.h2d_bytes += t.bytes;
+                self.page_mut(pid).gpu = Gpu::Resident { frame, dirty: false, unused_prefetch: prefetch && !wanted };
+                self.eviction.on_fill(frame);
+                self.frame_next_use[frame.0 as usize] = self.next_use.get(&pid.buffer).copied();
+                if freed {
+                    self.release_frame(pid, frame);
+                }
+            }
+            (Direction::DeviceToHost, Gpu::Evicting { frame }) => {
+                self.stats.d2h_bytes += t.bytes;
+                self.evicting_frames -= 1;
+                self.page_mut(pid).gpu = Gpu::Resident { frame, dirty: false, unused_prefetch: false };
+                if !wanted || freed {
+                    self.release_frame(pid, frame);
+                }
+            }
+            (dir, state) => panic!("completion of {dir:?} for {pid} in state {state:?}"),
+        }
+        self.reap(pid.buffer);
+        self.pump(now);
+    }
+
+    fn new_transfer(&mut self, pid: PageId, direction: Direction, frame: FrameId, now: Duration) {
+        let (slot, bytes) = {
+            let b = &self.buffers[&pid.buffer];
+            (b.pages[pid.index as usize].slot, self.page_len(b.bytes, pid.index))
+        };
+        let id = TransferId(self.next_transfer);
+        self.next_transfer += 1;
+        self.in_flight_bytes[dir_index(direction)] += bytes;
+        self.page_mut(pid).in_flight += 1;
+        self.transfers.insert(id, InFlight { page: pid, direction, bytes, issued_at: now });
+        self.out.push_back(Transfer { id, direction, page: pid, frame, slot, bytes });
+    }
+
+    fn may_issue(&self, direction: Direction, bytes: u64) -> bool {
+        let d = dir_index(direction);
+        let max = match direction {
+            Direction::HostToDevice => self.cfg.h2d_bytes_in_flight_max,
+            Direction::DeviceToHost => self.cfg.d2h_bytes_in_flight_max,
+        };
+        self.in_flight_bytes[d] == 0 || self.in_flight_bytes[d] + bytes <= max
+    }
+
+    /// Takes `pid` off the GPU now: a clean page is dropped, a dirty one written back.
+    fn evict(&mut self, pid: PageId, now: Duration) -> bool {
+        let Gpu::Resident { frame, dirty, .. } = self.page(pid).gpu else { return false };
+        if !dirty {
+            self.stats.evictions_clean += 1;
+            self.release_frame(pid, frame);
+            return true;
+        }
+        let bytes = self.page_len(self.buffers[&pid.buffer].bytes, pid.index);
+        if !self.may_issue(Direction::DeviceToHost, bytes) {
+            return false;
+        }
+        self.stats.evictions_dirty += 1;
+        self.evicting_frames += 1;
+        self.page_mut(pid).gpu = Gpu::Evicting { frame };
+        self.new_transfer(pid, Direction::DeviceToHost, frame, now);
+        false
+    }
+
+    /// A frame for a load whose page is next used at `bound` (`None`: needed now).
+    /// `waiting` counts loads of this pump pass already waiting for a write-back.
+    /// Clean victims are dropped at once; a dirty one starts a write-back, and the frame
+    /// comes free when it finishes.
+    fn frame_for(&mut self, bound: Option<u64>, waiting: &mut u64, now: Duration) -> Got {
+        loop {
+            if let Some(f) = self.free_frames.pop() {
+                return Got::Frame(f);
+            }
+            if self.evicting_frames > *waiting {
+                *waiting += 1;
+                return Got::Later;
+            }
+            let mut policy = std::mem::replace(&mut self.eviction, Box::new(Clock::new(0)));
+            let victim = policy.choose_victim(&View { core: self, bound });
+            self.eviction = policy;
+            let Some(victim) = victim else { return Got::Never };
+            let pid = self.frames[victim.0 as usize].expect("eligible frames hold a page");
+            if !self.evict(pid, now) && !matches!(self.page(pid).gpu, Gpu::Evicting { .. }) {
+                // Dirty, and the write-back bound is reached: try again after a completion.
+                return Got::Never;
+            }
+        }
+    }
+
+    fn start_load(&mut self, pid: PageId, frame: FrameId, prefetch: bool, now: Duration) {
+        debug_assert!(self.frames[frame.0 as usize].is_none());
+        self.frames[frame.0 as usize] = Some(pid);
+        self.frame_next_use[frame.0 as usize] = self.next_use.get(&pid.buffer).copied();
+        self.page_mut(pid).gpu = Gpu::Loading { frame, prefetch };
+        if prefetch {
+            self.stats.prefetch_loads += 1;
+        } else {
+            self.stats.demand_loads += 1;
+        }
+        self.mappings.push_back(MappingChange::Map { page: pid, frame });
+        self.new_transfer(pid, Direction::HostToDevice, frame, now);
+        let used = (self.frames.len() - self.free_frames.len()) as u64;
+        self.stats.frames_in_use_peak = self.stats.frames_in_use_peak.max(used);
+    }
+
+    /// Whether `pid` still needs a load: its buffer is live, it is absent, and the host
+    /// is not touching it.
+    fn needs_load(&self, pid: PageId) -> bool {
+        match self.buffers.get(&pid.buffer) {
+            Some(b) if !b.freed => {
+                let p = &b.pages[pid.index as usize];
+                p.gpu == Gpu::Absent && p.host_pins == 0
+            }
+            _ => false,
+        }
+    }
+
+    /// Starts every copy that the current state allows: demand loads, then prefetches.
+    fn pump(&mut self, now: Duration) {
+        if self.failed.is_some() {
+            return;
+        }
+        let mut waiting = 0u64;
+        let mut i = 0;
+        while i < self.demand.len() {
+            let pid = self.demand[i];
+            let wanted = self.buffers.get(&pid.buffer).is_some_and(|b| !b.freed && b.pages[pid.index as usize].pins > 0);
+            if wanted && self.page(pid).host_pins > 0 {
+                // The host is reading or writing it: retried when that ends.
+                i += 1;
+                continue;
+            }
+            if !wanted || !self.needs_load(pid) {
+                // Loaded, loading, being written back (it will be kept), or not wanted.
+                self.demand.remove(i);
+                continue;
+            }
+            if !self.may_issue(Direction::HostToDevice, self.page_bytes) {
+                return;
+            }
+            match self.frame_for(None, &mut waiting, now) {
+                Got::Frame(frame) => {
+                    self.demand.remove(i);
+                    self.start_load(pid, frame, false, now);
+                }
+                Got::Later => i += 1,
+                Got::Never => return,
+            }
+        }
+        let mut i = 0;
+        while i < self.plan.len() {
+            let (pid, next) = self.plan[i];
+            if !self.needs_load(pid) {
+                self.plan.remove(i);
+                continue;
+            }
+            if !self.may_issue(Direction::HostToDevice, self.page_bytes) {
+                return;
+            }
+            match self.frame_for(Some(next), &mut waiting, now) {
+                Got::Frame(frame) => {
+                    self.plan.remove(i);
+                    self.start_load(pid, frame, true, now);
+                }
+                Got::Later => i += 1,
+                Got::Never => return,
+            }
+        }
+    }
+
+    /// Recomputes next uses and the prefetch plan from the predictor.
+    fn replan(&mut self) {
+        self.plan.clear();
+        self.next_use.clear();
+        if !self.predictor.has_history() {
+            self.frame_next_use.iter_mut().for_each(|n| *n = None);
+            return;
+        }
+        let upcoming = self.predictor.upcoming(self.cfg.lookahead_accesses_max);
+        for u in &upcoming {
+            self.next_use.insert(u.buffer, self.accesses + 1 + u.distance);
+        }
+        for (f, owner) in self.frames.iter().enumerate() {
+            self.frame_next_use[f] = owner.and_then(|p| self.next_use.get(&p.buffer).copied());
+        }
+        let bw = self.bandwidth[0].bytes_per_s;
+        let mut queued_bytes = 0u64;
+        for u in &upcoming {
+            if u.distance >= MIN_LOOKAHEAD_ACCESSES && u.time_until.as_secs_f64() > LEAD_FACTOR * queued_bytes as f64 / bw {
+                break;
+            }
+            let Some(b) = self.buffers.get(&u.buffer).filter(|b| !b.freed) else { continue };
+            let next = self.accesses + 1 + u.distance;
+            for (index, p) in b.pages.iter().enumerate() {
+                match p.gpu {
+                    Gpu::Absent => {
+                        self.plan.push_back((PageId { buffer: u.buffer, index: index as u32 }, next));
+                        queued_bytes += self.page_len(b.bytes, index as u32);
+                    }
+                    Gpu::Loading { .. } => queued_bytes += self.page_len(b.bytes, index as u32),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Counters and gauges now.
+    pub fn stats(&self) -> CoreStats {
+        CoreStats {
+            frames_in_use: (self.frames.len() - self.free_frames.len()) as u64,
+            frames_total: self.frames.len() as u64,
+            slots_in_use: self.cfg.host_slots() - self.free_slots.len() as u64,
+            slots_total: self.cfg.host_slots(),
+            buffers: self.buffers.values().filter(|b| !b.freed).count() as u64,
+            h2d_bytes_per_s: self.bandwidth[0].bytes_per_s,
+            d2h_bytes_per_s: self.bandwidth[1].bytes_per_s,
+            predictor: self.predictor.stats(),
+            ..self.stats
+        }
+    }
+
+    /// Number of copies in flight.
+    pub fn transfers_in_flight(&self) -> usize {
+        self.transfers.len()
+    }
+
+    /// Checks every invariant of the module docs; panics with a description if one fails.
+    pub fn check_invariants(&self) {
+        let total = self.frames.len();
+        let used = self.frames.iter().filter(|f| f.is_some()).count();
+        assert_eq!(used + self.free_frames.len(), total, "frames in use + free = budget");
+        for (i, owner) in self.frames.iter().enumerate() {
+            if let Some(pid) = owner {
+                let frame = match self.page(*pid).gpu {
+                    Gpu::Loading { frame, .. } | Gpu::Resident { frame, .. } | Gpu::Evicting { frame } => frame,
+                    Gpu::Absent => panic!("frame {i} owned by absent page {pid}"),
+                };
+                assert_eq!(frame.0 as usize, i, "frame {i} and its page {pid} agree");
+            }
+        }
+        let mut slots = self.free_slots.len() as u64;
+        let mut pinned = 0;
+        for (id, b) in &self.buffers {
+            slots += b.pages.len() as u64;
+            for (index, p) in b.pages.iter().enumerate() {
+                pinned += u64::from(p.pins > 0);
+                if let Gpu::Loading { frame, .. } | Gpu::Resident { frame, .. } | Gpu::Evicting { frame } = p.gpu {
+                    let pid = PageId { buffer: *id, index: index as u32 };
+                    assert_eq!(self.frames[frame.0 as usize], Some(pid), "{pid} owns its frame");
+                }
+                let in_flight = matches!(p.gpu, Gpu::Loading { .. } | Gpu::Evicting { .. });
+                assert_eq!(in_flight, p.in_flight > 0, "in-flight count of a page matches its state");
+            }
+        }
+        assert_eq!(slots, self.cfg.host_slots(), "slots in use + free = host budget");
+        assert_eq!(pinned, self.pinned_pages, "pinned page count");
+        assert!(self.pinned_pages <= total as u64, "pinned pages within the budget");
+        let mut sums = [0u64; 2];
+        for t in self.transfers.values() {
+            sums[dir_index(t.direction)] += t.bytes;
+        }
+        assert_eq!(sums, self.in_flight_bytes, "bytes in flight");
+        for (d, max) in [self.cfg.h2d_bytes_in_flight_max, self.cfg.d2h_bytes_in_flight_max].into_iter().enumerate() {
+            let single = self.transfers.values().filter(|t| dir_index(t.direction) == d).count() <= 1;
+            assert!(single || self.in_flight_bytes[d] <= max, "in-flight bound of direction {d}");
+        }
+    }
+}

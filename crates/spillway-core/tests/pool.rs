@@ -1,0 +1,361 @@
+//! Behaviour of the pool's state machine, driven by a scripted device that finishes
+//! copies when the test says so.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use spillway_core::{AccessMode, CoreError, PoolCore, Transfer};
+use spillway_types::config::{PoolConfig, Policy};
+use spillway_types::{BufferId, Direction, PageSize};
+
+const PAGE: u64 = 64 << 10;
+
+fn pool(gpu_pages: u64, host_pages: u64, policy: Policy) -> PoolCore {
+    let mut cfg = PoolConfig::new(gpu_pages * PAGE, host_pages * PAGE);
+    cfg.page_size = PageSize::new(PAGE).unwrap();
+    cfg.policy = policy;
+    PoolCore::new(cfg, 1e9).unwrap()
+}
+
+/// Finishes every copy the pool has started (and those they lead to), as a device would.
+fn settle(core: &mut PoolCore, now: Duration) -> Vec<Transfer> {
+    let mut done = Vec::new();
+    while let Some(t) = core.poll_transfer() {
+        core.handle_transfer_done(t.id, Ok(()), now);
+        done.push(t);
+        core.check_invariants();
+    }
+    done
+}
+
+fn t(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+#[test]
+fn alloc_errors_carry_numbers() {
+    let mut c = pool(4, 8, Policy::Learned);
+    assert_eq!(c.alloc(0), Err(CoreError::EmptyBuffer));
+    assert_eq!(c.alloc(5 * PAGE), Err(CoreError::BufferTooLarge { requested_bytes: 5 * PAGE, pages: 5, budget_bytes: 4 * PAGE }));
+    let a = c.alloc(4 * PAGE).unwrap();
+    let _b = c.alloc(3 * PAGE + 1).unwrap();
+    assert_eq!(c.alloc(PAGE + 1), Err(CoreError::PoolFull { requested_bytes: PAGE + 1, needed_pages: 2, free_pages: 0, total_pages: 8 }));
+    c.free(a, t(0)).unwrap();
+    assert_eq!(c.free(a, t(0)), Err(CoreError::Freed(a)));
+    assert_eq!(c.free(BufferId(99), t(0)), Err(CoreError::UnknownBuffer(BufferId(99))));
+    assert!(matches!(c.begin_acquire(a, AccessMode::Shared, t(0)), Err(CoreError::Freed(_))));
+    // The freed slots are usable again.
+    c.alloc(4 * PAGE).unwrap();
+    c.check_invariants();
+}
+
+#[test]
+fn acquire_loads_then_hits() {
+    let mut c = pool(4, 8, Policy::Clock);
+    let a = c.alloc(2 * PAGE).unwrap();
+    let (acq, hit) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
+    assert!(!hit);
+    assert!(!c.is_ready(acq).unwrap());
+    let done = settle(&mut c, t(1));
+    assert_eq!(done.len(), 2);
+    assert!(done.iter().all(|t| t.direction == Direction::HostToDevice && t.bytes == PAGE));
+    assert!(c.is_ready(acq).unwrap());
+    assert_eq!(c.frames_of(acq).len(), 2);
+    c.release(acq, t(2));
+    let (acq, hit) = c.begin_acquire(a, AccessMode::Shared, t(3)).unwrap();
+    assert!(hit);
+    assert!(c.is_ready(acq).unwrap());
+    let s = c.stats();
+    assert_eq!((s.acquires, s.hits, s.h2d_bytes), (2, 1, 2 * PAGE));
+}
+
+#[test]
+fn short_last_page_copies_only_its_bytes() {
+    let mut c = pool(4, 8, Policy::Clock);
+    let a = c.alloc(PAGE + 100).unwrap();
+    c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
+    let done = settle(&mut c, t(1));
+    let mut sizes: Vec<u64> = done.iter().map(|t| t.bytes).collect();
+    sizes.sort();
+    assert_eq!(sizes, vec![100, PAGE]);
+}
+
+#[test]
+fn dirty_pages_are_written_back_and_clean_ones_dropped() {
+    let mut c = pool(2, 8, Policy::Clock);
+    let w = c.alloc(2 * PAGE).unwrap();
+    let r = c.alloc(2 * PAGE).unwrap();
+    let (acq, _) = c.begin_acquire(w, AccessMode::Exclusive, t(0)).unwrap();
+    settle(&mut c, t(1));
+    c.release(acq, t(2));
+    // Loading r needs both frames: w's dirty pages go back to the host first.
+    let (acq, hit) = c.begin_acquire(r, AccessMode::Shared, t(3)).unwrap();
+    assert!(!hit);
+    let done = settle(&mut c, t(4));
+    assert_eq!(done.iter().filter(|t| t.direction == Direction::DeviceToHost).count(), 2);
+    assert!(c.is_ready(acq).unwrap());
+    c.release(acq, t(5));
+    // Loading w again drops r's clean pages without a copy.
+    let before = c.stats().d2h_bytes;
+    c.begin_acquire(w, AccessMode::Shared, t(6)).unwrap();
+    settle(&mut c, t(7));
+    let s = c.stats();
+    assert_eq!(s.d2h_bytes, before);
+    assert_eq!(s.evictions_clean, 2);
+    assert_eq!(s.evictions_dirty, 2);
+}
+
+#[test]
+fn held_acquires_over_budget_fail_at_once() {
+    let mut c = pool(3, 8, Policy::Learned);
+    let a = c.alloc(2 * PAGE).unwrap();
+    let b = c.alloc(2 * PAGE).unwrap();
+    let (ha, _) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
+    let err = c.begin_acquire(b, AccessMode::Shared, t(1)).unwrap_err();
+    assert_eq!(err, CoreError::HeldAcquiresExceedBudget { buffer: b, held_bytes: 2 * PAGE, requested_bytes: 2 * PAGE, budget_bytes: 3 * PAGE });
+    // A second shared acquire of the same buffer pins nothing new.
+    let (ha2, _) = c.begin_acquire(a, AccessMode::Shared, t(2)).unwrap();
+    settle(&mut c, t(3));
+    c.release(ha, t(4));
+    c.release(ha2, t(4));
+    let (hb, _) = c.begin_acquire(b, AccessMode::Shared, t(5)).unwrap();
+    settle(&mut c, t(6));
+    assert!(c.is_ready(hb).unwrap());
+}
+
+#[test]
+fn exclusive_and_shared_conflict_and_held_buffers_cannot_be_freed() {
+    let mut c = pool(4, 8, Policy::Clock);
+    let a = c.alloc(PAGE).unwrap();
+    let (h, _) = c.begin_acquire(a, AccessMode::Exclusive, t(0)).unwrap();
+    assert_eq!(c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap_err(), CoreError::BufferBusy { buffer: a, mode: "exclusively" });
+    assert_eq!(c.free(a, t(0)).unwrap_err(), CoreError::BufferHeld { buffer: a, holders: 1 });
+    settle(&mut c, t(1));
+    c.release(h, t(1));
+    let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(2)).unwrap();
+    assert_eq!(c.begin_acquire(a, AccessMode::Exclusive, t(2)).unwrap_err(), CoreError::BufferBusy { buffer: a, mode: "shared" });
+    c.release(h, t(3));
+    c.free(a, t(3)).unwrap();
+}
+
+#[test]
+fn free_while_a_copy_is_in_flight_gives_memory_back_after_it() {
+    let mut c = pool(2, 2, Policy::Clock);
+    let a = c.alloc(2 * PAGE).unwrap();
+    let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
+    let started: Vec<_> = std::iter::from_fn(|| c.poll_transfer()).collect();
+    assert_eq!(started.len(), 2);
+    // Cannot free while acquired; release first, with the loads still in flight.
+    c.release(h, t(1));
+    c.free(a, t(1)).unwrap();
+    assert_eq!(c.stats().slots_in_use, 2, "slots stay taken while copies use them");
+    for tr in started {
+        c.handle_transfer_done(tr.id, Ok(()), t(2));
+    }
+    c.check_invariants();
+    let s = c.stats();
+    assert_eq!((s.slots_in_use, s.frames_in_use), (0, 0));
+    c.alloc(2 * PAGE).unwrap();
+}
+
+#[test]
+fn on_demand_drops_pages_at_release() {
+    let mut c = pool(4, 8, Policy::OnDemand);
+    let a = c.alloc(PAGE).unwrap();
+    for i in 0..3 {
+        let (h, hit) = c.begin_acquire(a, AccessMode::Shared, t(i)).unwrap();
+        assert!(!hit, "on-demand never keeps pages");
+        settle(&mut c, t(i));
+        c.release(h, t(i));
+    }
+    assert_eq!(c.stats().h2d_bytes, 3 * PAGE);
+}
+
+#[test]
+fn in_flight_bytes_are_bounded() {
+    let mut cfg = PoolConfig::new(16 * PAGE, 32 * PAGE);
+    cfg.page_size = PageSize::new(PAGE).unwrap();
+    cfg.h2d_bytes_in_flight_max = 3 * PAGE;
+    let mut c = PoolCore::new(cfg, 1e9).unwrap();
+    let a = c.alloc(10 * PAGE).unwrap();
+    let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
+    let mut rounds = 0;
+    while !c.is_ready(h).unwrap() {
+        let batch: Vec<_> = std::iter::from_fn(|| c.poll_transfer()).collect();
+        assert!(!batch.is_empty() && batch.len() <= 3, "batch of {}", batch.len());
+        for tr in batch {
+            c.handle_transfer_done(tr.id, Ok(()), t(1));
+        }
+        c.check_invariants();
+        rounds += 1;
+    }
+    assert!(rounds >= 4, "{rounds} rounds");
+}
+
+/// A training-like loop: forward over layers, backward in reverse. Copies finish during
+/// the "compute" after each acquire, as they would on a device that keeps up.
+fn train_step(c: &mut PoolCore, weights: &[BufferId], acts: &[BufferId], clock: &mut u64, skip: Option<usize>, swap: Option<(usize, usize)>) -> (u64, u64) {
+    let before = c.stats();
+    let mut order: Vec<usize> = (0..weights.len()).filter(|&i| Some(i) != skip).collect();
+    if let Some((x, y)) = swap {
+        let (px, py) = (order.iter().position(|&i| i == x).unwrap(), order.iter().position(|&i| i == y).unwrap());
+        order.swap(px, py);
+    }
+    let access = |c: &mut PoolCore, b: BufferId, mode: AccessMode, clock: &mut u64| {
+        let (h, _) = c.begin_acquire(b, mode, t(*clock)).unwrap();
+        while !c.is_ready(h).unwrap() {
+            settle(c, t(*clock));
+        }
+        *clock += 10;
+        settle(c, t(*clock));
+        c.release(h, t(*clock));
+    };
+    for &i in &order {
+        access(c, weights[i], AccessMode::Shared, clock);
+        access(c, acts[i], AccessMode::Exclusive, clock);
+    }
+    for &i in order.iter().rev() {
+        access(c, weights[i], AccessMode::Shared, clock);
+        access(c, acts[i], AccessMode::Shared, clock);
+    }
+    c.step(t(*clock));
+    let after = c.stats();
+    (after.acquires - before.acquires, after.hits - before.hits)
+}
+
+fn layers(c: &mut PoolCore, n: usize) -> (Vec<BufferId>, Vec<BufferId>) {
+    let w = (0..n).map(|_| c.alloc(2 * PAGE).unwrap()).collect();
+    let a = (0..n).map(|_| c.alloc(PAGE).unwrap()).collect();
+    (w, a)
+}
+
+#[test]
+fn learned_prefetch_hits_every_access_from_the_second_step() {
+    // 12 layers x 3 pages = 36 pages on a GPU of 12: the working set is 3x the budget.
+    let mut c = pool(12, 64, Policy::Learned);
+    let (w, a) = layers(&mut c, 12);
+    let mut clock = 0;
+    let (n1, h1) = train_step(&mut c, &w, &a, &mut clock, None, None);
+    assert!(h1 < n1, "the first step has nothing to learn from");
+    for _ in 0..3 {
+        let (n, h) = train_step(&mut c, &w, &a, &mut clock, None, None);
+        assert_eq!(h, n, "every access is a hit");
+    }
+    let s = c.stats();
+    assert!(s.prefetch_loads > 0);
+    assert!(s.frames_in_use_peak <= 12);
+}
+
+#[test]
+fn learned_prefetch_survives_divergence() {
+    let mut c = pool(12, 64, Policy::Learned);
+    let (w, a) = layers(&mut c, 12);
+    let mut clock = 0;
+    for _ in 0..3 {
+        train_step(&mut c, &w, &a, &mut clock, None, None);
+    }
+    let (n, h) = train_step(&mut c, &w, &a, &mut clock, Some(7), Some((2, 3)));
+    assert!(h as f64 / n as f64 >= 0.9, "diverged step {h}/{n}");
+    let (n, h) = train_step(&mut c, &w, &a, &mut clock, None, None);
+    assert_eq!(h, n, "the step after divergence is all hits");
+}
+
+#[test]
+fn clock_and_on_demand_miss_where_learned_hits() {
+    let mut hits = Vec::new();
+    for policy in [Policy::OnDemand, Policy::Clock, Policy::Learned] {
+        let mut c = pool(12, 64, policy);
+        let (w, a) = layers(&mut c, 12);
+        let mut clock = 0;
+        train_step(&mut c, &w, &a, &mut clock, None, None);
+        hits.push(train_step(&mut c, &w, &a, &mut clock, None, None).1);
+    }
+    assert!(hits[0] < hits[2] && hits[1] < hits[2], "hits on_demand/clock/learned: {hits:?}");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(u64),
+    Acquire(usize, bool),
+    Release(usize),
+    Free(usize),
+    HostAccess(usize),
+    Complete(usize),
+    Step,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1u64..5 * PAGE).prop_map(Op::Alloc),
+        (0usize..8, any::<bool>()).prop_map(|(i, x)| Op::Acquire(i, x)),
+        (0usize..8).prop_map(Op::Release),
+        (0usize..8).prop_map(Op::Free),
+        (0usize..8).prop_map(Op::HostAccess),
+        (0usize..4).prop_map(Op::Complete),
+        Just(Op::Step),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    /// Random sequences never break an invariant (budgets, pins, in-flight bounds), and
+    /// every acquire becomes ready once the device finishes its copies.
+    #[test]
+    fn random_sequences_keep_invariants(ops in proptest::collection::vec(op(), 1..120), policy in prop_oneof![Just(Policy::Learned), Just(Policy::Clock), Just(Policy::OnDemand)]) {
+        let mut c = pool(6, 24, policy);
+        let mut bufs: Vec<BufferId> = Vec::new();
+        let mut held: Vec<(usize, spillway_core::AcquireId)> = Vec::new();
+        let mut pending: Vec<Transfer> = Vec::new();
+        let mut now = 0u64;
+        for op in ops {
+            now += 1;
+            match op {
+                Op::Alloc(bytes) => if let Ok(b) = c.alloc(bytes) { bufs.push(b) },
+                Op::Acquire(i, excl) if !bufs.is_empty() => {
+                    let b = bufs[i % bufs.len()];
+                    let mode = if excl { AccessMode::Exclusive } else { AccessMode::Shared };
+                    if let Ok((h, _)) = c.begin_acquire(b, mode, t(now)) {
+                        held.push((i % bufs.len(), h));
+                    }
+                }
+                Op::Release(i) if !held.is_empty() => {
+                    let (_, h) = held.remove(i % held.len());
+                    // Guards are only handed out once ready: finish the copies first.
+                    while !c.is_ready(h).unwrap() {
+                        pending.extend(std::iter::from_fn(|| c.poll_transfer()));
+                        prop_assert!(!pending.is_empty(), "an acquire waits with no copy in flight");
+                        let tr = pending.remove(0);
+                        c.handle_transfer_done(tr.id, Ok(()), t(now));
+                    }
+                    c.release(h, t(now));
+                }
+                Op::Free(i) if !bufs.is_empty() => {
+                    let idx = i % bufs.len();
+                    let is_held = held.iter().any(|(j, _)| *j == idx);
+                    let r = c.free(bufs[idx], t(now));
+                    prop_assert_eq!(r.is_err(), is_held);
+                    if r.is_ok() { bufs.remove(idx); held.iter_mut().for_each(|(j, _)| if *j > idx { *j -= 1 }); }
+                }
+                Op::HostAccess(i) if !bufs.is_empty() => {
+                    let b = bufs[i % bufs.len()];
+                    if let Some(_locs) = c.begin_host_access(b, 0, 1).unwrap() {
+                        c.end_host_access(b, 0, 1, true, t(now));
+                    }
+                }
+                Op::Complete(n) => {
+                    pending.extend(std::iter::from_fn(|| c.poll_transfer()));
+                    for _ in 0..n.min(pending.len()) {
+                        let tr = pending.remove(0);
+                        c.handle_transfer_done(tr.id, Ok(()), t(now));
+                    }
+                }
+                Op::Step => c.step(t(now)),
+                _ => {}
+            }
+            pending.extend(std::iter::from_fn(|| c.poll_transfer()));
+            c.check_invariants();
+            let s = c.stats();
+            prop_assert!(s.frames_in_use <= s.frames_total && s.slots_in_use <= s.slots_total);
+        }
+    }
+}
