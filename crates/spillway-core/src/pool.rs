@@ -558,8 +558,13 @@ impl PoolCore {
     /// page of the range is in flight (wait for a completion and ask again), else the
     /// location of each page of the range, which stay put until
     /// [`PoolCore::end_host_access`].
-    pub fn begin_host_access(&mut self, id: BufferId, offset: u64, len: u64) -> Result<Option<Vec<PageLocation>>, CoreError> {
+    /// A write is refused while the buffer is acquired, a read while it is acquired
+    /// exclusively ([`CoreError::BufferBusy`]).
+    pub fn begin_host_access(&mut self, id: BufferId, offset: u64, len: u64, write: bool) -> Result<Option<Vec<PageLocation>>, CoreError> {
         let b = self.live(id)?;
+        if b.exclusive || (write && b.holders() > 0) {
+            return Err(CoreError::BufferBusy { buffer: id, mode: if b.exclusive { "exclusively" } else { "shared" } });
+        }
         if offset.checked_add(len).is_none_or(|end| end > b.bytes) || len == 0 {
             return Err(CoreError::OutOfRange { buffer: id, offset, len, bytes: b.bytes });
         }

@@ -338,8 +338,11 @@ proptest! {
                 }
                 Op::HostAccess(i) if !bufs.is_empty() => {
                     let b = bufs[i % bufs.len()];
-                    if let Some(_locs) = c.begin_host_access(b, 0, 1).unwrap() {
-                        c.end_host_access(b, 0, 1, true, t(now));
+                    let write = held.iter().all(|(j, _)| *j != i % bufs.len());
+                    match c.begin_host_access(b, 0, 1, write) {
+                        Ok(Some(_locations)) => c.end_host_access(b, 0, 1, write, t(now)),
+                        Ok(None) => {}
+                        Err(e) => prop_assert!(matches!(e, CoreError::BufferBusy { .. }), "{e}"),
                     }
                 }
                 Op::Complete(n) => {

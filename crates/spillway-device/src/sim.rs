@@ -162,8 +162,14 @@ impl Drop for SimDevice {
         for s in &mut self.streams {
             s.take();
         }
+        let me = std::thread::current().id();
         for t in self.threads.drain(..) {
-            let _ = t.join();
+            // The last owner may be dropped from a copy thread (its completion callback
+            // held the last reference); a thread cannot join itself, and it exits anyway
+            // once its channel is closed.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
         }
     }
 }

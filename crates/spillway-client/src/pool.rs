@@ -1,0 +1,552 @@
+//! The embedded pool: [`PoolCore`] driven by a [`Device`] in one process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use spillway_core::{AccessMode, AcquireId, CoreError, CoreStats, MappingChange, PageLocation, PoolCore};
+use spillway_device::sim::SimDevice;
+use spillway_device::{Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr};
+use spillway_types::config::{ConfigError, PoolConfig, Policy};
+use spillway_types::{BufferId, Direction, FrameId, PageSize};
+
+/// Errors of the pool's API.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The pool refused the operation (see [`CoreError`] for each case).
+    #[error(transparent)]
+    Pool(#[from] CoreError),
+    /// The device failed or is unavailable.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A required builder setting was not given.
+    #[error("`{0}` is required: the pool has no default for it")]
+    Missing(&'static str),
+    /// Host access to device memory on a backend whose memory the host cannot see.
+    #[error("the {0} device's memory is not visible to the host; use the device kernels or read()")]
+    NotHostVisible(&'static str),
+    /// A page index past the end of the buffer.
+    #[error("page {index} is past the end of a buffer of {pages} pages")]
+    NoSuchPage {
+        /// Index asked for.
+        index: usize,
+        /// Pages of the buffer.
+        pages: usize,
+    },
+    /// Writing through a guard that was acquired shared.
+    #[error("the buffer was acquired shared; use acquire_mut to write")]
+    NotExclusive,
+}
+
+/// Which GPU tier backend to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// A GPU when there is one (and the `cuda` feature is built), else `sim`.
+    #[default]
+    Auto,
+    /// Host memory standing in for a GPU.
+    Sim,
+    /// An NVIDIA GPU; an error names what is missing if there is none.
+    Cuda,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(DeviceChoice::Auto),
+            "sim" => Ok(DeviceChoice::Sim),
+            "cuda" => Ok(DeviceChoice::Cuda),
+            other => Err(format!("unknown device {other:?}: expected auto, sim or cuda")),
+        }
+    }
+}
+
+/// Builds a [`Pool`]. The two budgets are required.
+#[derive(Debug, Clone, Default)]
+pub struct PoolBuilder {
+    gpu_budget_bytes: Option<u64>,
+    host_budget_bytes: Option<u64>,
+    page_size: Option<PageSize>,
+    policy: Option<Policy>,
+    device: DeviceChoice,
+    config: Option<PoolConfig>,
+}
+
+impl PoolBuilder {
+    /// A builder with nothing set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Bytes of GPU memory the pool may use (required).
+    pub fn gpu_budget_bytes(mut self, bytes: u64) -> Self {
+        self.gpu_budget_bytes = Some(bytes);
+        self
+    }
+    /// Bytes of host memory for the host tier (required); it must hold every buffer.
+    pub fn host_budget_bytes(mut self, bytes: u64) -> Self {
+        self.host_budget_bytes = Some(bytes);
+        self
+    }
+    /// The page size (default 2 MiB).
+    pub fn page_size(mut self, page: PageSize) -> Self {
+        self.page_size = Some(page);
+        self
+    }
+    /// The prefetch and eviction policy (default learned).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+    /// The backend (default auto).
+    pub fn device(mut self, device: DeviceChoice) -> Self {
+        self.device = device;
+        self
+    }
+    /// Every other setting, from a full configuration (budgets, page size and policy set
+    /// on the builder take precedence).
+    pub fn config(mut self, config: PoolConfig) -> Self {
+        self.gpu_budget_bytes.get_or_insert(config.gpu_budget_bytes);
+        self.host_budget_bytes.get_or_insert(config.host_budget_bytes);
+        self.config = Some(config);
+        self
+    }
+
+    /// Checks the settings, creates the device and the pool.
+    pub fn build(self) -> Result<Pool, PoolError> {
+        let gpu = self.gpu_budget_bytes.ok_or(PoolError::Missing("gpu_budget_bytes"))?;
+        let host = self.host_budget_bytes.ok_or(PoolError::Missing("host_budget_bytes"))?;
+        let mut cfg = self.config.unwrap_or_else(|| PoolConfig::new(gpu, host));
+        cfg.gpu_budget_bytes = gpu;
+        cfg.host_budget_bytes = host;
+        if let Some(p) = self.page_size {
+            cfg.page_size = p;
+        }
+        if let Some(p) = self.policy {
+            cfg.policy = p;
+        }
+        cfg.validate()?;
+        Pool::new(cfg, self.device)
+    }
+}
+
+/// A buffer of the pool: a handle, cheap to clone. Freeing it twice is an error.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Buffer {
+    id: BufferId,
+    bytes: u64,
+    name: Arc<str>,
+}
+
+impl Buffer {
+    /// The buffer's id.
+    pub fn id(&self) -> BufferId {
+        self.id
+    }
+    /// Its size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+    /// The name given at `alloc`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Counters of a pool: the core's plus what the driver measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PoolStats {
+    /// The state machine's counters.
+    pub core: CoreStats,
+    /// Time acquires spent waiting for copies.
+    pub stall: Duration,
+}
+
+struct State {
+    core: PoolCore,
+    stall: Duration,
+    names: HashMap<BufferId, Arc<str>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    cond: Condvar,
+    device: OnceLock<Arc<dyn Device>>,
+    epoch: Instant,
+}
+
+impl Shared {
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn device(&self) -> &Arc<dyn Device> {
+        self.device.get().expect("set before any use")
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the core mid-update: do not go on with it.
+        self.state.lock().expect("pool state poisoned by an earlier panic")
+    }
+
+    /// Starts every copy and mapping change the core has queued. Called with the lock held.
+    fn drive(&self, state: &mut State) {
+        let device = self.device();
+        while let Some(m) = state.core.poll_mapping() {
+            let r = match m {
+                MappingChange::Map { page, frame } => device.map_page(page.buffer, page.index, frame),
+                MappingChange::Unmap { page } => device.unmap_page(page.buffer, page.index),
+            };
+            if let Err(e) = r {
+                tracing::error!(error = %e, "device mapping failed");
+            }
+        }
+        while let Some(t) = state.core.poll_transfer() {
+            device.submit(CopyOp { id: t.id, direction: t.direction, frame: t.frame, slot: t.slot, bytes: t.bytes });
+        }
+    }
+
+    fn on_completion(&self, c: Completion) {
+        let mut state = self.lock();
+        let now = self.now();
+        let result = c.result.map_err(|e| {
+            tracing::error!(error = %e, "device copy failed");
+            e.to_string()
+        });
+        state.core.handle_transfer_done(c.id, result, now);
+        self.drive(&mut state);
+        drop(state);
+        self.cond.notify_all();
+    }
+}
+
+/// The embedded pool. Cheap to share across threads (`&Pool` is enough); see the crate docs.
+pub struct Pool {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("device", &self.device_kind()).field("stats", &self.stats()).finish()
+    }
+}
+
+fn make_device(choice: DeviceChoice, config: DeviceConfig, sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
+    match choice {
+        DeviceChoice::Sim => Ok(Arc::new(SimDevice::new(config, sink)?)),
+        DeviceChoice::Cuda => cuda_device(config, sink),
+        DeviceChoice::Auto => match cuda_device(config, sink.clone()) {
+            Ok(d) => Ok(d),
+            Err(e) => {
+                tracing::debug!(reason = %e, "no GPU: using the sim device");
+                Ok(Arc::new(SimDevice::new(config, sink)?))
+            }
+        },
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(config: DeviceConfig, sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
+    Ok(Arc::new(spillway_device::cuda::CudaDevice::new(config, sink, 0)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_config: DeviceConfig, _sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
+    Err(DeviceError::Unavailable { backend: "cuda", reason: "this build has no CUDA support: rebuild with `--features cuda`".into() }.into())
+}
+
+impl Pool {
+    fn new(cfg: PoolConfig, choice: DeviceChoice) -> Result<Pool, PoolError> {
+        let device_config = DeviceConfig { frames: cfg.gpu_frames() as u32, host_slots: cfg.host_slots() as u32, page_bytes: cfg.page_size.bytes() };
+        let core = PoolCore::new(cfg, 0.0)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State { core, stall: Duration::ZERO, names: HashMap::new() }),
+            cond: Condvar::new(),
+            device: OnceLock::new(),
+            epoch: Instant::now(),
+        });
+        let weak: Weak<Shared> = Arc::downgrade(&shared);
+        let sink: CompletionSink = Arc::new(move |c| {
+            if let Some(shared) = weak.upgrade() {
+                shared.on_completion(c);
+            }
+        });
+        let device = make_device(choice, device_config, sink)?;
+        let hint = device.bandwidth_hint_bytes_per_s(Direction::HostToDevice);
+        {
+            let mut state = shared.lock();
+            let cfg = state.core.config().clone();
+            state.core = PoolCore::new(cfg, hint)?;
+        }
+        let _ = shared.device.set(device);
+        Ok(Pool { shared })
+    }
+
+    /// The backend in use.
+    pub fn device_kind(&self) -> DeviceKind {
+        self.shared.device().kind()
+    }
+
+    /// A description of the device.
+    pub fn device_description(&self) -> String {
+        self.shared.device().describe()
+    }
+
+    /// The device, for benchmarks that drive copies directly.
+    pub fn device(&self) -> Arc<dyn Device> {
+        self.shared.device().clone()
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> PoolConfig {
+        self.shared.lock().core.config().clone()
+    }
+
+    /// Registers a buffer of `bytes`; its contents start as zeros in the host tier.
+    pub fn alloc(&self, name: &str, bytes: u64) -> Result<Buffer, PoolError> {
+        let mut state = self.shared.lock();
+        let id = state.core.alloc(bytes)?;
+        if let Err(e) = self.shared.device().reserve_range(id, bytes) {
+            state.core.free(id, self.shared.now()).expect("just allocated");
+            return Err(e.into());
+        }
+        let name: Arc<str> = name.into();
+        state.names.insert(id, name.clone());
+        drop(state);
+        let buffer = Buffer { id, bytes, name };
+        // Slots may hold a freed buffer's bytes: a new buffer reads as zeros.
+        let zeros = vec![0u8; (bytes.min(self.config().page_size.bytes())) as usize];
+        let mut offset = 0;
+        while offset < bytes {
+            let n = (bytes - offset).min(zeros.len() as u64);
+            self.write(&buffer, offset, &zeros[..n as usize])?;
+            offset += n;
+        }
+        Ok(buffer)
+    }
+
+    /// Frees a buffer. Errors if it is acquired, already freed or unknown.
+    pub fn free(&self, buffer: &Buffer) -> Result<(), PoolError> {
+        let mut state = self.shared.lock();
+        state.core.free(buffer.id, self.shared.now())?;
+        state.names.remove(&buffer.id);
+        self.shared.drive(&mut state);
+        drop(state);
+        self.shared.device().release_range(buffer.id)?;
+        Ok(())
+    }
+
+    /// Runs `f` on each page piece of `[offset, offset + len)` once no copy uses them.
+    fn host_access(&self, buffer: &Buffer, offset: u64, len: u64, write: bool, mut f: impl FnMut(PageLocation, u64, std::ops::Range<usize>) -> Result<(), DeviceError>) -> Result<(), PoolError> {
+        let mut state = self.shared.lock();
+        let locations = loop {
+            if let Some(l) = state.core.begin_host_access(buffer.id, offset, len, write)? {
+                break l;
+            }
+            state = self.shared.cond.wait(state).expect("pool state poisoned");
+        };
+        let page_bytes = state.core.config().page_size.bytes();
+        drop(state);
+        let mut result = Ok(());
+        let mut pos = offset;
+        let end = offset + len;
+        for loc in locations {
+            let in_page = pos % page_bytes;
+            let n = (page_bytes - in_page).min(end - pos);
+            let range = (pos - offset) as usize..(pos - offset + n) as usize;
+            if let Err(e) = f(loc, in_page, range) {
+                result = Err(e);
+                break;
+            }
+            pos += n;
+        }
+        let mut state = self.shared.lock();
+        state.core.end_host_access(buffer.id, offset, len, write && result.is_ok(), self.shared.now());
+        self.shared.drive(&mut state);
+        Ok(result?)
+    }
+
+    /// Writes `data` at `offset` of the buffer (to wherever its pages are now).
+    pub fn write(&self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<(), PoolError> {
+        let device = self.shared.device().clone();
+        self.host_access(buffer, offset, data.len() as u64, true, |loc, at, range| match loc {
+            PageLocation::Gpu(frame) => device.write_frame(frame, at, &data[range]),
+            PageLocation::Host(slot) => device.write_host(slot, at, &data[range]),
+        })
+    }
+
+    /// Reads `out.len()` bytes at `offset` of the buffer.
+    pub fn read(&self, buffer: &Buffer, offset: u64, out: &mut [u8]) -> Result<(), PoolError> {
+        let device = self.shared.device().clone();
+        let len = out.len() as u64;
+        self.host_access(buffer, offset, len, false, |loc, at, range| match loc {
+            PageLocation::Gpu(frame) => device.read_frame(frame, at, &mut out[range]),
+            PageLocation::Host(slot) => device.read_host(slot, at, &mut out[range]),
+        })
+    }
+
+    /// Waits until every page of `buffer` is on the GPU and returns a shared guard.
+    pub fn acquire(&self, buffer: &Buffer) -> Result<Guard<'_>, PoolError> {
+        self.acquire_with(buffer, AccessMode::Shared)
+    }
+
+    /// As [`Pool::acquire`], exclusively: the guard may write, and the pages become dirty.
+    pub fn acquire_mut(&self, buffer: &Buffer) -> Result<Guard<'_>, PoolError> {
+        self.acquire_with(buffer, AccessMode::Exclusive)
+    }
+
+    fn acquire_with(&self, buffer: &Buffer, mode: AccessMode) -> Result<Guard<'_>, PoolError> {
+        let started = Instant::now();
+        let mut state = self.shared.lock();
+        let (id, hit) = state.core.begin_acquire(buffer.id, mode, self.shared.now())?;
+        self.shared.drive(&mut state);
+        loop {
+            match state.core.is_ready(id) {
+                Ok(true) => break,
+                Ok(false) => state = self.shared.cond.wait(state).expect("pool state poisoned"),
+                Err(e) => {
+                    state.core.release(id, self.shared.now());
+                    return Err(e.into());
+                }
+            }
+        }
+        let waited = if hit { Duration::ZERO } else { started.elapsed() };
+        state.stall += waited;
+        let frames = state.core.frames_of(id);
+        drop(state);
+        Ok(Guard { pool: self, id, mode, frames, bytes: buffer.bytes, buffer: buffer.id, hit, waited })
+    }
+
+    /// Marks the end of a step (one iteration of the job).
+    pub fn step(&self) {
+        let mut state = self.shared.lock();
+        state.core.step(self.shared.now());
+        self.shared.drive(&mut state);
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> PoolStats {
+        let state = self.shared.lock();
+        PoolStats { core: state.core.stats(), stall: state.stall }
+    }
+
+    /// Waits until no copy is in flight (for clean measurements and shutdown).
+    pub fn quiesce(&self) {
+        let mut state = self.shared.lock();
+        while state.core.transfers_in_flight() > 0 {
+            state = self.shared.cond.wait(state).expect("pool state poisoned");
+        }
+    }
+
+    /// The name a buffer was allocated with.
+    pub fn buffer_name(&self, id: BufferId) -> Option<String> {
+        self.shared.lock().names.get(&id).map(|n| n.to_string())
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Let copies in flight land before the device and its memory go away.
+        self.quiesce();
+    }
+}
+
+/// A buffer held on the GPU. Its pages stay resident until the guard is dropped.
+pub struct Guard<'p> {
+    pool: &'p Pool,
+    id: AcquireId,
+    mode: AccessMode,
+    frames: Vec<FrameId>,
+    bytes: u64,
+    buffer: BufferId,
+    hit: bool,
+    waited: Duration,
+}
+
+impl std::fmt::Debug for Guard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard").field("buffer", &self.buffer).field("mode", &self.mode).field("hit", &self.hit).finish()
+    }
+}
+
+impl Guard<'_> {
+    /// Whether the acquire found every page already on the GPU (no wait for a copy).
+    pub fn hit(&self) -> bool {
+        self.hit
+    }
+    /// How long the acquire waited for copies.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+    /// Number of pages.
+    pub fn pages(&self) -> usize {
+        self.frames.len()
+    }
+    /// Bytes of page `index` (the last one may be short).
+    pub fn page_len(&self, index: usize) -> u64 {
+        let page = self.pool.shared.device().config().page_bytes;
+        (self.bytes - index as u64 * page).min(page)
+    }
+
+    fn frame(&self, index: usize) -> Result<FrameId, PoolError> {
+        self.frames.get(index).copied().ok_or(PoolError::NoSuchPage { index, pages: self.frames.len() })
+    }
+
+    /// Device address of page `index`.
+    pub fn page_ptr(&self, index: usize) -> Result<DevicePtr, PoolError> {
+        Ok(self.pool.shared.device().frame_ptr(self.frame(index)?))
+    }
+
+    /// Page `index` as bytes, on a device whose memory the host can see (`sim`).
+    pub fn page(&self, index: usize) -> Result<&[u8], PoolError> {
+        let frame = self.frame(index)?;
+        let device = self.pool.shared.device();
+        let ptr = device.host_view(frame).ok_or(PoolError::NotHostVisible(device.kind().name()))?;
+        // SAFETY: the frame is pinned by this guard, so no copy writes it and it is not
+        // reused; writers need an exclusive acquire (refused while this shared one is
+        // held) or `&mut self` of an exclusive guard; the length is inside the frame.
+        Ok(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), self.page_len(index) as usize) })
+    }
+
+    /// Page `index` as writable bytes, on a host-visible device, through an exclusive guard.
+    pub fn page_mut(&mut self, index: usize) -> Result<&mut [u8], PoolError> {
+        if self.mode != AccessMode::Exclusive {
+            return Err(PoolError::NotExclusive);
+        }
+        let frame = self.frame(index)?;
+        let device = self.pool.shared.device();
+        let ptr = device.host_view(frame).ok_or(PoolError::NotHostVisible(device.kind().name()))?;
+        // SAFETY: as in `page`, and the acquire is exclusive and borrowed mutably.
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.page_len(index) as usize) })
+    }
+
+    /// Fills page `index` on the device with the deterministic pattern of `seed`.
+    pub fn fill_pattern(&mut self, index: usize, seed: u64) -> Result<(), PoolError> {
+        if self.mode != AccessMode::Exclusive {
+            return Err(PoolError::NotExclusive);
+        }
+        Ok(self.pool.shared.device().fill_pattern(self.frame(index)?, self.page_len(index), seed)?)
+    }
+
+    /// The checksum of page `index`, computed on the device.
+    pub fn checksum(&self, index: usize) -> Result<u64, PoolError> {
+        Ok(self.pool.shared.device().checksum(self.frame(index)?, self.page_len(index))?)
+    }
+
+    /// Arithmetic work over page `index` on the device (the demo's kernel).
+    pub fn compute(&self, index: usize, passes: u32) -> Result<u64, PoolError> {
+        Ok(self.pool.shared.device().compute(self.frame(index)?, self.page_len(index), passes)?)
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        let shared = &self.pool.shared;
+        let mut state = shared.lock();
+        state.core.release(self.id, shared.now());
+        shared.drive(&mut state);
+    }
+}
