@@ -14,12 +14,15 @@
 //! Backends:
 //! - [`sim::SimDevice`]: device memory is host memory under the budget, copies are real
 //!   `memcpy` on one thread per direction. Always built; every test and the demo use it.
-//! - `cuda` (feature `cuda`): cudarc, loaded at run time.
+//! - `cuda::CudaDevice` (feature `cuda`): an NVIDIA GPU through the CUDA driver API
+//!   (cudarc, loaded at run time, so the build needs no CUDA).
 //!
 //! Besides copies, a device runs three small kernels on a page (fill with the
 //! [`spillway_types::pattern`], checksum, and arithmetic work) so that the demo and the
 //! tests work on every backend without reading pages back to the host.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod sim;
 
 use std::ptr::NonNull;

@@ -176,10 +176,11 @@ impl Drop for SimDevice {
 
 impl SimDevice {
     /// The frame's bytes; the caller holds the frame (pool contract) for the borrow's life.
-    fn frame_bytes(&self, frame: FrameId, len: u64) -> Result<&mut [u8], DeviceError> {
+    fn frame_bytes(&self, frame: FrameId, len: u64) -> Result<&[u8], DeviceError> {
         check_range(0, len, self.memory.config.page_bytes)?;
-        // SAFETY: inside the region (checked); exclusive use of the frame by the caller.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.memory.frame(frame), len as usize) })
+        // SAFETY: inside the region (checked); nobody writes the frame meanwhile (pool
+        // contract).
+        Ok(unsafe { std::slice::from_raw_parts(self.memory.frame(frame), len as usize) })
     }
 }
 
@@ -266,7 +267,12 @@ impl Device for SimDevice {
     }
 
     fn fill_pattern(&self, frame: FrameId, len: u64, seed: u64) -> Result<(), DeviceError> {
-        pattern::fill(seed, self.frame_bytes(frame, len)?);
+        check_range(0, len, self.memory.config.page_bytes)?;
+        // SAFETY: inside the region (checked); exclusive use of the frame by the caller
+        // (pool contract) for this call.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(self.memory.frame(frame), len as usize) };
+        pattern::fill(seed, bytes);
         Ok(())
     }
 
