@@ -234,7 +234,9 @@ impl std::fmt::Debug for Pool {
     }
 }
 
-fn make_device(choice: DeviceChoice, config: DeviceConfig, sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
+/// Creates a device of the chosen backend (for tools that drive a device directly, such
+/// as the copy-only benchmark; a [`Pool`] makes its own).
+pub fn make_device(choice: DeviceChoice, config: DeviceConfig, sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
     match choice {
         DeviceChoice::Sim => Ok(Arc::new(SimDevice::new(config, sink)?)),
         DeviceChoice::Cuda => cuda_device(config, sink),

@@ -29,7 +29,7 @@
 //! of absent pages while (a) the access is within the lookahead horizon: the first
 //! [`MIN_LOOKAHEAD_ACCESSES`] accesses always, later ones while the predicted time until
 //! them is below [`LEAD_FACTOR`] times the time the copies queued so far will take at
-//! the measured bandwidth; and (b) a frame can be had without evicting a page whose next
+//! the measured bandwidth, plus [`JITTER_MARGIN`]; and (b) a frame can be had without evicting a page whose next
 //! use is sooner than the incoming page's. Eviction is by next use (furthest first).
 
 use std::collections::{HashMap, VecDeque};
@@ -44,11 +44,14 @@ use crate::predictor::{Predictor, PredictorStats};
 
 /// The first this many predicted accesses are always considered for prefetch (planning
 /// only happens at accesses, so the next few must be covered whatever their timing).
-pub const MIN_LOOKAHEAD_ACCESSES: u64 = 4;
+pub const MIN_LOOKAHEAD_ACCESSES: u64 = 8;
 /// How far ahead of its predicted use a copy is started, as a multiple of the time the
 /// copies queued before it will take. Larger hides more jitter but loads mispredicted
 /// pages earlier.
-pub const LEAD_FACTOR: f64 = 4.0;
+pub const LEAD_FACTOR: f64 = 8.0;
+/// Time added to the horizon for what bandwidth does not explain: the OS descheduling a
+/// copy thread, driver latency. A few scheduler time slices.
+pub const JITTER_MARGIN: Duration = Duration::from_millis(10);
 /// Weight of the newest copy in the bandwidth estimate.
 const BANDWIDTH_ALPHA: f64 = 0.2;
 
@@ -823,7 +826,7 @@ impl PoolCore {
         let bw = self.bandwidth[0].bytes_per_s;
         let mut queued_bytes = 0u64;
         for u in &upcoming {
-            if u.distance >= MIN_LOOKAHEAD_ACCESSES && u.time_until.as_secs_f64() > LEAD_FACTOR * queued_bytes as f64 / bw {
+            if u.distance >= MIN_LOOKAHEAD_ACCESSES && u.time_until.as_secs_f64() > LEAD_FACTOR * queued_bytes as f64 / bw + JITTER_MARGIN.as_secs_f64() {
                 break;
             }
             let Some(b) = self.buffers.get(&u.buffer).filter(|b| !b.freed) else { continue };

@@ -1,0 +1,409 @@
+//! The demo's workload: a training-like loop over a tiered pool.
+//!
+//! Each step runs forward over `layers` layers, then backward in reverse:
+//! - forward layer `i`: acquire weights `W[i]` (shared), check every page's checksum, run
+//!   the kernel over every page; then acquire activation `A[i]` exclusively and fill each
+//!   page with data unique to (step, layer, page);
+//! - backward layer `i`: acquire `W[i]`, check and compute; acquire `A[i]`, check that it
+//!   holds what forward wrote this step, and compute.
+//!
+//! The kernel is real arithmetic over every byte on the device (`passes` rounds), never a
+//! sleep. Every acquire checks every page against the checksum of the data that must be
+//! there, so corruption anywhere (a lost write-back, a stale page, a wrong frame) is
+//! counted in `corrupt_pages`. A *diverging* step swaps two layers and skips one, in
+//! both directions, to show that prediction survives a change of order.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use spillway_client::{Buffer, DeviceChoice, Guard, PageSize, Policy, Pool, PoolBuilder, pattern};
+
+/// The shape of the training-like loop.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    /// Number of layers.
+    pub layers: usize,
+    /// Bytes of each layer's weights.
+    pub weight_bytes: u64,
+    /// Bytes of each layer's activation.
+    pub act_bytes: u64,
+    /// GPU budget in bytes.
+    pub gpu_budget_bytes: u64,
+    /// Host budget in bytes; `None`: the working set rounded up to pages.
+    pub host_budget_bytes: Option<u64>,
+    /// Page size.
+    pub page_size: PageSize,
+    /// Steps to run.
+    pub steps: usize,
+    /// Rounds of arithmetic per page per kernel.
+    pub compute_passes: u32,
+    /// Prefetch and eviction policy.
+    pub policy: Policy,
+    /// GPU backend.
+    pub device: DeviceChoice,
+    /// Steps (1-based) that swap layers 1 and 2 and skip the middle layer.
+    pub diverge_steps: Vec<usize>,
+    /// Whether the job marks step boundaries (`false` exercises period detection).
+    pub mark_steps: bool,
+}
+
+impl TrainConfig {
+    /// The demo's defaults: 24 layers of 8 MiB weights and 4 MiB activations (288 MiB)
+    /// on a 96 MiB GPU budget (a working set of 3x the budget), 6 steps.
+    pub fn demo_default() -> TrainConfig {
+        TrainConfig {
+            layers: 24,
+            weight_bytes: 8 << 20,
+            act_bytes: 4 << 20,
+            gpu_budget_bytes: 96 << 20,
+            host_budget_bytes: None,
+            page_size: PageSize::default(),
+            steps: 6,
+            compute_passes: 2,
+            policy: Policy::Learned,
+            device: DeviceChoice::Auto,
+            diverge_steps: Vec::new(),
+            mark_steps: true,
+        }
+    }
+
+    /// Bytes of all buffers.
+    pub fn working_set_bytes(&self) -> u64 {
+        self.layers as u64 * (self.weight_bytes + self.act_bytes)
+    }
+
+    fn host_budget(&self) -> u64 {
+        let page = self.page_size.bytes();
+        self.host_budget_bytes.unwrap_or_else(|| self.layers as u64 * (self.page_size.pages_for(self.weight_bytes) + self.page_size.pages_for(self.act_bytes)) * page)
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StepReport {
+    /// Step number, from 1.
+    pub step: usize,
+    /// Wall time of the step.
+    pub wall_s: f64,
+    /// Time acquires waited for copies.
+    pub stall_s: f64,
+    /// Acquires made.
+    pub acquires: u64,
+    /// Acquires that did not wait for a copy.
+    pub hits: u64,
+    /// Bytes copied host to device.
+    pub h2d_bytes: u64,
+    /// Bytes copied device to host.
+    pub d2h_bytes: u64,
+    /// Bytes whose checksum was checked.
+    pub verified_bytes: u64,
+    /// Pages whose checksum was wrong.
+    pub corrupt_pages: u64,
+    /// Whether this step diverged (swapped and skipped layers).
+    pub diverged: bool,
+}
+
+impl StepReport {
+    /// hits / acquires.
+    pub fn hit_rate(&self) -> f64 {
+        if self.acquires == 0 { 1.0 } else { self.hits as f64 / self.acquires as f64 }
+    }
+}
+
+/// What a whole run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// `sim` or `cuda`.
+    pub device: String,
+    /// The device's description.
+    pub device_description: String,
+    /// Policy name.
+    pub policy: String,
+    /// Page size.
+    pub page_bytes: u64,
+    /// GPU budget.
+    pub gpu_budget_bytes: u64,
+    /// Host budget.
+    pub host_budget_bytes: u64,
+    /// Bytes of all buffers.
+    pub working_set_bytes: u64,
+    /// Pages whose checksum was wrong, over all steps.
+    pub corrupt_pages: u64,
+    /// Bytes checked, over all steps.
+    pub verified_bytes: u64,
+    /// Most GPU bytes in use at once.
+    pub gpu_bytes_peak: u64,
+    /// Prefetched pages evicted before use.
+    pub prefetch_wasted_pages: u64,
+    /// Period detected when steps are not marked.
+    pub detected_period: Option<u64>,
+    /// Total wall time.
+    pub total_s: f64,
+    /// Per step.
+    pub steps: Vec<StepReport>,
+}
+
+impl RunReport {
+    /// Median step time over steps from `from` (1-based) on.
+    pub fn median_step_s(&self, from: usize) -> f64 {
+        median(self.steps.iter().filter(|s| s.step >= from).map(|s| s.wall_s).collect())
+    }
+
+    /// Hit rate over steps from `from` on.
+    pub fn hit_rate_from(&self, from: usize) -> f64 {
+        let (a, h) = self.steps.iter().filter(|s| s.step >= from).fold((0, 0), |(a, h), s| (a + s.acquires, h + s.hits));
+        if a == 0 { 1.0 } else { h as f64 / a as f64 }
+    }
+}
+
+/// The median of `v` (0 for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn act_seed(step: usize, layer: usize) -> u64 {
+    pattern::word(0xAC7 ^ ((step as u64) << 20), layer as u64)
+}
+
+fn weight_seed(layer: usize) -> u64 {
+    pattern::word(0x3E1, layer as u64)
+}
+
+struct Counters {
+    step: StepReport,
+    sink: u64,
+}
+
+impl Counters {
+    fn record(&mut self, g: &Guard<'_>) {
+        self.step.acquires += 1;
+        self.step.hits += u64::from(g.hit());
+        self.step.stall_s += g.waited().as_secs_f64();
+    }
+
+    /// Checks every page of `g` against the pattern of `seed`.
+    fn verify(&mut self, g: &Guard<'_>, seed: u64) -> Result<()> {
+        for k in 0..g.pages() {
+            let len = g.page_len(k);
+            let got = g.checksum(k)?;
+            if got != pattern::expected_checksum(pattern::page_seed(seed, k as u64), len as usize) {
+                self.step.corrupt_pages += 1;
+            }
+            self.step.verified_bytes += len;
+        }
+        Ok(())
+    }
+
+    fn compute(&mut self, g: &Guard<'_>, passes: u32) -> Result<()> {
+        for k in 0..g.pages() {
+            self.sink ^= g.compute(k, passes)?;
+        }
+        Ok(())
+    }
+}
+
+/// A pool and the buffers of the loop, ready to run steps.
+pub struct Training {
+    cfg: TrainConfig,
+    pool: Pool,
+    weights: Vec<Buffer>,
+    acts: Vec<Buffer>,
+    /// Step whose data each activation holds (None: never written).
+    act_written: Vec<Option<usize>>,
+    step: usize,
+    /// Keeps the kernels' results alive so no work can be optimised away.
+    pub sink: u64,
+}
+
+impl Training {
+    /// Builds the pool and fills every weight with its pattern.
+    pub fn new(cfg: TrainConfig) -> Result<Training> {
+        if cfg.layers < 3 {
+            bail!("the demo needs at least 3 layers, got {}", cfg.layers);
+        }
+        let pool = PoolBuilder::new()
+            .gpu_budget_bytes(cfg.gpu_budget_bytes)
+            .host_budget_bytes(cfg.host_budget())
+            .page_size(cfg.page_size)
+            .policy(cfg.policy)
+            .device(cfg.device)
+            .build()
+            .context("building the pool")?;
+        let page = cfg.page_size.bytes() as usize;
+        let mut weights = Vec::new();
+        let mut acts = Vec::new();
+        let mut bytes = vec![0u8; page];
+        for i in 0..cfg.layers {
+            let w = pool.alloc(&format!("layers.{i}.weight"), cfg.weight_bytes)?;
+            let mut off = 0u64;
+            let mut k = 0u64;
+            while off < cfg.weight_bytes {
+                let n = (cfg.weight_bytes - off).min(page as u64) as usize;
+                pattern::fill(pattern::page_seed(weight_seed(i), k), &mut bytes[..n]);
+                pool.write(&w, off, &bytes[..n])?;
+                off += n as u64;
+                k += 1;
+            }
+            weights.push(w);
+            acts.push(pool.alloc(&format!("layers.{i}.activation"), cfg.act_bytes)?);
+        }
+        let layers = cfg.layers;
+        Ok(Training { cfg, pool, weights, acts, act_written: vec![None; layers], step: 0, sink: 0 })
+    }
+
+    /// The pool (for its stats).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The layer order of a step (forward; backward is its reverse).
+    fn order(&self, diverge: bool) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.cfg.layers).collect();
+        if diverge {
+            let mid = self.cfg.layers / 2;
+            order.swap(1, 2);
+            order.retain(|&i| i != mid);
+        }
+        order
+    }
+
+    /// Runs one step and reports it.
+    pub fn run_step(&mut self) -> Result<StepReport> {
+        self.step += 1;
+        let step = self.step;
+        let diverged = self.cfg.diverge_steps.contains(&step);
+        let before = self.pool.stats().core;
+        let started = Instant::now();
+        let mut c = Counters { step: StepReport { step, wall_s: 0.0, stall_s: 0.0, acquires: 0, hits: 0, h2d_bytes: 0, d2h_bytes: 0, verified_bytes: 0, corrupt_pages: 0, diverged }, sink: 0 };
+        let passes = self.cfg.compute_passes;
+        let order = self.order(diverged);
+        for &i in &order {
+            let g = self.pool.acquire(&self.weights[i])?;
+            c.record(&g);
+            c.verify(&g, weight_seed(i))?;
+            c.compute(&g, passes)?;
+            drop(g);
+            let mut g = self.pool.acquire_mut(&self.acts[i])?;
+            c.record(&g);
+            let seed = act_seed(step, i);
+            for k in 0..g.pages() {
+                g.fill_pattern(k, pattern::page_seed(seed, k as u64))?;
+            }
+            self.act_written[i] = Some(step);
+        }
+        for &i in order.iter().rev() {
+            let g = self.pool.acquire(&self.weights[i])?;
+            c.record(&g);
+            c.verify(&g, weight_seed(i))?;
+            c.compute(&g, passes)?;
+            drop(g);
+            let g = self.pool.acquire(&self.acts[i])?;
+            c.record(&g);
+            let written = self.act_written[i].context("activation read before it was written")?;
+            c.verify(&g, act_seed(written, i))?;
+            c.compute(&g, passes)?;
+        }
+        if self.cfg.mark_steps {
+            self.pool.step();
+        }
+        let after = self.pool.stats().core;
+        c.step.wall_s = started.elapsed().as_secs_f64();
+        c.step.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
+        c.step.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
+        self.sink ^= c.sink;
+        Ok(c.step)
+    }
+
+    /// Builds the run's report from its steps.
+    pub fn report(&self, steps: Vec<StepReport>, total: Duration) -> RunReport {
+        let s = self.pool.stats().core;
+        RunReport {
+            device: self.pool.device_kind().name().into(),
+            device_description: self.pool.device_description(),
+            policy: self.cfg.policy.name().into(),
+            page_bytes: self.cfg.page_size.bytes(),
+            gpu_budget_bytes: self.cfg.gpu_budget_bytes,
+            host_budget_bytes: self.cfg.host_budget(),
+            working_set_bytes: self.cfg.working_set_bytes(),
+            corrupt_pages: steps.iter().map(|s| s.corrupt_pages).sum(),
+            verified_bytes: steps.iter().map(|s| s.verified_bytes).sum(),
+            gpu_bytes_peak: s.frames_in_use_peak * self.cfg.page_size.bytes(),
+            prefetch_wasted_pages: s.prefetch_wasted,
+            detected_period: s.predictor.detected_period,
+            total_s: total.as_secs_f64(),
+            steps,
+        }
+    }
+}
+
+/// Runs the whole loop, calling `on_step` after each step.
+pub fn run_training(cfg: TrainConfig, mut on_step: impl FnMut(&StepReport)) -> Result<RunReport> {
+    let started = Instant::now();
+    let steps = cfg.steps;
+    let mut t = Training::new(cfg)?;
+    let mut reports = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let r = t.run_step()?;
+        on_step(&r);
+        reports.push(r);
+    }
+    t.pool().quiesce();
+    Ok(t.report(reports, started.elapsed()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(policy: Policy) -> TrainConfig {
+        TrainConfig {
+            layers: 8,
+            weight_bytes: 256 << 10,
+            act_bytes: 128 << 10,
+            gpu_budget_bytes: 1 << 20,
+            page_size: PageSize::new(64 << 10).unwrap(),
+            steps: 4,
+            compute_passes: 8,
+            policy,
+            device: DeviceChoice::Sim,
+            ..TrainConfig::demo_default()
+        }
+    }
+
+    #[test]
+    fn every_page_is_verified_and_none_is_corrupt() {
+        for policy in Policy::ALL {
+            let cfg = small(policy);
+            let ws = cfg.working_set_bytes();
+            let r = run_training(cfg, |_| {}).unwrap();
+            assert_eq!(r.corrupt_pages, 0, "{policy:?}");
+            assert!(r.verified_bytes >= ws * 4, "{policy:?}: verified {} of {}", r.verified_bytes, ws * 4);
+            assert!(r.gpu_bytes_peak <= 1 << 20);
+            assert_eq!(r.steps.len(), 4);
+            assert!(r.steps.iter().all(|s| s.acquires == 32));
+        }
+    }
+
+    #[test]
+    fn diverging_step_skips_and_swaps() {
+        let mut cfg = small(Policy::Learned);
+        cfg.diverge_steps = vec![3];
+        let r = run_training(cfg, |_| {}).unwrap();
+        assert_eq!(r.steps[2].acquires, 28, "one layer skipped in both directions");
+        assert!(r.steps[2].diverged && !r.steps[3].diverged);
+        assert_eq!(r.corrupt_pages, 0);
+    }
+
+    #[test]
+    fn median_of_values() {
+        assert_eq!(median(vec![]), 0.0);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

@@ -1,0 +1,164 @@
+//! `spillway demo` and `spillway bench`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use spillway_bench::offload::{self, OffloadConfig};
+use spillway_bench::report::{StepTable, progress_bar};
+use spillway_bench::workload::{TrainConfig, run_training};
+use spillway_client::{DeviceChoice, PageSize, Policy};
+
+/// The loop's shape, shared by the demo and the offload benchmark.
+#[derive(Debug, Clone, Args)]
+pub struct ShapeArgs {
+    /// Number of layers.
+    #[arg(long, default_value_t = 24)]
+    layers: usize,
+    /// MiB of weights per layer.
+    #[arg(long, default_value_t = 8)]
+    weight_mib: u64,
+    /// MiB of activation per layer.
+    #[arg(long, default_value_t = 4)]
+    act_mib: u64,
+    /// GPU budget in MiB (default: a third of the working set).
+    #[arg(long)]
+    gpu_budget_mib: Option<u64>,
+    /// Page size in KiB (a power of two from 64 KiB to 64 MiB).
+    #[arg(long, default_value_t = 2048)]
+    page_kib: u64,
+    /// Steps (iterations) to run.
+    #[arg(long, default_value_t = 6)]
+    steps: usize,
+    /// Rounds of arithmetic per page per kernel: more makes the loop more compute-bound.
+    #[arg(long, default_value_t = 2)]
+    compute_passes: u32,
+    /// GPU backend: auto (a GPU if present), sim or cuda.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+}
+
+impl ShapeArgs {
+    fn train_config(&self) -> Result<TrainConfig> {
+        let page = PageSize::new(self.page_kib << 10)?;
+        let mut cfg = TrainConfig {
+            layers: self.layers,
+            weight_bytes: self.weight_mib << 20,
+            act_bytes: self.act_mib << 20,
+            page_size: page,
+            steps: self.steps,
+            compute_passes: self.compute_passes,
+            device: self.device,
+            ..TrainConfig::demo_default()
+        };
+        if self.steps == 0 {
+            bail!("--steps must be at least 1");
+        }
+        if self.weight_mib == 0 || self.act_mib == 0 {
+            bail!("--weight-mib and --act-mib must be at least 1");
+        }
+        cfg.gpu_budget_bytes = match self.gpu_budget_mib {
+            Some(m) => m << 20,
+            None => (cfg.working_set_bytes() / 3).div_ceil(page.bytes()) * page.bytes(),
+        };
+        Ok(cfg)
+    }
+}
+
+/// Arguments of `spillway demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Policy: learned, clock or on_demand.
+    #[arg(long, default_value = "learned")]
+    policy: Policy,
+    /// Make these steps (1-based, comma-separated) diverge: swap layers 1 and 2, skip the middle one.
+    #[arg(long, value_delimiter = ',')]
+    diverge_step: Vec<usize>,
+    /// Do not mark step boundaries: the pool must find the loop's period itself.
+    #[arg(long)]
+    no_step_marks: bool,
+    /// Print one JSON object at the end instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `spillway bench ...`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The offload benchmark: resident, copy-only, on-demand, CLOCK and learned prefetch.
+    Offload(OffloadArgs),
+}
+
+/// Arguments of `spillway bench offload`.
+#[derive(Debug, Args)]
+pub struct OffloadArgs {
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Print one JSON object at the end.
+    #[arg(long)]
+    json: bool,
+    /// Folder for the plot (offload.svg) and the JSON results (offload.json).
+    #[arg(long, default_value = "bench/out")]
+    out: PathBuf,
+    /// Append the results, the command and the machine to this Markdown file.
+    #[arg(long)]
+    record: Option<PathBuf>,
+}
+
+pub fn run_demo(args: DemoArgs) -> Result<()> {
+    let mut cfg = args.shape.train_config()?;
+    cfg.policy = args.policy;
+    cfg.diverge_steps = args.diverge_step.clone();
+    cfg.mark_steps = !args.no_step_marks;
+    let bar = progress_bar(cfg.steps as u64, "steps", args.json);
+    let mut table = StepTable::new(!args.json);
+    if !args.json {
+        println!(
+            "spillway demo: {} layers, working set {} on a GPU budget of {} ({:.1}x), policy {}, page {}",
+            cfg.layers,
+            spillway_client::fmt_bytes(cfg.working_set_bytes()),
+            spillway_client::fmt_bytes(cfg.gpu_budget_bytes),
+            cfg.working_set_bytes() as f64 / cfg.gpu_budget_bytes as f64,
+            cfg.policy.name(),
+            spillway_client::fmt_bytes(cfg.page_size.bytes()),
+        );
+    }
+    let report = run_training(cfg, |s| {
+        bar.suspend(|| table.row(s));
+        bar.inc(1);
+    })?;
+    bar.finish_and_clear();
+    if args.json {
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        table.summary(&report);
+    }
+    if report.corrupt_pages > 0 {
+        bail!("{} pages were corrupt", report.corrupt_pages);
+    }
+    Ok(())
+}
+
+pub fn run_bench(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Offload(args) => {
+            let cfg = OffloadConfig { train: args.shape.train_config()?, out_dir: args.out.clone(), quiet: args.json };
+            let result = offload::run(&cfg).context("offload benchmark")?;
+            if args.json {
+                println!("{}", serde_json::to_string(&result)?);
+            } else {
+                offload::print_table(&result);
+            }
+            if let Some(path) = &args.record {
+                let command = std::env::args().collect::<Vec<_>>().join(" ");
+                offload::record_markdown(&result, path, &command)?;
+            }
+            Ok(())
+        }
+    }
+}
