@@ -1,1 +1,2 @@
 //! Spillway's workloads and benchmarks.
+pub mod trace;
