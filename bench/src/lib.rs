@@ -1,2 +1,5 @@
 //! Spillway's workloads and benchmarks.
 pub mod trace;
+pub mod offload;
+pub mod report;
+pub mod workload;

@@ -23,7 +23,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use plotters::prelude::*;
 use serde::Serialize;
-use spillway_client::{Completion, CompletionSink, CopyOp, Direction, FrameId, HostSlot, Policy, TransferId, fmt_bytes, make_device};
+use spillway_client::{
+    Completion, CompletionSink, CopyOp, Direction, FrameId, HostSlot, Policy, TransferId,
+    fmt_bytes, make_device,
+};
 
 use crate::report::{machine_description, now_rfc3339};
 use crate::workload::{RunReport, TrainConfig, median, run_training};
@@ -115,7 +118,11 @@ fn copy_only(cfg: &TrainConfig, h2d: u64, d2h: u64) -> Result<Vec<f64>> {
     let sink: CompletionSink = Arc::new(move |c| {
         let _ = tx.lock().expect("sender").send(c);
     });
-    let device_config = spillway_client::DeviceConfig { frames, host_slots: frames, page_bytes: page };
+    let device_config = spillway_client::DeviceConfig {
+        frames,
+        host_slots: frames,
+        page_bytes: page,
+    };
     let device = make_device(cfg.device, device_config, sink)?;
     let half = frames / 2;
     let mut times = Vec::new();
@@ -128,12 +135,21 @@ fn copy_only(cfg: &TrainConfig, h2d: u64, d2h: u64) -> Result<Vec<f64>> {
         // Interleave the directions so both streams start at once; the halves of the
         // frames and slots keep the two directions' memory apart.
         while n_h2d + n_d2h > 0 {
-            for (dir, n, base) in [(Direction::HostToDevice, &mut n_h2d, 0), (Direction::DeviceToHost, &mut n_d2h, half)] {
+            for (dir, n, base) in [
+                (Direction::HostToDevice, &mut n_h2d, 0),
+                (Direction::DeviceToHost, &mut n_d2h, half),
+            ] {
                 if *n > 0 {
                     *n -= 1;
                     next_id += 1;
                     let i = base + k % half.max(1);
-                    device.submit(CopyOp { id: TransferId(next_id), direction: dir, frame: FrameId(i), slot: HostSlot(i), bytes: page });
+                    device.submit(CopyOp {
+                        id: TransferId(next_id),
+                        direction: dir,
+                        frame: FrameId(i),
+                        slot: HostSlot(i),
+                        bytes: page,
+                    });
                 }
             }
             k += 1;
@@ -156,7 +172,8 @@ pub fn run(cfg: &OffloadConfig) -> Result<OffloadResult> {
     };
     let page = train.page_size.bytes();
     let mut resident_cfg = train.clone();
-    resident_cfg.gpu_budget_bytes = train.working_set_bytes().div_ceil(page) * page + train.layers as u64 * 2 * page;
+    resident_cfg.gpu_budget_bytes =
+        train.working_set_bytes().div_ceil(page) * page + train.layers as u64 * 2 * page;
     say("running resident (everything fits on the GPU)...");
     let resident = run_training(resident_cfg, |_| {})?;
     let mut runs = Vec::new();
@@ -168,7 +185,11 @@ pub fn run(cfg: &OffloadConfig) -> Result<OffloadResult> {
     }
     let learned = from_run("learned", &runs[0].1);
     say("running copy_only (learned's bytes per step, no compute)...");
-    let copy_times = copy_only(train, learned.h2d_bytes_per_step, learned.d2h_bytes_per_step)?;
+    let copy_times = copy_only(
+        train,
+        learned.h2d_bytes_per_step,
+        learned.d2h_bytes_per_step,
+    )?;
     let copy_variant = Variant {
         name: "copy_only".into(),
         step_s_median: median(copy_times.iter().skip(1).copied().collect()),
@@ -180,7 +201,13 @@ pub fn run(cfg: &OffloadConfig) -> Result<OffloadResult> {
         corrupt_pages: 0,
         step_s: copy_times,
     };
-    let mut variants = vec![from_run("resident", &resident), copy_variant, from_run("on_demand", &runs[1].1), from_run("clock", &runs[2].1), learned];
+    let mut variants = vec![
+        from_run("resident", &resident),
+        copy_variant,
+        from_run("on_demand", &runs[1].1),
+        from_run("clock", &runs[2].1),
+        learned,
+    ];
     let floor_s = variants[0].step_s_median.max(variants[1].step_s_median);
     for v in &mut variants {
         v.ratio_to_floor = v.step_s_median / floor_s;
@@ -195,10 +222,17 @@ pub fn run(cfg: &OffloadConfig) -> Result<OffloadResult> {
         steps: train.steps,
         machine: machine_description(),
     };
-    std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
-    std::fs::write(cfg.out_dir.join("offload.json"), serde_json::to_string_pretty(&result)?)?;
+    std::fs::create_dir_all(&cfg.out_dir)
+        .with_context(|| format!("creating {}", cfg.out_dir.display()))?;
+    std::fs::write(
+        cfg.out_dir.join("offload.json"),
+        serde_json::to_string_pretty(&result)?,
+    )?;
     plot(&result, &cfg.out_dir.join("offload.svg"))?;
-    say(&format!("wrote {} and offload.svg", cfg.out_dir.join("offload.json").display()));
+    say(&format!(
+        "wrote {} and offload.svg",
+        cfg.out_dir.join("offload.json").display()
+    ));
     Ok(result)
 }
 
@@ -217,7 +251,9 @@ pub fn print_table(r: &OffloadResult) {
 }
 
 fn markdown_table(r: &OffloadResult) -> String {
-    let mut s = String::from("| variant | step s (median) | ratio to floor | hit rate | stall s/step | to GPU/step | from GPU/step |\n|---|---|---|---|---|---|---|\n");
+    let mut s = String::from(
+        "| variant | step s (median) | ratio to floor | hit rate | stall s/step | to GPU/step | from GPU/step |\n|---|---|---|---|---|---|---|\n",
+    );
     for v in &r.variants {
         s += &format!(
             "| {} | {:.4} | {:.3} | {:.4} | {:.4} | {} | {} |\n",
@@ -230,13 +266,20 @@ fn markdown_table(r: &OffloadResult) -> String {
             fmt_bytes(v.d2h_bytes_per_step)
         );
     }
-    s += &format!("\nfloor (max of resident and copy_only): {:.4} s/step\n", r.floor_s);
+    s += &format!(
+        "\nfloor (max of resident and copy_only): {:.4} s/step\n",
+        r.floor_s
+    );
     s
 }
 
 /// Appends the result, the command that produced it and the machine to a Markdown file.
 pub fn record_markdown(r: &OffloadResult, path: &Path, command: &str) -> Result<()> {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
     writeln!(
         f,
         "\n### Offload benchmark, {}\n\nCommand: `{}`\n\nMachine: {}; device: {}\n\nWorking set {} on a GPU budget of {} ({:.1}x), page {}, {} steps.\n\n{}",
@@ -256,9 +299,15 @@ pub fn record_markdown(r: &OffloadResult, path: &Path, command: &str) -> Result<
 
 fn plot(r: &OffloadResult, path: &Path) -> Result<()> {
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    root.fill(&WHITE)
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     let steps = r.steps.max(1);
-    let ymax = r.variants.iter().flat_map(|v| v.step_s.iter().copied()).fold(0.0f64, f64::max) * 1.1;
+    let ymax = r
+        .variants
+        .iter()
+        .flat_map(|v| v.step_s.iter().copied())
+        .fold(0.0f64, f64::max)
+        * 1.1;
     let mut chart = ChartBuilder::on(&root)
         .caption("Step time per step, by variant", ("sans-serif", 22))
         .margin(12)
@@ -266,16 +315,31 @@ fn plot(r: &OffloadResult, path: &Path) -> Result<()> {
         .y_label_area_size(60)
         .build_cartesian_2d(1usize..steps, 0f64..ymax.max(1e-6))
         .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-    chart.configure_mesh().x_desc("step").y_desc("seconds").draw().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("seconds")
+        .draw()
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     for (i, v) in r.variants.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
-            .draw_series(LineSeries::new(v.step_s.iter().enumerate().map(|(s, t)| (s + 1, *t)), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                v.step_s.iter().enumerate().map(|(s, t)| (s + 1, *t)),
+                color.stroke_width(2),
+            ))
             .map_err(|e| anyhow::anyhow!("plot: {e}"))?
             .label(v.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     Ok(())
 }

@@ -12,8 +12,10 @@ pub fn progress_bar(len: u64, what: &str, hidden: bool) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template(&format!("{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {what} {{msg}}"))
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let style = ProgressStyle::with_template(&format!(
+        "{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {what} {{msg}}"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
 }
@@ -27,7 +29,10 @@ pub struct StepTable {
 impl StepTable {
     /// A table that prints only when `enabled`.
     pub fn new(enabled: bool) -> Self {
-        StepTable { enabled, header_done: false }
+        StepTable {
+            enabled,
+            header_done: false,
+        }
     }
 
     /// Prints one step (and the header before the first).
@@ -36,7 +41,18 @@ impl StepTable {
             return;
         }
         if !self.header_done {
-            println!("{:>5} {:>8} {:>8} {:>9} {:>7} {:>10} {:>10} {:>10} {:>7}", "step", "wall s", "stall s", "hits", "hit %", "to GPU", "from GPU", "verified", "corrupt");
+            println!(
+                "{:>5} {:>8} {:>8} {:>9} {:>7} {:>10} {:>10} {:>10} {:>7}",
+                "step",
+                "wall s",
+                "stall s",
+                "hits",
+                "hit %",
+                "to GPU",
+                "from GPU",
+                "verified",
+                "corrupt"
+            );
             self.header_done = true;
         }
         println!(
@@ -80,15 +96,29 @@ impl StepTable {
 pub fn machine_description() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("MemTotal")).and_then(|l| l.split_whitespace().nth(1)).and_then(|k| k.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
         .map(|kib| fmt_bytes(kib << 10))
         .unwrap_or_else(|| "unknown memory".into());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
     format!("{cpu}, {cores} cores, {mem} RAM, Linux {kernel}")
 }
 

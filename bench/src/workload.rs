@@ -75,7 +75,12 @@ impl TrainConfig {
 
     fn host_budget(&self) -> u64 {
         let page = self.page_size.bytes();
-        self.host_budget_bytes.unwrap_or_else(|| self.layers as u64 * (self.page_size.pages_for(self.weight_bytes) + self.page_size.pages_for(self.act_bytes)) * page)
+        self.host_budget_bytes.unwrap_or_else(|| {
+            self.layers as u64
+                * (self.page_size.pages_for(self.weight_bytes)
+                    + self.page_size.pages_for(self.act_bytes))
+                * page
+        })
     }
 }
 
@@ -107,7 +112,11 @@ pub struct StepReport {
 impl StepReport {
     /// hits / acquires.
     pub fn hit_rate(&self) -> f64 {
-        if self.acquires == 0 { 1.0 } else { self.hits as f64 / self.acquires as f64 }
+        if self.acquires == 0 {
+            1.0
+        } else {
+            self.hits as f64 / self.acquires as f64
+        }
     }
 }
 
@@ -147,12 +156,22 @@ pub struct RunReport {
 impl RunReport {
     /// Median step time over steps from `from` (1-based) on.
     pub fn median_step_s(&self, from: usize) -> f64 {
-        median(self.steps.iter().filter(|s| s.step >= from).map(|s| s.wall_s).collect())
+        median(
+            self.steps
+                .iter()
+                .filter(|s| s.step >= from)
+                .map(|s| s.wall_s)
+                .collect(),
+        )
     }
 
     /// Hit rate over steps from `from` on.
     pub fn hit_rate_from(&self, from: usize) -> f64 {
-        let (a, h) = self.steps.iter().filter(|s| s.step >= from).fold((0, 0), |(a, h), s| (a + s.acquires, h + s.hits));
+        let (a, h) = self
+            .steps
+            .iter()
+            .filter(|s| s.step >= from)
+            .fold((0, 0), |(a, h), s| (a + s.acquires, h + s.hits));
         if a == 0 { 1.0 } else { h as f64 / a as f64 }
     }
 }
@@ -164,7 +183,11 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn act_seed(step: usize, layer: usize) -> u64 {
@@ -254,7 +277,15 @@ impl Training {
             acts.push(pool.alloc(&format!("layers.{i}.activation"), cfg.act_bytes)?);
         }
         let layers = cfg.layers;
-        Ok(Training { cfg, pool, weights, acts, act_written: vec![None; layers], step: 0, sink: 0 })
+        Ok(Training {
+            cfg,
+            pool,
+            weights,
+            acts,
+            act_written: vec![None; layers],
+            step: 0,
+            sink: 0,
+        })
     }
 
     /// The pool (for its stats).
@@ -280,7 +311,21 @@ impl Training {
         let diverged = self.cfg.diverge_steps.contains(&step);
         let before = self.pool.stats().core;
         let started = Instant::now();
-        let mut c = Counters { step: StepReport { step, wall_s: 0.0, stall_s: 0.0, acquires: 0, hits: 0, h2d_bytes: 0, d2h_bytes: 0, verified_bytes: 0, corrupt_pages: 0, diverged }, sink: 0 };
+        let mut c = Counters {
+            step: StepReport {
+                step,
+                wall_s: 0.0,
+                stall_s: 0.0,
+                acquires: 0,
+                hits: 0,
+                h2d_bytes: 0,
+                d2h_bytes: 0,
+                verified_bytes: 0,
+                corrupt_pages: 0,
+                diverged,
+            },
+            sink: 0,
+        };
         let passes = self.cfg.compute_passes;
         let order = self.order(diverged);
         for &i in &order {
@@ -383,7 +428,12 @@ mod tests {
             let ws = cfg.working_set_bytes();
             let r = run_training(cfg, |_| {}).unwrap();
             assert_eq!(r.corrupt_pages, 0, "{policy:?}");
-            assert!(r.verified_bytes >= ws * 4, "{policy:?}: verified {} of {}", r.verified_bytes, ws * 4);
+            assert!(
+                r.verified_bytes >= ws * 4,
+                "{policy:?}: verified {} of {}",
+                r.verified_bytes,
+                ws * 4
+            );
             assert!(r.gpu_bytes_peak <= 1 << 20);
             assert_eq!(r.steps.len(), 4);
             assert!(r.steps.iter().all(|s| s.acquires == 32));
@@ -395,9 +445,48 @@ mod tests {
         let mut cfg = small(Policy::Learned);
         cfg.diverge_steps = vec![3];
         let r = run_training(cfg, |_| {}).unwrap();
-        assert_eq!(r.steps[2].acquires, 28, "one layer skipped in both directions");
+        assert_eq!(
+            r.steps[2].acquires, 28,
+            "one layer skipped in both directions"
+        );
         assert!(r.steps[2].diverged && !r.steps[3].diverged);
         assert_eq!(r.corrupt_pages, 0);
+    }
+
+    #[test]
+    fn learned_hits_from_step_two_and_survives_divergence() {
+        // Compute far heavier than copies, so only prediction decides hits, not timing.
+        let mut cfg = small(Policy::Learned);
+        cfg.layers = 12;
+        cfg.gpu_budget_bytes = 12 * (384 << 10) / 3;
+        cfg.compute_passes = 40;
+        cfg.steps = 5;
+        cfg.diverge_steps = vec![3];
+        let r = run_training(cfg, |_| {}).unwrap();
+        let rates: Vec<f64> = r.steps.iter().map(StepReport::hit_rate).collect();
+        assert!(rates[0] < 0.9, "nothing to learn from in step 1: {rates:?}");
+        assert!(rates[1] >= 0.99, "{rates:?}");
+        assert!(rates[2] >= 0.90, "the diverging step: {rates:?}");
+        assert!(
+            rates[3] >= 0.99 && rates[4] >= 0.99,
+            "after divergence: {rates:?}"
+        );
+        assert_eq!(r.corrupt_pages, 0);
+    }
+
+    #[test]
+    fn period_is_found_when_steps_are_not_marked() {
+        let mut cfg = small(Policy::Learned);
+        cfg.compute_passes = 40;
+        cfg.steps = 5;
+        cfg.mark_steps = false;
+        let r = run_training(cfg, |_| {}).unwrap();
+        assert_eq!(r.detected_period, Some(32));
+        assert!(
+            r.steps[3].hit_rate() >= 0.99 && r.steps[4].hit_rate() >= 0.99,
+            "{:?}",
+            r.steps
+        );
     }
 
     #[test]

@@ -60,7 +60,7 @@ impl ShapeArgs {
         }
         cfg.gpu_budget_bytes = match self.gpu_budget_mib {
             Some(m) => m << 20,
-            None => (cfg.working_set_bytes() / 3).div_ceil(page.bytes()) * page.bytes(),
+            None => (cfg.working_set_bytes() / 3 / page.bytes()).max(1) * page.bytes(),
         };
         Ok(cfg)
     }
@@ -147,7 +147,11 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
 pub fn run_bench(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Offload(args) => {
-            let cfg = OffloadConfig { train: args.shape.train_config()?, out_dir: args.out.clone(), quiet: args.json };
+            let cfg = OffloadConfig {
+                train: args.shape.train_config()?,
+                out_dir: args.out.clone(),
+                quiet: args.json,
+            };
             let result = offload::run(&cfg).context("offload benchmark")?;
             if args.json {
                 println!("{}", serde_json::to_string(&result)?);

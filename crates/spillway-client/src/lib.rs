@@ -32,8 +32,10 @@
 mod pool;
 
 pub use pool::{Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, make_device};
-pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
 pub use spillway_core::{AccessMode, CoreError, CoreStats};
+pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
 pub use spillway_device::{Device, DeviceError, DeviceKind};
-pub use spillway_types::config::{PoolConfig, Policy};
-pub use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageSize, TransferId, fmt_bytes, pattern};
+pub use spillway_types::config::{Policy, PoolConfig};
+pub use spillway_types::{
+    BufferId, Direction, FrameId, HostSlot, PageSize, TransferId, fmt_bytes, pattern,
+};

@@ -4,10 +4,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use spillway_core::{AccessMode, AcquireId, CoreError, CoreStats, MappingChange, PageLocation, PoolCore};
+use spillway_core::{
+    AccessMode, AcquireId, CoreError, CoreStats, MappingChange, PageLocation, PoolCore,
+};
 use spillway_device::sim::SimDevice;
-use spillway_device::{Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr};
-use spillway_types::config::{ConfigError, PoolConfig, Policy};
+use spillway_device::{
+    Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
+};
+use spillway_types::config::{ConfigError, Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, PageSize};
 
 /// Errors of the pool's API.
@@ -60,7 +64,9 @@ impl std::str::FromStr for DeviceChoice {
             "auto" => Ok(DeviceChoice::Auto),
             "sim" => Ok(DeviceChoice::Sim),
             "cuda" => Ok(DeviceChoice::Cuda),
-            other => Err(format!("unknown device {other:?}: expected auto, sim or cuda")),
+            other => Err(format!(
+                "unknown device {other:?}: expected auto, sim or cuda"
+            )),
         }
     }
 }
@@ -110,15 +116,20 @@ impl PoolBuilder {
     /// on the builder take precedence).
     pub fn config(mut self, config: PoolConfig) -> Self {
         self.gpu_budget_bytes.get_or_insert(config.gpu_budget_bytes);
-        self.host_budget_bytes.get_or_insert(config.host_budget_bytes);
+        self.host_budget_bytes
+            .get_or_insert(config.host_budget_bytes);
         self.config = Some(config);
         self
     }
 
     /// Checks the settings, creates the device and the pool.
     pub fn build(self) -> Result<Pool, PoolError> {
-        let gpu = self.gpu_budget_bytes.ok_or(PoolError::Missing("gpu_budget_bytes"))?;
-        let host = self.host_budget_bytes.ok_or(PoolError::Missing("host_budget_bytes"))?;
+        let gpu = self
+            .gpu_budget_bytes
+            .ok_or(PoolError::Missing("gpu_budget_bytes"))?;
+        let host = self
+            .host_budget_bytes
+            .ok_or(PoolError::Missing("host_budget_bytes"))?;
         let mut cfg = self.config.unwrap_or_else(|| PoolConfig::new(gpu, host));
         cfg.gpu_budget_bytes = gpu;
         cfg.host_budget_bytes = host;
@@ -189,7 +200,9 @@ impl Shared {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves the core mid-update: do not go on with it.
-        self.state.lock().expect("pool state poisoned by an earlier panic")
+        self.state
+            .lock()
+            .expect("pool state poisoned by an earlier panic")
     }
 
     /// Starts every copy and mapping change the core has queued. Called with the lock held.
@@ -197,7 +210,9 @@ impl Shared {
         let device = self.device();
         while let Some(m) = state.core.poll_mapping() {
             let r = match m {
-                MappingChange::Map { page, frame } => device.map_page(page.buffer, page.index, frame),
+                MappingChange::Map { page, frame } => {
+                    device.map_page(page.buffer, page.index, frame)
+                }
                 MappingChange::Unmap { page } => device.unmap_page(page.buffer, page.index),
             };
             if let Err(e) = r {
@@ -205,7 +220,13 @@ impl Shared {
             }
         }
         while let Some(t) = state.core.poll_transfer() {
-            device.submit(CopyOp { id: t.id, direction: t.direction, frame: t.frame, slot: t.slot, bytes: t.bytes });
+            device.submit(CopyOp {
+                id: t.id,
+                direction: t.direction,
+                frame: t.frame,
+                slot: t.slot,
+                bytes: t.bytes,
+            });
         }
     }
 
@@ -230,13 +251,20 @@ pub struct Pool {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("device", &self.device_kind()).field("stats", &self.stats()).finish()
+        f.debug_struct("Pool")
+            .field("device", &self.device_kind())
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
 /// Creates a device of the chosen backend (for tools that drive a device directly, such
 /// as the copy-only benchmark; a [`Pool`] makes its own).
-pub fn make_device(choice: DeviceChoice, config: DeviceConfig, sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
+pub fn make_device(
+    choice: DeviceChoice,
+    config: DeviceConfig,
+    sink: CompletionSink,
+) -> Result<Arc<dyn Device>, PoolError> {
     match choice {
         DeviceChoice::Sim => Ok(Arc::new(SimDevice::new(config, sink)?)),
         DeviceChoice::Cuda => cuda_device(config, sink),
@@ -252,20 +280,34 @@ pub fn make_device(choice: DeviceChoice, config: DeviceConfig, sink: CompletionS
 
 #[cfg(feature = "cuda")]
 fn cuda_device(config: DeviceConfig, sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
-    Ok(Arc::new(spillway_device::cuda::CudaDevice::new(config, sink, 0)?))
+    Ok(Arc::new(spillway_device::cuda::CudaDevice::new(
+        config, sink, 0,
+    )?))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_device(_config: DeviceConfig, _sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
-    Err(DeviceError::Unavailable { backend: "cuda", reason: "this build has no CUDA support: rebuild with `--features cuda`".into() }.into())
+    Err(DeviceError::Unavailable {
+        backend: "cuda",
+        reason: "this build has no CUDA support: rebuild with `--features cuda`".into(),
+    }
+    .into())
 }
 
 impl Pool {
     fn new(cfg: PoolConfig, choice: DeviceChoice) -> Result<Pool, PoolError> {
-        let device_config = DeviceConfig { frames: cfg.gpu_frames() as u32, host_slots: cfg.host_slots() as u32, page_bytes: cfg.page_size.bytes() };
+        let device_config = DeviceConfig {
+            frames: cfg.gpu_frames() as u32,
+            host_slots: cfg.host_slots() as u32,
+            page_bytes: cfg.page_size.bytes(),
+        };
         let core = PoolCore::new(cfg, 0.0)?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { core, stall: Duration::ZERO, names: HashMap::new() }),
+            state: Mutex::new(State {
+                core,
+                stall: Duration::ZERO,
+                names: HashMap::new(),
+            }),
             cond: Condvar::new(),
             device: OnceLock::new(),
             epoch: Instant::now(),
@@ -312,7 +354,10 @@ impl Pool {
         let mut state = self.shared.lock();
         let id = state.core.alloc(bytes)?;
         if let Err(e) = self.shared.device().reserve_range(id, bytes) {
-            state.core.free(id, self.shared.now()).expect("just allocated");
+            state
+                .core
+                .free(id, self.shared.now())
+                .expect("just allocated");
             return Err(e.into());
         }
         let name: Arc<str> = name.into();
@@ -342,10 +387,20 @@ impl Pool {
     }
 
     /// Runs `f` on each page piece of `[offset, offset + len)` once no copy uses them.
-    fn host_access(&self, buffer: &Buffer, offset: u64, len: u64, write: bool, mut f: impl FnMut(PageLocation, u64, std::ops::Range<usize>) -> Result<(), DeviceError>) -> Result<(), PoolError> {
+    fn host_access(
+        &self,
+        buffer: &Buffer,
+        offset: u64,
+        len: u64,
+        write: bool,
+        mut f: impl FnMut(PageLocation, u64, std::ops::Range<usize>) -> Result<(), DeviceError>,
+    ) -> Result<(), PoolError> {
         let mut state = self.shared.lock();
         let locations = loop {
-            if let Some(l) = state.core.begin_host_access(buffer.id, offset, len, write)? {
+            if let Some(l) = state
+                .core
+                .begin_host_access(buffer.id, offset, len, write)?
+            {
                 break l;
             }
             state = self.shared.cond.wait(state).expect("pool state poisoned");
@@ -366,7 +421,13 @@ impl Pool {
             pos += n;
         }
         let mut state = self.shared.lock();
-        state.core.end_host_access(buffer.id, offset, len, write && result.is_ok(), self.shared.now());
+        state.core.end_host_access(
+            buffer.id,
+            offset,
+            len,
+            write && result.is_ok(),
+            self.shared.now(),
+        );
         self.shared.drive(&mut state);
         Ok(result?)
     }
@@ -374,10 +435,16 @@ impl Pool {
     /// Writes `data` at `offset` of the buffer (to wherever its pages are now).
     pub fn write(&self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<(), PoolError> {
         let device = self.shared.device().clone();
-        self.host_access(buffer, offset, data.len() as u64, true, |loc, at, range| match loc {
-            PageLocation::Gpu(frame) => device.write_frame(frame, at, &data[range]),
-            PageLocation::Host(slot) => device.write_host(slot, at, &data[range]),
-        })
+        self.host_access(
+            buffer,
+            offset,
+            data.len() as u64,
+            true,
+            |loc, at, range| match loc {
+                PageLocation::Gpu(frame) => device.write_frame(frame, at, &data[range]),
+                PageLocation::Host(slot) => device.write_host(slot, at, &data[range]),
+            },
+        )
     }
 
     /// Reads `out.len()` bytes at `offset` of the buffer.
@@ -403,7 +470,9 @@ impl Pool {
     fn acquire_with(&self, buffer: &Buffer, mode: AccessMode) -> Result<Guard<'_>, PoolError> {
         let started = Instant::now();
         let mut state = self.shared.lock();
-        let (id, hit) = state.core.begin_acquire(buffer.id, mode, self.shared.now())?;
+        let (id, hit) = state
+            .core
+            .begin_acquire(buffer.id, mode, self.shared.now())?;
         self.shared.drive(&mut state);
         loop {
             match state.core.is_ready(id) {
@@ -415,11 +484,24 @@ impl Pool {
                 }
             }
         }
-        let waited = if hit { Duration::ZERO } else { started.elapsed() };
+        let waited = if hit {
+            Duration::ZERO
+        } else {
+            started.elapsed()
+        };
         state.stall += waited;
         let frames = state.core.frames_of(id);
         drop(state);
-        Ok(Guard { pool: self, id, mode, frames, bytes: buffer.bytes, buffer: buffer.id, hit, waited })
+        Ok(Guard {
+            pool: self,
+            id,
+            mode,
+            frames,
+            bytes: buffer.bytes,
+            buffer: buffer.id,
+            hit,
+            waited,
+        })
     }
 
     /// Marks the end of a step (one iteration of the job).
@@ -432,7 +514,10 @@ impl Pool {
     /// Counters so far.
     pub fn stats(&self) -> PoolStats {
         let state = self.shared.lock();
-        PoolStats { core: state.core.stats(), stall: state.stall }
+        PoolStats {
+            core: state.core.stats(),
+            stall: state.stall,
+        }
     }
 
     /// Waits until no copy is in flight (for clean measurements and shutdown).
@@ -470,7 +555,11 @@ pub struct Guard<'p> {
 
 impl std::fmt::Debug for Guard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Guard").field("buffer", &self.buffer).field("mode", &self.mode).field("hit", &self.hit).finish()
+        f.debug_struct("Guard")
+            .field("buffer", &self.buffer)
+            .field("mode", &self.mode)
+            .field("hit", &self.hit)
+            .finish()
     }
 }
 
@@ -494,7 +583,13 @@ impl Guard<'_> {
     }
 
     fn frame(&self, index: usize) -> Result<FrameId, PoolError> {
-        self.frames.get(index).copied().ok_or(PoolError::NoSuchPage { index, pages: self.frames.len() })
+        self.frames
+            .get(index)
+            .copied()
+            .ok_or(PoolError::NoSuchPage {
+                index,
+                pages: self.frames.len(),
+            })
     }
 
     /// Device address of page `index`.
@@ -506,7 +601,9 @@ impl Guard<'_> {
     pub fn page(&self, index: usize) -> Result<&[u8], PoolError> {
         let frame = self.frame(index)?;
         let device = self.pool.shared.device();
-        let ptr = device.host_view(frame).ok_or(PoolError::NotHostVisible(device.kind().name()))?;
+        let ptr = device
+            .host_view(frame)
+            .ok_or(PoolError::NotHostVisible(device.kind().name()))?;
         // SAFETY: the frame is pinned by this guard, so no copy writes it and it is not
         // reused; writers need an exclusive acquire (refused while this shared one is
         // held) or `&mut self` of an exclusive guard; the length is inside the frame.
@@ -520,7 +617,9 @@ impl Guard<'_> {
         }
         let frame = self.frame(index)?;
         let device = self.pool.shared.device();
-        let ptr = device.host_view(frame).ok_or(PoolError::NotHostVisible(device.kind().name()))?;
+        let ptr = device
+            .host_view(frame)
+            .ok_or(PoolError::NotHostVisible(device.kind().name()))?;
         // SAFETY: as in `page`, and the acquire is exclusive and borrowed mutably.
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.page_len(index) as usize) })
     }
@@ -530,17 +629,29 @@ impl Guard<'_> {
         if self.mode != AccessMode::Exclusive {
             return Err(PoolError::NotExclusive);
         }
-        Ok(self.pool.shared.device().fill_pattern(self.frame(index)?, self.page_len(index), seed)?)
+        Ok(self.pool.shared.device().fill_pattern(
+            self.frame(index)?,
+            self.page_len(index),
+            seed,
+        )?)
     }
 
     /// The checksum of page `index`, computed on the device.
     pub fn checksum(&self, index: usize) -> Result<u64, PoolError> {
-        Ok(self.pool.shared.device().checksum(self.frame(index)?, self.page_len(index))?)
+        Ok(self
+            .pool
+            .shared
+            .device()
+            .checksum(self.frame(index)?, self.page_len(index))?)
     }
 
     /// Arithmetic work over page `index` on the device (the demo's kernel).
     pub fn compute(&self, index: usize, passes: u32) -> Result<u64, PoolError> {
-        Ok(self.pool.shared.device().compute(self.frame(index)?, self.page_len(index), passes)?)
+        Ok(self
+            .pool
+            .shared
+            .device()
+            .compute(self.frame(index)?, self.page_len(index), passes)?)
     }
 }
 

@@ -2,7 +2,9 @@
 //! test of random operation sequences against a model of the contents.
 
 use proptest::prelude::*;
-use spillway_client::{CoreError, DeviceChoice, PageSize, Policy, Pool, PoolBuilder, PoolError, pattern};
+use spillway_client::{
+    CoreError, DeviceChoice, PageSize, Policy, Pool, PoolBuilder, PoolError, pattern,
+};
 
 const PAGE: u64 = 64 << 10;
 
@@ -25,21 +27,44 @@ fn data(seed: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn budgets_are_required() {
-    let e = PoolBuilder::new().host_budget_bytes(1 << 30).build().unwrap_err();
+    let e = PoolBuilder::new()
+        .host_budget_bytes(1 << 30)
+        .build()
+        .unwrap_err();
     assert!(matches!(e, PoolError::Missing("gpu_budget_bytes")), "{e}");
-    let e = PoolBuilder::new().gpu_budget_bytes(1 << 30).build().unwrap_err();
+    let e = PoolBuilder::new()
+        .gpu_budget_bytes(1 << 30)
+        .build()
+        .unwrap_err();
     assert!(matches!(e, PoolError::Missing("host_budget_bytes")), "{e}");
-    let e = PoolBuilder::new().gpu_budget_bytes(1).host_budget_bytes(1 << 30).device(DeviceChoice::Sim).build().unwrap_err();
-    assert!(matches!(e, PoolError::Config(ref c) if c.field == "gpu_budget_bytes"), "{e}");
+    let e = PoolBuilder::new()
+        .gpu_budget_bytes(1)
+        .host_budget_bytes(1 << 30)
+        .device(DeviceChoice::Sim)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(e, PoolError::Config(ref c) if c.field == "gpu_budget_bytes"),
+        "{e}"
+    );
 }
 
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_without_the_feature_names_it() {
-    let e = PoolBuilder::new().gpu_budget_bytes(4 << 20).host_budget_bytes(8 << 20).device(DeviceChoice::Cuda).build().unwrap_err();
+    let e = PoolBuilder::new()
+        .gpu_budget_bytes(4 << 20)
+        .host_budget_bytes(8 << 20)
+        .device(DeviceChoice::Cuda)
+        .build()
+        .unwrap_err();
     assert!(e.to_string().contains("--features cuda"), "{e}");
     // Auto falls back to the sim device.
-    let p = PoolBuilder::new().gpu_budget_bytes(4 << 20).host_budget_bytes(8 << 20).build().unwrap();
+    let p = PoolBuilder::new()
+        .gpu_budget_bytes(4 << 20)
+        .host_budget_bytes(8 << 20)
+        .build()
+        .unwrap();
     assert_eq!(p.device_kind().name(), "sim");
 }
 
@@ -47,7 +72,9 @@ fn cuda_without_the_feature_names_it() {
 fn data_survives_eviction_and_reload() {
     // 4 buffers of 3 pages on a GPU of 4 pages: every acquire evicts something.
     let p = pool(4, 16, Policy::Clock);
-    let bufs: Vec<_> = (0..4).map(|i| p.alloc(&format!("b{i}"), 3 * PAGE - 17).unwrap()).collect();
+    let bufs: Vec<_> = (0..4)
+        .map(|i| p.alloc(&format!("b{i}"), 3 * PAGE - 17).unwrap())
+        .collect();
     for (i, b) in bufs.iter().enumerate() {
         p.write(b, 0, &data(i as u64, b.bytes() as usize)).unwrap();
     }
@@ -55,12 +82,22 @@ fn data_survives_eviction_and_reload() {
         for (i, b) in bufs.iter().enumerate() {
             let mut g = p.acquire_mut(b).unwrap();
             let expect = data(round * 10 + i as u64, b.bytes() as usize);
-            let prev = if round == 0 { data(i as u64, b.bytes() as usize) } else { data((round - 1) * 10 + i as u64, b.bytes() as usize) };
+            let prev = if round == 0 {
+                data(i as u64, b.bytes() as usize)
+            } else {
+                data((round - 1) * 10 + i as u64, b.bytes() as usize)
+            };
             for page in 0..g.pages() {
                 let at = page * PAGE as usize;
-                assert_eq!(g.page(page).unwrap(), &prev[at..at + g.page_len(page) as usize], "round {round} buffer {i} page {page}");
+                assert_eq!(
+                    g.page(page).unwrap(),
+                    &prev[at..at + g.page_len(page) as usize],
+                    "round {round} buffer {i} page {page}"
+                );
                 let len = g.page_len(page) as usize;
-                g.page_mut(page).unwrap().copy_from_slice(&expect[at..at + len]);
+                g.page_mut(page)
+                    .unwrap()
+                    .copy_from_slice(&expect[at..at + len]);
             }
         }
     }
@@ -86,39 +123,78 @@ fn unaligned_reads_and_writes_cross_pages() {
     let g = p.acquire(&b).unwrap();
     assert_eq!(&g.page(0).unwrap()[PAGE as usize - 5..], &d[..5]);
     assert_eq!(g.page(1).unwrap()[0], d[5]);
-    assert!(matches!(g.page(3), Err(PoolError::NoSuchPage { index: 3, pages: 3 })));
+    assert!(matches!(
+        g.page(3),
+        Err(PoolError::NoSuchPage { index: 3, pages: 3 })
+    ));
 }
 
 #[test]
 fn typed_errors() {
     let p = pool(4, 8, Policy::Learned);
     let too_big = p.alloc("big", 5 * PAGE).unwrap_err();
-    assert!(matches!(too_big, PoolError::Pool(CoreError::BufferTooLarge { requested_bytes, budget_bytes, .. }) if requested_bytes == 5 * PAGE && budget_bytes == 4 * PAGE));
+    assert!(
+        matches!(too_big, PoolError::Pool(CoreError::BufferTooLarge { requested_bytes, budget_bytes, .. }) if requested_bytes == 5 * PAGE && budget_bytes == 4 * PAGE)
+    );
     let a = p.alloc("a", 4 * PAGE).unwrap();
     let b = p.alloc("b", 3 * PAGE).unwrap();
     let full = p.alloc("c", 2 * PAGE).unwrap_err();
-    assert!(matches!(full, PoolError::Pool(CoreError::PoolFull { free_pages: 1, total_pages: 8, .. })), "{full}");
+    assert!(
+        matches!(
+            full,
+            PoolError::Pool(CoreError::PoolFull {
+                free_pages: 1,
+                total_pages: 8,
+                ..
+            })
+        ),
+        "{full}"
+    );
     assert!(full.to_string().contains("pool full"), "{full}");
     {
         let g = p.acquire(&a).unwrap();
         let e = p.acquire(&b).unwrap_err();
-        assert!(matches!(e, PoolError::Pool(CoreError::HeldAcquiresExceedBudget { .. })), "{e}");
-        assert!(matches!(p.free(&a), Err(PoolError::Pool(CoreError::BufferHeld { .. }))));
-        assert!(matches!(p.write(&a, 0, &[1]), Err(PoolError::Pool(CoreError::BufferBusy { .. }))));
+        assert!(
+            matches!(
+                e,
+                PoolError::Pool(CoreError::HeldAcquiresExceedBudget { .. })
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            p.free(&a),
+            Err(PoolError::Pool(CoreError::BufferHeld { .. }))
+        ));
+        assert!(matches!(
+            p.write(&a, 0, &[1]),
+            Err(PoolError::Pool(CoreError::BufferBusy { .. }))
+        ));
         let mut shared = g;
         assert!(matches!(shared.page_mut(0), Err(PoolError::NotExclusive)));
     }
     p.free(&a).unwrap();
-    assert!(matches!(p.free(&a), Err(PoolError::Pool(CoreError::Freed(_)))));
-    assert!(matches!(p.acquire(&a), Err(PoolError::Pool(CoreError::Freed(_)))));
+    assert!(matches!(
+        p.free(&a),
+        Err(PoolError::Pool(CoreError::Freed(_)))
+    ));
+    assert!(matches!(
+        p.acquire(&a),
+        Err(PoolError::Pool(CoreError::Freed(_)))
+    ));
     let out_of_range = p.write(&b, 3 * PAGE - 1, &[1, 2]).unwrap_err();
-    assert!(matches!(out_of_range, PoolError::Pool(CoreError::OutOfRange { .. })));
+    assert!(matches!(
+        out_of_range,
+        PoolError::Pool(CoreError::OutOfRange { .. })
+    ));
     // A handle from another pool is unknown here.
     let other = pool(4, 8, Policy::Learned);
     let foreign = other.alloc("f", PAGE).unwrap();
     let _b2 = other.alloc("g", PAGE).unwrap();
     let foreign2 = other.alloc("h", PAGE).unwrap();
-    assert!(matches!(p.acquire(&foreign2), Err(PoolError::Pool(CoreError::UnknownBuffer(_)))));
+    assert!(matches!(
+        p.acquire(&foreign2),
+        Err(PoolError::Pool(CoreError::UnknownBuffer(_)))
+    ));
     drop(foreign);
 }
 
@@ -132,7 +208,10 @@ fn device_kernels_match_host_pattern() {
             g.fill_pattern(i, 100 + i as u64).unwrap();
         }
         for i in 0..g.pages() {
-            assert_eq!(g.checksum(i).unwrap(), pattern::expected_checksum(100 + i as u64, g.page_len(i) as usize));
+            assert_eq!(
+                g.checksum(i).unwrap(),
+                pattern::expected_checksum(100 + i as u64, g.page_len(i) as usize)
+            );
         }
         assert_ne!(g.compute(0, 2).unwrap(), g.compute(1, 2).unwrap());
     }

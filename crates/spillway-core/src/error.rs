@@ -9,7 +9,9 @@ pub enum CoreError {
     #[error("a buffer must have at least one byte")]
     EmptyBuffer,
     /// A buffer that could never be resident on the GPU at once.
-    #[error("buffer of {requested_bytes} bytes ({pages} pages) is larger than the GPU budget of {budget_bytes} bytes")]
+    #[error(
+        "buffer of {requested_bytes} bytes ({pages} pages) is larger than the GPU budget of {budget_bytes} bytes"
+    )]
     BufferTooLarge {
         /// Bytes asked for.
         requested_bytes: u64,
@@ -19,7 +21,9 @@ pub enum CoreError {
         budget_bytes: u64,
     },
     /// The host tier has no room for the buffer's pages.
-    #[error("pool full: a buffer of {requested_bytes} bytes needs {needed_pages} pages but the host tier has {free_pages} of {total_pages} free")]
+    #[error(
+        "pool full: a buffer of {requested_bytes} bytes needs {needed_pages} pages but the host tier has {free_pages} of {total_pages} free"
+    )]
     PoolFull {
         /// Bytes asked for.
         requested_bytes: u64,
@@ -61,7 +65,9 @@ pub enum CoreError {
     },
     /// The acquires held at once would need more GPU memory than the budget: waiting
     /// could never succeed, so it fails at once.
-    #[error("acquire of {buffer} needs {requested_bytes} bytes while {held_bytes} are held, over the GPU budget of {budget_bytes} bytes; release something first")]
+    #[error(
+        "acquire of {buffer} needs {requested_bytes} bytes while {held_bytes} are held, over the GPU budget of {budget_bytes} bytes; release something first"
+    )]
     HeldAcquiresExceedBudget {
         /// The buffer being acquired.
         buffer: BufferId,

@@ -61,7 +61,10 @@ pub struct Clock {
 impl Clock {
     /// A clock over `frames` frames.
     pub fn new(frames: u32) -> Clock {
-        Clock { referenced: vec![false; frames as usize], hand: 0 }
+        Clock {
+            referenced: vec![false; frames as usize],
+            hand: 0,
+        }
     }
 }
 
@@ -115,7 +118,9 @@ pub struct NextUse {
 impl NextUse {
     /// A next-use policy over `frames` frames.
     pub fn new(frames: u32) -> NextUse {
-        NextUse { clock: Clock::new(frames) }
+        NextUse {
+            clock: Clock::new(frames),
+        }
     }
 }
 
@@ -164,7 +169,9 @@ impl EvictionPolicy for NextUse {
             if !view.eligible(f) {
                 continue;
             }
-            let Some(next) = view.next_use(f) else { continue };
+            let Some(next) = view.next_use(f) else {
+                continue;
+            };
             if best.is_none_or(|(b, _)| next > b) {
                 best = Some((next, f));
             }
@@ -208,7 +215,11 @@ mod tests {
         for f in 0..3 {
             c.on_fill(FrameId(f));
         }
-        let view = View { eligible: vec![true; 3], next: vec![None; 3], bound: None };
+        let view = View {
+            eligible: vec![true; 3],
+            next: vec![None; 3],
+            bound: None,
+        };
         // All referenced: the first sweep clears bits, the second picks frame 0.
         assert_eq!(c.choose_victim(&view), Some(FrameId(0)));
         c.on_access(FrameId(1));
@@ -219,16 +230,28 @@ mod tests {
     #[test]
     fn clock_respects_eligibility() {
         let mut c = Clock::new(2);
-        let view = View { eligible: vec![false, false], next: vec![None; 2], bound: None };
+        let view = View {
+            eligible: vec![false, false],
+            next: vec![None; 2],
+            bound: None,
+        };
         assert_eq!(c.choose_victim(&view), None);
-        let view = View { eligible: vec![false, true], next: vec![None; 2], bound: None };
+        let view = View {
+            eligible: vec![false, true],
+            next: vec![None; 2],
+            bound: None,
+        };
         assert_eq!(c.choose_victim(&view), Some(FrameId(1)));
     }
 
     #[test]
     fn next_use_takes_unpredicted_first_then_furthest() {
         let mut p = NextUse::new(4);
-        let mut view = View { eligible: vec![true; 4], next: vec![Some(5), None, Some(9), Some(7)], bound: None };
+        let mut view = View {
+            eligible: vec![true; 4],
+            next: vec![Some(5), None, Some(9), Some(7)],
+            bound: None,
+        };
         assert_eq!(p.choose_victim(&view), Some(FrameId(1)));
         view.next[1] = Some(3);
         assert_eq!(p.choose_victim(&view), Some(FrameId(2)));
@@ -239,11 +262,26 @@ mod tests {
     #[test]
     fn next_use_never_evicts_a_page_needed_sooner() {
         let mut p = NextUse::new(3);
-        let view = View { eligible: vec![true; 3], next: vec![Some(5), Some(6), Some(7)], bound: Some(7) };
+        let view = View {
+            eligible: vec![true; 3],
+            next: vec![Some(5), Some(6), Some(7)],
+            bound: Some(7),
+        };
         assert_eq!(p.choose_victim(&view), None);
-        let view = View { eligible: vec![true; 3], next: vec![Some(5), Some(6), Some(8)], bound: Some(7) };
+        let view = View {
+            eligible: vec![true; 3],
+            next: vec![Some(5), Some(6), Some(8)],
+            bound: Some(7),
+        };
         assert_eq!(p.choose_victim(&view), Some(FrameId(2)));
         let mut c = Clock::new(3);
-        assert_eq!(c.choose_victim(&View { eligible: vec![true; 3], next: vec![Some(1); 3], bound: Some(1) }), None);
+        assert_eq!(
+            c.choose_victim(&View {
+                eligible: vec![true; 3],
+                next: vec![Some(1); 3],
+                bound: Some(1)
+            }),
+            None
+        );
     }
 }

@@ -35,7 +35,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use spillway_types::config::{PoolConfig, Policy};
+use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, TransferId, limits};
 
 use crate::error::CoreError;
@@ -157,9 +157,18 @@ pub struct CoreStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Gpu {
     Absent,
-    Loading { frame: FrameId, prefetch: bool },
-    Resident { frame: FrameId, dirty: bool, unused_prefetch: bool },
-    Evicting { frame: FrameId },
+    Loading {
+        frame: FrameId,
+        prefetch: bool,
+    },
+    Resident {
+        frame: FrameId,
+        dirty: bool,
+        unused_prefetch: bool,
+    },
+    Evicting {
+        frame: FrameId,
+    },
 }
 
 #[derive(Debug)]
@@ -245,7 +254,9 @@ pub struct PoolCore {
 
 impl std::fmt::Debug for PoolCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PoolCore").field("stats", &self.stats()).finish_non_exhaustive()
+        f.debug_struct("PoolCore")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
     }
 }
 
@@ -269,7 +280,9 @@ impl VictimView for View<'_> {
     }
 
     fn eligible(&self, frame: FrameId) -> bool {
-        let Some(pid) = self.core.frames[frame.0 as usize] else { return false };
+        let Some(pid) = self.core.frames[frame.0 as usize] else {
+            return false;
+        };
         let page = self.core.page(pid);
         matches!(page.gpu, Gpu::Resident { .. }) && page.pins == 0 && page.host_pins == 0
     }
@@ -286,7 +299,10 @@ impl VictimView for View<'_> {
 impl PoolCore {
     /// A pool for `cfg` (validated here). `bandwidth_hint_bytes_per_s` seeds the copy
     /// bandwidth estimate until copies are measured.
-    pub fn new(cfg: PoolConfig, bandwidth_hint_bytes_per_s: f64) -> Result<PoolCore, spillway_types::config::ConfigError> {
+    pub fn new(
+        cfg: PoolConfig,
+        bandwidth_hint_bytes_per_s: f64,
+    ) -> Result<PoolCore, spillway_types::config::ConfigError> {
         cfg.validate()?;
         let frames = cfg.gpu_frames() as u32;
         let slots = cfg.host_slots() as u32;
@@ -294,7 +310,10 @@ impl PoolCore {
             Policy::Learned => Box::new(NextUse::new(frames)),
             Policy::Clock | Policy::OnDemand => Box::new(Clock::new(frames)),
         };
-        let bw = Bandwidth { bytes_per_s: bandwidth_hint_bytes_per_s.max(1e6), last_done: Duration::ZERO };
+        let bw = Bandwidth {
+            bytes_per_s: bandwidth_hint_bytes_per_s.max(1e6),
+            last_done: Duration::ZERO,
+        };
         Ok(PoolCore {
             page_bytes: cfg.page_size.bytes(),
             frames: vec![None; frames as usize],
@@ -335,7 +354,11 @@ impl PoolCore {
     }
 
     fn page_mut(&mut self, pid: PageId) -> &mut Page {
-        &mut self.buffers.get_mut(&pid.buffer).expect("page of a live buffer").pages[pid.index as usize]
+        &mut self
+            .buffers
+            .get_mut(&pid.buffer)
+            .expect("page of a live buffer")
+            .pages[pid.index as usize]
     }
 
     /// Bytes of page `index` of a buffer of `bytes`.
@@ -364,10 +387,16 @@ impl PoolCore {
         }
         let pages = bytes.div_ceil(self.page_bytes);
         if pages > self.frames.len() as u64 || pages > limits::PAGES_PER_BUFFER_MAX {
-            return Err(CoreError::BufferTooLarge { requested_bytes: bytes, pages, budget_bytes: self.frames.len() as u64 * self.page_bytes });
+            return Err(CoreError::BufferTooLarge {
+                requested_bytes: bytes,
+                pages,
+                budget_bytes: self.frames.len() as u64 * self.page_bytes,
+            });
         }
         if self.buffers.len() >= limits::BUFFERS_MAX {
-            return Err(CoreError::TooManyBuffers { limit: limits::BUFFERS_MAX });
+            return Err(CoreError::TooManyBuffers {
+                limit: limits::BUFFERS_MAX,
+            });
         }
         if (self.free_slots.len() as u64) < pages {
             return Err(CoreError::PoolFull {
@@ -380,9 +409,24 @@ impl PoolCore {
         let id = BufferId(self.next_buffer);
         self.next_buffer += 1;
         let pages = (0..pages)
-            .map(|_| Page { slot: self.free_slots.pop().expect("counted"), gpu: Gpu::Absent, pins: 0, host_pins: 0, in_flight: 0 })
+            .map(|_| Page {
+                slot: self.free_slots.pop().expect("counted"),
+                gpu: Gpu::Absent,
+                pins: 0,
+                host_pins: 0,
+                in_flight: 0,
+            })
             .collect();
-        self.buffers.insert(id, Buffer { bytes, pages, shared_holders: 0, exclusive: false, freed: false });
+        self.buffers.insert(
+            id,
+            Buffer {
+                bytes,
+                pages,
+                shared_holders: 0,
+                exclusive: false,
+                freed: false,
+            },
+        );
         Ok(id)
     }
 
@@ -392,7 +436,10 @@ impl PoolCore {
         let b = self.live(id)?;
         let holders = b.holders() + b.pages.iter().map(|p| p.host_pins).sum::<u32>();
         if holders > 0 {
-            return Err(CoreError::BufferHeld { buffer: id, holders });
+            return Err(CoreError::BufferHeld {
+                buffer: id,
+                holders,
+            });
         }
         self.buffers.get_mut(&id).expect("live").freed = true;
         let n = self.buffers[&id].pages.len() as u32;
@@ -409,7 +456,9 @@ impl PoolCore {
 
     /// Gives back a freed buffer's slots once no copy uses its pages.
     fn reap(&mut self, id: BufferId) {
-        let Some(b) = self.buffers.get(&id) else { return };
+        let Some(b) = self.buffers.get(&id) else {
+            return;
+        };
         if !b.freed || b.pages.iter().any(|p| p.in_flight > 0) {
             return;
         }
@@ -423,7 +472,11 @@ impl PoolCore {
     /// The page leaves `frame`: the frame is free again.
     fn release_frame(&mut self, pid: PageId, frame: FrameId) {
         let page = self.page_mut(pid);
-        if let Gpu::Resident { unused_prefetch: true, .. } = page.gpu {
+        if let Gpu::Resident {
+            unused_prefetch: true,
+            ..
+        } = page.gpu
+        {
             self.stats.prefetch_wasted += 1;
         }
         self.page_mut(pid).gpu = Gpu::Absent;
@@ -437,16 +490,29 @@ impl PoolCore {
 
     /// Starts an acquire of `id`: pins its pages and queues loads of those not resident.
     /// Returns the acquire and whether it is a hit (every page already resident).
-    pub fn begin_acquire(&mut self, id: BufferId, mode: AccessMode, now: Duration) -> Result<(AcquireId, bool), CoreError> {
+    pub fn begin_acquire(
+        &mut self,
+        id: BufferId,
+        mode: AccessMode,
+        now: Duration,
+    ) -> Result<(AcquireId, bool), CoreError> {
         if let Some(f) = &self.failed {
             return Err(CoreError::DeviceFailed(f.clone()));
         }
         let b = self.live(id)?;
         match mode {
             AccessMode::Exclusive if b.holders() > 0 => {
-                return Err(CoreError::BufferBusy { buffer: id, mode: if b.exclusive { "exclusively" } else { "shared" } });
+                return Err(CoreError::BufferBusy {
+                    buffer: id,
+                    mode: if b.exclusive { "exclusively" } else { "shared" },
+                });
             }
-            AccessMode::Shared if b.exclusive => return Err(CoreError::BufferBusy { buffer: id, mode: "exclusively" }),
+            AccessMode::Shared if b.exclusive => {
+                return Err(CoreError::BufferBusy {
+                    buffer: id,
+                    mode: "exclusively",
+                });
+            }
             _ => {}
         }
         let newly = b.pages.iter().filter(|p| p.pins == 0).count() as u64;
@@ -473,7 +539,11 @@ impl PoolCore {
             let page = &mut b.pages[index as usize];
             page.pins += 1;
             match &mut page.gpu {
-                Gpu::Resident { frame, unused_prefetch, .. } => {
+                Gpu::Resident {
+                    frame,
+                    unused_prefetch,
+                    ..
+                } => {
                     *unused_prefetch = false;
                     self.eviction.on_access(*frame);
                 }
@@ -500,13 +570,22 @@ impl PoolCore {
         if let Some(f) = &self.failed {
             return Err(CoreError::DeviceFailed(f.clone()));
         }
-        let a = self.acquires.get(&acquire).expect("acquire ids come from begin_acquire");
-        Ok(self.buffers[&a.buffer].pages.iter().all(|p| matches!(p.gpu, Gpu::Resident { .. })))
+        let a = self
+            .acquires
+            .get(&acquire)
+            .expect("acquire ids come from begin_acquire");
+        Ok(self.buffers[&a.buffer]
+            .pages
+            .iter()
+            .all(|p| matches!(p.gpu, Gpu::Resident { .. })))
     }
 
     /// The frames of a ready acquire's pages, in page order.
     pub fn frames_of(&self, acquire: AcquireId) -> Vec<FrameId> {
-        let a = self.acquires.get(&acquire).expect("acquire ids come from begin_acquire");
+        let a = self
+            .acquires
+            .get(&acquire)
+            .expect("acquire ids come from begin_acquire");
         self.buffers[&a.buffer]
             .pages
             .iter()
@@ -519,9 +598,15 @@ impl PoolCore {
 
     /// Ends an acquire; an exclusive one leaves its pages dirty.
     pub fn release(&mut self, acquire: AcquireId, now: Duration) {
-        let a = self.acquires.remove(&acquire).expect("acquire ids come from begin_acquire");
+        let a = self
+            .acquires
+            .remove(&acquire)
+            .expect("acquire ids come from begin_acquire");
         let on_demand = self.cfg.policy == Policy::OnDemand;
-        let b = self.buffers.get_mut(&a.buffer).expect("held buffers cannot be freed");
+        let b = self
+            .buffers
+            .get_mut(&a.buffer)
+            .expect("held buffers cannot be freed");
         match a.mode {
             AccessMode::Shared => b.shared_holders -= 1,
             AccessMode::Exclusive => b.exclusive = false,
@@ -542,7 +627,13 @@ impl PoolCore {
         }
         self.pinned_pages -= unpinned;
         for index in drop_now {
-            self.evict(PageId { buffer: a.buffer, index }, now);
+            self.evict(
+                PageId {
+                    buffer: a.buffer,
+                    index,
+                },
+                now,
+            );
         }
         self.pump(now);
     }
@@ -563,15 +654,32 @@ impl PoolCore {
     /// [`PoolCore::end_host_access`].
     /// A write is refused while the buffer is acquired, a read while it is acquired
     /// exclusively ([`CoreError::BufferBusy`]).
-    pub fn begin_host_access(&mut self, id: BufferId, offset: u64, len: u64, write: bool) -> Result<Option<Vec<PageLocation>>, CoreError> {
+    pub fn begin_host_access(
+        &mut self,
+        id: BufferId,
+        offset: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<Option<Vec<PageLocation>>, CoreError> {
         let b = self.live(id)?;
         if b.exclusive || (write && b.holders() > 0) {
-            return Err(CoreError::BufferBusy { buffer: id, mode: if b.exclusive { "exclusively" } else { "shared" } });
+            return Err(CoreError::BufferBusy {
+                buffer: id,
+                mode: if b.exclusive { "exclusively" } else { "shared" },
+            });
         }
         if offset.checked_add(len).is_none_or(|end| end > b.bytes) || len == 0 {
-            return Err(CoreError::OutOfRange { buffer: id, offset, len, bytes: b.bytes });
+            return Err(CoreError::OutOfRange {
+                buffer: id,
+                offset,
+                len,
+                bytes: b.bytes,
+            });
         }
-        let (first, last) = ((offset / self.page_bytes) as usize, ((offset + len - 1) / self.page_bytes) as usize);
+        let (first, last) = (
+            (offset / self.page_bytes) as usize,
+            ((offset + len - 1) / self.page_bytes) as usize,
+        );
         if b.pages[first..=last].iter().any(|p| p.in_flight > 0) {
             return Ok(None);
         }
@@ -589,10 +697,23 @@ impl PoolCore {
     }
 
     /// Ends a host access begun with the same range; `wrote` marks GPU copies dirty.
-    pub fn end_host_access(&mut self, id: BufferId, offset: u64, len: u64, wrote: bool, now: Duration) {
+    pub fn end_host_access(
+        &mut self,
+        id: BufferId,
+        offset: u64,
+        len: u64,
+        wrote: bool,
+        now: Duration,
+    ) {
         let page_bytes = self.page_bytes;
-        let b = self.buffers.get_mut(&id).expect("host-pinned buffers cannot be freed");
-        let (first, last) = ((offset / page_bytes) as usize, ((offset + len - 1) / page_bytes) as usize);
+        let b = self
+            .buffers
+            .get_mut(&id)
+            .expect("host-pinned buffers cannot be freed");
+        let (first, last) = (
+            (offset / page_bytes) as usize,
+            ((offset + len - 1) / page_bytes) as usize,
+        );
         for p in &mut b.pages[first..=last] {
             p.host_pins -= 1;
             if let (true, Gpu::Resident { dirty, .. }) = (wrote, &mut p.gpu) {
@@ -613,7 +734,12 @@ impl PoolCore {
     }
 
     /// Records that copy `id` finished (`Err` with the device's message if it failed).
-    pub fn handle_transfer_done(&mut self, id: TransferId, result: Result<(), String>, now: Duration) {
+    pub fn handle_transfer_done(
+        &mut self,
+        id: TransferId,
+        result: Result<(), String>,
+        now: Duration,
+    ) {
         let Some(t) = self.transfers.remove(&id) else {
             debug_assert!(false, "completion of unknown transfer {id:?}");
             return;
@@ -621,7 +747,9 @@ impl PoolCore {
         let d = dir_index(t.direction);
         self.in_flight_bytes[d] -= t.bytes;
         let bw = &mut self.bandwidth[d];
-        let service = now.saturating_sub(t.issued_at.max(bw.last_done)).as_secs_f64();
+        let service = now
+            .saturating_sub(t.issued_at.max(bw.last_done))
+            .as_secs_f64();
         if service > 0.0 {
             bw.bytes_per_s += BANDWIDTH_ALPHA * (t.bytes as f64 / service - bw.bytes_per_s);
         }
@@ -640,7 +768,11 @@ impl PoolCore {
         match (t.direction, self.page(pid).gpu) {
             (Direction::HostToDevice, Gpu::Loading { frame, prefetch }) => {
                 self.stats.h2d_bytes += t.bytes;
-                self.page_mut(pid).gpu = Gpu::Resident { frame, dirty: false, unused_prefetch: prefetch && !wanted };
+                self.page_mut(pid).gpu = Gpu::Resident {
+                    frame,
+                    dirty: false,
+                    unused_prefetch: prefetch && !wanted,
+                };
                 self.eviction.on_fill(frame);
                 self.frame_next_use[frame.0 as usize] = self.next_use.get(&pid.buffer).copied();
                 if freed {
@@ -650,7 +782,11 @@ impl PoolCore {
             (Direction::DeviceToHost, Gpu::Evicting { frame }) => {
                 self.stats.d2h_bytes += t.bytes;
                 self.evicting_frames -= 1;
-                self.page_mut(pid).gpu = Gpu::Resident { frame, dirty: false, unused_prefetch: false };
+                self.page_mut(pid).gpu = Gpu::Resident {
+                    frame,
+                    dirty: false,
+                    unused_prefetch: false,
+                };
                 if !wanted || freed {
                     self.release_frame(pid, frame);
                 }
@@ -664,14 +800,32 @@ impl PoolCore {
     fn new_transfer(&mut self, pid: PageId, direction: Direction, frame: FrameId, now: Duration) {
         let (slot, bytes) = {
             let b = &self.buffers[&pid.buffer];
-            (b.pages[pid.index as usize].slot, self.page_len(b.bytes, pid.index))
+            (
+                b.pages[pid.index as usize].slot,
+                self.page_len(b.bytes, pid.index),
+            )
         };
         let id = TransferId(self.next_transfer);
         self.next_transfer += 1;
         self.in_flight_bytes[dir_index(direction)] += bytes;
         self.page_mut(pid).in_flight += 1;
-        self.transfers.insert(id, InFlight { page: pid, direction, bytes, issued_at: now });
-        self.out.push_back(Transfer { id, direction, page: pid, frame, slot, bytes });
+        self.transfers.insert(
+            id,
+            InFlight {
+                page: pid,
+                direction,
+                bytes,
+                issued_at: now,
+            },
+        );
+        self.out.push_back(Transfer {
+            id,
+            direction,
+            page: pid,
+            frame,
+            slot,
+            bytes,
+        });
     }
 
     fn may_issue(&self, direction: Direction, bytes: u64) -> bool {
@@ -685,7 +839,9 @@ impl PoolCore {
 
     /// Takes `pid` off the GPU now: a clean page is dropped, a dirty one written back.
     fn evict(&mut self, pid: PageId, now: Duration) -> bool {
-        let Gpu::Resident { frame, dirty, .. } = self.page(pid).gpu else { return false };
+        let Gpu::Resident { frame, dirty, .. } = self.page(pid).gpu else {
+            return false;
+        };
         if !dirty {
             self.stats.evictions_clean += 1;
             self.release_frame(pid, frame);
@@ -718,7 +874,9 @@ impl PoolCore {
             let mut policy = std::mem::replace(&mut self.eviction, Box::new(Clock::new(0)));
             let victim = policy.choose_victim(&View { core: self, bound });
             self.eviction = policy;
-            let Some(victim) = victim else { return Got::Never };
+            let Some(victim) = victim else {
+                return Got::Never;
+            };
             let pid = self.frames[victim.0 as usize].expect("eligible frames hold a page");
             if !self.evict(pid, now) && !matches!(self.page(pid).gpu, Gpu::Evicting { .. }) {
                 // Dirty, and the write-back bound is reached: try again after a completion.
@@ -737,7 +895,8 @@ impl PoolCore {
         } else {
             self.stats.demand_loads += 1;
         }
-        self.mappings.push_back(MappingChange::Map { page: pid, frame });
+        self.mappings
+            .push_back(MappingChange::Map { page: pid, frame });
         self.new_transfer(pid, Direction::HostToDevice, frame, now);
         let used = (self.frames.len() - self.free_frames.len()) as u64;
         self.stats.frames_in_use_peak = self.stats.frames_in_use_peak.max(used);
@@ -764,7 +923,10 @@ impl PoolCore {
         let mut i = 0;
         while i < self.demand.len() {
             let pid = self.demand[i];
-            let wanted = self.buffers.get(&pid.buffer).is_some_and(|b| !b.freed && b.pages[pid.index as usize].pins > 0);
+            let wanted = self
+                .buffers
+                .get(&pid.buffer)
+                .is_some_and(|b| !b.freed && b.pages[pid.index as usize].pins > 0);
             if wanted && self.page(pid).host_pins > 0 {
                 // The host is reading or writing it: retried when that ends.
                 i += 1;
@@ -818,7 +980,8 @@ impl PoolCore {
         }
         let upcoming = self.predictor.upcoming(self.cfg.lookahead_accesses_max);
         for u in &upcoming {
-            self.next_use.insert(u.buffer, self.accesses + 1 + u.distance);
+            self.next_use
+                .insert(u.buffer, self.accesses + 1 + u.distance);
         }
         for (f, owner) in self.frames.iter().enumerate() {
             self.frame_next_use[f] = owner.and_then(|p| self.next_use.get(&p.buffer).copied());
@@ -826,15 +989,26 @@ impl PoolCore {
         let bw = self.bandwidth[0].bytes_per_s;
         let mut queued_bytes = 0u64;
         for u in &upcoming {
-            if u.distance >= MIN_LOOKAHEAD_ACCESSES && u.time_until.as_secs_f64() > LEAD_FACTOR * queued_bytes as f64 / bw + JITTER_MARGIN.as_secs_f64() {
+            if u.distance >= MIN_LOOKAHEAD_ACCESSES
+                && u.time_until.as_secs_f64()
+                    > LEAD_FACTOR * queued_bytes as f64 / bw + JITTER_MARGIN.as_secs_f64()
+            {
                 break;
             }
-            let Some(b) = self.buffers.get(&u.buffer).filter(|b| !b.freed) else { continue };
+            let Some(b) = self.buffers.get(&u.buffer).filter(|b| !b.freed) else {
+                continue;
+            };
             let next = self.accesses + 1 + u.distance;
             for (index, p) in b.pages.iter().enumerate() {
                 match p.gpu {
                     Gpu::Absent => {
-                        self.plan.push_back((PageId { buffer: u.buffer, index: index as u32 }, next));
+                        self.plan.push_back((
+                            PageId {
+                                buffer: u.buffer,
+                                index: index as u32,
+                            },
+                            next,
+                        ));
                         queued_bytes += self.page_len(b.bytes, index as u32);
                     }
                     Gpu::Loading { .. } => queued_bytes += self.page_len(b.bytes, index as u32),
@@ -868,11 +1042,17 @@ impl PoolCore {
     pub fn check_invariants(&self) {
         let total = self.frames.len();
         let used = self.frames.iter().filter(|f| f.is_some()).count();
-        assert_eq!(used + self.free_frames.len(), total, "frames in use + free = budget");
+        assert_eq!(
+            used + self.free_frames.len(),
+            total,
+            "frames in use + free = budget"
+        );
         for (i, owner) in self.frames.iter().enumerate() {
             if let Some(pid) = owner {
                 let frame = match self.page(*pid).gpu {
-                    Gpu::Loading { frame, .. } | Gpu::Resident { frame, .. } | Gpu::Evicting { frame } => frame,
+                    Gpu::Loading { frame, .. }
+                    | Gpu::Resident { frame, .. }
+                    | Gpu::Evicting { frame } => frame,
                     Gpu::Absent => panic!("frame {i} owned by absent page {pid}"),
                 };
                 assert_eq!(frame.0 as usize, i, "frame {i} and its page {pid} agree");
@@ -884,25 +1064,60 @@ impl PoolCore {
             slots += b.pages.len() as u64;
             for (index, p) in b.pages.iter().enumerate() {
                 pinned += u64::from(p.pins > 0);
-                if let Gpu::Loading { frame, .. } | Gpu::Resident { frame, .. } | Gpu::Evicting { frame } = p.gpu {
-                    let pid = PageId { buffer: *id, index: index as u32 };
-                    assert_eq!(self.frames[frame.0 as usize], Some(pid), "{pid} owns its frame");
+                if let Gpu::Loading { frame, .. }
+                | Gpu::Resident { frame, .. }
+                | Gpu::Evicting { frame } = p.gpu
+                {
+                    let pid = PageId {
+                        buffer: *id,
+                        index: index as u32,
+                    };
+                    assert_eq!(
+                        self.frames[frame.0 as usize],
+                        Some(pid),
+                        "{pid} owns its frame"
+                    );
                 }
                 let in_flight = matches!(p.gpu, Gpu::Loading { .. } | Gpu::Evicting { .. });
-                assert_eq!(in_flight, p.in_flight > 0, "in-flight count of a page matches its state");
+                assert_eq!(
+                    in_flight,
+                    p.in_flight > 0,
+                    "in-flight count of a page matches its state"
+                );
             }
         }
-        assert_eq!(slots, self.cfg.host_slots(), "slots in use + free = host budget");
+        assert_eq!(
+            slots,
+            self.cfg.host_slots(),
+            "slots in use + free = host budget"
+        );
         assert_eq!(pinned, self.pinned_pages, "pinned page count");
-        assert!(self.pinned_pages <= total as u64, "pinned pages within the budget");
+        assert!(
+            self.pinned_pages <= total as u64,
+            "pinned pages within the budget"
+        );
         let mut sums = [0u64; 2];
         for t in self.transfers.values() {
             sums[dir_index(t.direction)] += t.bytes;
         }
         assert_eq!(sums, self.in_flight_bytes, "bytes in flight");
-        for (d, max) in [self.cfg.h2d_bytes_in_flight_max, self.cfg.d2h_bytes_in_flight_max].into_iter().enumerate() {
-            let single = self.transfers.values().filter(|t| dir_index(t.direction) == d).count() <= 1;
-            assert!(single || self.in_flight_bytes[d] <= max, "in-flight bound of direction {d}");
+        for (d, max) in [
+            self.cfg.h2d_bytes_in_flight_max,
+            self.cfg.d2h_bytes_in_flight_max,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let single = self
+                .transfers
+                .values()
+                .filter(|t| dir_index(t.direction) == d)
+                .count()
+                <= 1;
+            assert!(
+                single || self.in_flight_bytes[d] <= max,
+                "in-flight bound of direction {d}"
+            );
         }
     }
 }

@@ -22,8 +22,8 @@
 //! point; the pool then loads as many of them as the budget allows, nearest first.
 //!
 //! Steps come from [`Predictor::end_step`]. A job that never marks steps gets them from
-//! period detection: each access whose buffer was seen `p` accesses ago proposes period
-//! `p`; a proposal survives while every following access equals the one `p` before it,
+//! period detection: each access whose buffer was seen `p` accesses ago (one of its last few
+//! positions) proposes period `p`; a proposal survives while every following access equals the one `p` before it,
 //! and once it has held for a whole period the smallest such `p` is taken, and from then
 //! on a step is cut every `p` accesses. A warm-up prefix before the loop does no harm. Memory is bounded by `history_steps` traces of at most
 //! [`limits::TRACE_ACCESSES_PER_STEP_MAX`] accesses.
@@ -46,6 +46,9 @@ const PERIOD_CANDIDATES_MAX: usize = 64;
 /// A period is accepted once the sequence has repeated itself for a whole period and for
 /// at least this many accesses (so a buffer used twice in a row is not a period of 1).
 const PERIOD_MIN_RUN: usize = 4;
+/// Earlier positions of each buffer that propose periods: a buffer used several times per
+/// step (forward and backward) needs more than its last position.
+const PERIOD_OCCURRENCES_KEPT: usize = 4;
 
 /// One recorded step.
 #[derive(Debug, Clone)]
@@ -65,7 +68,12 @@ impl Trace {
         for (i, b) in seq.iter().enumerate() {
             positions.entry(*b).or_default().push(i as u32);
         }
-        Trace { seq, offsets, duration, positions }
+        Trace {
+            seq,
+            offsets,
+            duration,
+            positions,
+        }
     }
 
     fn len(&self) -> usize {
@@ -128,7 +136,7 @@ pub struct Predictor {
     /// Period candidates: (period, accesses in a row that repeat at that distance).
     candidates: Vec<(usize, usize)>,
     /// Last position of each buffer in the current run, while detecting a period.
-    last_seen: HashMap<BufferId, usize>,
+    last_seen: HashMap<BufferId, VecDeque<usize>>,
     stats: PredictorStats,
 }
 
@@ -165,7 +173,8 @@ impl Predictor {
         let start = *self.step_start.get_or_insert(now);
         self.stats.accesses += 1;
         let count = self.stats.accesses;
-        self.pending.retain(|&(b, expires)| b != buffer && expires > count);
+        self.pending
+            .retain(|&(b, expires)| b != buffer && expires > count);
         let best = self.best_index();
         for (i, (trace, cursor)) in self.history.iter_mut().enumerate() {
             let matched = advance(trace, cursor, buffer, |skipped| {
@@ -207,7 +216,9 @@ impl Predictor {
         let start = self.step_start.unwrap_or(now);
         let seq = std::mem::take(&mut self.current);
         let offsets = std::mem::take(&mut self.current_offsets);
-        let duration = now.saturating_sub(start).max(offsets.last().copied().unwrap_or_default());
+        let duration = now
+            .saturating_sub(start)
+            .max(offsets.last().copied().unwrap_or_default());
         self.push_trace(Trace::new(seq, offsets, duration));
         self.step_start = Some(now);
         self.stats.steps += 1;
@@ -219,11 +230,21 @@ impl Predictor {
             c.pos = 0;
         }
         // The new trace starts as trusted as the best existing one, or fully.
-        let score = self.history.iter().map(|(_, c)| c.score).fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.max(s))));
+        let score = self
+            .history
+            .iter()
+            .map(|(_, c)| c.score)
+            .fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.max(s))));
         if self.history.len() == self.history_max {
             self.history.pop_front();
         }
-        self.history.push_back((trace, Cursor { pos: 0, score: score.unwrap_or(1.0).max(SCORE_FLOOR) }));
+        self.history.push_back((
+            trace,
+            Cursor {
+                pos: 0,
+                score: score.unwrap_or(1.0).max(SCORE_FLOOR),
+            },
+        ));
         self.pending.clear();
     }
 
@@ -243,10 +264,21 @@ impl Predictor {
     pub fn upcoming(&self, limit: usize) -> Vec<Upcoming> {
         let mut nearest: HashMap<BufferId, Upcoming> = HashMap::new();
         let mut offer = |u: Upcoming| {
-            nearest.entry(u.buffer).and_modify(|e| if u.distance < e.distance { *e = u }).or_insert(u);
+            nearest
+                .entry(u.buffer)
+                .and_modify(|e| {
+                    if u.distance < e.distance {
+                        *e = u
+                    }
+                })
+                .or_insert(u);
         };
         for &(b, _) in &self.pending {
-            offer(Upcoming { buffer: b, distance: 0, time_until: Duration::ZERO });
+            offer(Upcoming {
+                buffer: b,
+                distance: 0,
+                time_until: Duration::ZERO,
+            });
         }
         for (trace, cursor) in &self.history {
             if cursor.score < SCORE_FLOOR || trace.len() == 0 {
@@ -255,7 +287,11 @@ impl Predictor {
             let mut seen = 0usize;
             for k in 0..limit.min(trace.len()) {
                 let b = trace.seq[(cursor.pos + k) % trace.len()];
-                offer(Upcoming { buffer: b, distance: k as u64, time_until: trace.time_between(cursor.pos, k) });
+                offer(Upcoming {
+                    buffer: b,
+                    distance: k as u64,
+                    time_until: trace.time_between(cursor.pos, k),
+                });
                 seen += 1;
             }
             debug_assert!(seen <= limit);
@@ -286,20 +322,34 @@ impl Predictor {
                 false
             }
         });
-        if let Some(&m) = self.last_seen.get(&x) {
+        let seen = self.last_seen.entry(x).or_default();
+        for &m in seen.iter() {
             let p = n - m;
-            if !self.candidates.iter().any(|&(q, _)| q == p) && self.candidates.len() < PERIOD_CANDIDATES_MAX {
+            if !self.candidates.iter().any(|&(q, _)| q == p)
+                && self.candidates.len() < PERIOD_CANDIDATES_MAX
+            {
                 self.candidates.push((p, 1));
             }
         }
-        self.last_seen.insert(x, n);
-        let found = self.candidates.iter().filter(|&&(p, run)| run >= p.max(PERIOD_MIN_RUN)).map(|&(p, _)| p).min();
+        if seen.len() == PERIOD_OCCURRENCES_KEPT {
+            seen.pop_front();
+        }
+        seen.push_back(n);
+        let found = self
+            .candidates
+            .iter()
+            .filter(|&&(p, run)| run >= p.max(PERIOD_MIN_RUN))
+            .map(|&(p, _)| p)
+            .min();
         if let Some(p) = found {
             // The last p accesses repeat the p before them: keep them as one step.
             let split = self.current.len() - p;
             let seq = self.current[split..].to_vec();
             let base = self.current_offsets[split];
-            let offsets: Vec<Duration> = self.current_offsets[split..].iter().map(|t| t.saturating_sub(base)).collect();
+            let offsets: Vec<Duration> = self.current_offsets[split..]
+                .iter()
+                .map(|t| t.saturating_sub(base))
+                .collect();
             let start = self.step_start.unwrap_or(now) + base;
             self.current.clear();
             self.current_offsets.clear();
@@ -316,7 +366,12 @@ impl Predictor {
 
 /// Moves `cursor` over `trace` for an access to `buffer`; `skipped` receives the entries
 /// jumped over. Returns whether the access was the expected one.
-fn advance(trace: &Trace, cursor: &mut Cursor, buffer: BufferId, mut skipped: impl FnMut(&[BufferId])) -> bool {
+fn advance(
+    trace: &Trace,
+    cursor: &mut Cursor,
+    buffer: BufferId,
+    mut skipped: impl FnMut(&[BufferId]),
+) -> bool {
     let n = trace.len();
     if n == 0 {
         return false;
@@ -328,7 +383,9 @@ fn advance(trace: &Trace, cursor: &mut Cursor, buffer: BufferId, mut skipped: im
         return true;
     }
     cursor.score *= 1.0 - SCORE_ALPHA;
-    let Some(positions) = trace.positions.get(&buffer) else { return false };
+    let Some(positions) = trace.positions.get(&buffer) else {
+        return false;
+    };
     let p32 = p as u32;
     let ahead = match positions.partition_point(|&q| q < p32) {
         i if i < positions.len() => positions[i] as usize - p,
@@ -378,7 +435,10 @@ mod tests {
         let seq = [1, 2, 3, 4, 4, 3, 2, 1];
         run_step(&mut p, &seq, &mut t);
         let up = p.upcoming(4);
-        assert_eq!(up.iter().map(|u| u.buffer).collect::<Vec<_>>(), vec![b(1), b(2), b(3), b(4)]);
+        assert_eq!(
+            up.iter().map(|u| u.buffer).collect::<Vec<_>>(),
+            vec![b(1), b(2), b(3), b(4)]
+        );
         assert_eq!(up[0].distance, 0);
         assert_eq!(up[2].time_until, ms(2));
         let hits = run_step(&mut p, &seq, &mut t);
@@ -414,17 +474,15 @@ mod tests {
     #[test]
     fn detects_the_period_without_step_marks() {
         let mut p = Predictor::new(2);
-        let mut t = 0;
         // A warm-up access, then a loop of period 5.
-        p.on_access(b(100), ms(t));
+        p.on_access(b(100), ms(0));
         let mut predicted = 0;
         for i in 0..40 {
             let x = b(i % 5);
             if p.has_history() && p.upcoming(1)[0].buffer == x {
                 predicted += 1;
             }
-            p.on_access(x, ms(t));
-            t += 1;
+            p.on_access(x, ms(1 + i));
         }
         assert_eq!(p.stats().detected_period, Some(5));
         assert!(predicted >= 25, "predicted {predicted}");

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use spillway_core::{AccessMode, CoreError, PoolCore, Transfer};
-use spillway_types::config::{PoolConfig, Policy};
+use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, PageSize};
 
 const PAGE: u64 = 64 << 10;
@@ -36,14 +36,35 @@ fn t(ms: u64) -> Duration {
 fn alloc_errors_carry_numbers() {
     let mut c = pool(4, 8, Policy::Learned);
     assert_eq!(c.alloc(0), Err(CoreError::EmptyBuffer));
-    assert_eq!(c.alloc(5 * PAGE), Err(CoreError::BufferTooLarge { requested_bytes: 5 * PAGE, pages: 5, budget_bytes: 4 * PAGE }));
+    assert_eq!(
+        c.alloc(5 * PAGE),
+        Err(CoreError::BufferTooLarge {
+            requested_bytes: 5 * PAGE,
+            pages: 5,
+            budget_bytes: 4 * PAGE
+        })
+    );
     let a = c.alloc(4 * PAGE).unwrap();
     let _b = c.alloc(3 * PAGE + 1).unwrap();
-    assert_eq!(c.alloc(PAGE + 1), Err(CoreError::PoolFull { requested_bytes: PAGE + 1, needed_pages: 2, free_pages: 0, total_pages: 8 }));
+    assert_eq!(
+        c.alloc(PAGE + 1),
+        Err(CoreError::PoolFull {
+            requested_bytes: PAGE + 1,
+            needed_pages: 2,
+            free_pages: 0,
+            total_pages: 8
+        })
+    );
     c.free(a, t(0)).unwrap();
     assert_eq!(c.free(a, t(0)), Err(CoreError::Freed(a)));
-    assert_eq!(c.free(BufferId(99), t(0)), Err(CoreError::UnknownBuffer(BufferId(99))));
-    assert!(matches!(c.begin_acquire(a, AccessMode::Shared, t(0)), Err(CoreError::Freed(_))));
+    assert_eq!(
+        c.free(BufferId(99), t(0)),
+        Err(CoreError::UnknownBuffer(BufferId(99)))
+    );
+    assert!(matches!(
+        c.begin_acquire(a, AccessMode::Shared, t(0)),
+        Err(CoreError::Freed(_))
+    ));
     // The freed slots are usable again.
     c.alloc(4 * PAGE).unwrap();
     c.check_invariants();
@@ -58,7 +79,10 @@ fn acquire_loads_then_hits() {
     assert!(!c.is_ready(acq).unwrap());
     let done = settle(&mut c, t(1));
     assert_eq!(done.len(), 2);
-    assert!(done.iter().all(|t| t.direction == Direction::HostToDevice && t.bytes == PAGE));
+    assert!(
+        done.iter()
+            .all(|t| t.direction == Direction::HostToDevice && t.bytes == PAGE)
+    );
     assert!(c.is_ready(acq).unwrap());
     assert_eq!(c.frames_of(acq).len(), 2);
     c.release(acq, t(2));
@@ -92,7 +116,12 @@ fn dirty_pages_are_written_back_and_clean_ones_dropped() {
     let (acq, hit) = c.begin_acquire(r, AccessMode::Shared, t(3)).unwrap();
     assert!(!hit);
     let done = settle(&mut c, t(4));
-    assert_eq!(done.iter().filter(|t| t.direction == Direction::DeviceToHost).count(), 2);
+    assert_eq!(
+        done.iter()
+            .filter(|t| t.direction == Direction::DeviceToHost)
+            .count(),
+        2
+    );
     assert!(c.is_ready(acq).unwrap());
     c.release(acq, t(5));
     // Loading w again drops r's clean pages without a copy.
@@ -112,7 +141,15 @@ fn held_acquires_over_budget_fail_at_once() {
     let b = c.alloc(2 * PAGE).unwrap();
     let (ha, _) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
     let err = c.begin_acquire(b, AccessMode::Shared, t(1)).unwrap_err();
-    assert_eq!(err, CoreError::HeldAcquiresExceedBudget { buffer: b, held_bytes: 2 * PAGE, requested_bytes: 2 * PAGE, budget_bytes: 3 * PAGE });
+    assert_eq!(
+        err,
+        CoreError::HeldAcquiresExceedBudget {
+            buffer: b,
+            held_bytes: 2 * PAGE,
+            requested_bytes: 2 * PAGE,
+            budget_bytes: 3 * PAGE
+        }
+    );
     // A second shared acquire of the same buffer pins nothing new.
     let (ha2, _) = c.begin_acquire(a, AccessMode::Shared, t(2)).unwrap();
     settle(&mut c, t(3));
@@ -128,12 +165,30 @@ fn exclusive_and_shared_conflict_and_held_buffers_cannot_be_freed() {
     let mut c = pool(4, 8, Policy::Clock);
     let a = c.alloc(PAGE).unwrap();
     let (h, _) = c.begin_acquire(a, AccessMode::Exclusive, t(0)).unwrap();
-    assert_eq!(c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap_err(), CoreError::BufferBusy { buffer: a, mode: "exclusively" });
-    assert_eq!(c.free(a, t(0)).unwrap_err(), CoreError::BufferHeld { buffer: a, holders: 1 });
+    assert_eq!(
+        c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap_err(),
+        CoreError::BufferBusy {
+            buffer: a,
+            mode: "exclusively"
+        }
+    );
+    assert_eq!(
+        c.free(a, t(0)).unwrap_err(),
+        CoreError::BufferHeld {
+            buffer: a,
+            holders: 1
+        }
+    );
     settle(&mut c, t(1));
     c.release(h, t(1));
     let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(2)).unwrap();
-    assert_eq!(c.begin_acquire(a, AccessMode::Exclusive, t(2)).unwrap_err(), CoreError::BufferBusy { buffer: a, mode: "shared" });
+    assert_eq!(
+        c.begin_acquire(a, AccessMode::Exclusive, t(2)).unwrap_err(),
+        CoreError::BufferBusy {
+            buffer: a,
+            mode: "shared"
+        }
+    );
     c.release(h, t(3));
     c.free(a, t(3)).unwrap();
 }
@@ -148,7 +203,11 @@ fn free_while_a_copy_is_in_flight_gives_memory_back_after_it() {
     // Cannot free while acquired; release first, with the loads still in flight.
     c.release(h, t(1));
     c.free(a, t(1)).unwrap();
-    assert_eq!(c.stats().slots_in_use, 2, "slots stay taken while copies use them");
+    assert_eq!(
+        c.stats().slots_in_use,
+        2,
+        "slots stay taken while copies use them"
+    );
     for tr in started {
         c.handle_transfer_done(tr.id, Ok(()), t(2));
     }
@@ -182,7 +241,11 @@ fn in_flight_bytes_are_bounded() {
     let mut rounds = 0;
     while !c.is_ready(h).unwrap() {
         let batch: Vec<_> = std::iter::from_fn(|| c.poll_transfer()).collect();
-        assert!(!batch.is_empty() && batch.len() <= 3, "batch of {}", batch.len());
+        assert!(
+            !batch.is_empty() && batch.len() <= 3,
+            "batch of {}",
+            batch.len()
+        );
         for tr in batch {
             c.handle_transfer_done(tr.id, Ok(()), t(1));
         }
@@ -194,11 +257,21 @@ fn in_flight_bytes_are_bounded() {
 
 /// A training-like loop: forward over layers, backward in reverse. Copies finish during
 /// the "compute" after each acquire, as they would on a device that keeps up.
-fn train_step(c: &mut PoolCore, weights: &[BufferId], acts: &[BufferId], clock: &mut u64, skip: Option<usize>, swap: Option<(usize, usize)>) -> (u64, u64) {
+fn train_step(
+    c: &mut PoolCore,
+    weights: &[BufferId],
+    acts: &[BufferId],
+    clock: &mut u64,
+    skip: Option<usize>,
+    swap: Option<(usize, usize)>,
+) -> (u64, u64) {
     let before = c.stats();
     let mut order: Vec<usize> = (0..weights.len()).filter(|&i| Some(i) != skip).collect();
     if let Some((x, y)) = swap {
-        let (px, py) = (order.iter().position(|&i| i == x).unwrap(), order.iter().position(|&i| i == y).unwrap());
+        let (px, py) = (
+            order.iter().position(|&i| i == x).unwrap(),
+            order.iter().position(|&i| i == y).unwrap(),
+        );
         order.swap(px, py);
     }
     let access = |c: &mut PoolCore, b: BufferId, mode: AccessMode, clock: &mut u64| {
@@ -270,7 +343,10 @@ fn clock_and_on_demand_miss_where_learned_hits() {
         train_step(&mut c, &w, &a, &mut clock, None, None);
         hits.push(train_step(&mut c, &w, &a, &mut clock, None, None).1);
     }
-    assert!(hits[0] < hits[2] && hits[1] < hits[2], "hits on_demand/clock/learned: {hits:?}");
+    assert!(
+        hits[0] < hits[2] && hits[1] < hits[2],
+        "hits on_demand/clock/learned: {hits:?}"
+    );
 }
 
 #[derive(Debug, Clone)]
