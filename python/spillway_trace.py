@@ -52,6 +52,10 @@ What is recorded (plain PyTorch module hooks, nothing else):
   ``num_experts`` (3 dimensions so that a router's ``[num_experts, d]`` weight is not taken
   for experts); its parameters whose first dimension is ``num_experts`` are the experts'.
 
+PyTorch warns once that a "full backward hook is firing when gradients are computed with
+respect to module outputs since no inputs require gradients": that is the embedding (its
+input is token ids), whose ``bwd`` is recorded correctly all the same.
+
 Limits: a module whose output is modified in place (e.g. ``nn.ReLU(inplace=True)`` right
 after a hooked ``Linear``) makes PyTorch's full backward hooks raise; such models need an
 out-of-place op there. Parameters only: registered buffers (BatchNorm statistics) are not

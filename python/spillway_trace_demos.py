@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -367,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
 
+    # Expected for the embedding, whose input (token ids) needs no gradient.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients")
     if args.command == "stats":
         for path in args.paths:
             print_stats(path)
