@@ -1,22 +1,38 @@
 //! Ids, limits and configuration types shared by every Spillway crate.
 //!
 //! This crate does no IO and reads no clock. It holds:
-//! - the ids ([`BufferId`], [`PageId`], [`FrameId`], [`HostSlot`], [`TransferId`]),
-//!   all `u64`/`u32` newtypes so they cannot be mixed up;
+//! - the ids ([`BufferId`], [`PageId`], [`FrameId`], [`HostSlot`], [`TransferId`], [`NodeId`],
+//!   [`PoolId`]), all `u64`/`u32` newtypes so they cannot be mixed up;
 //! - [`PageSize`], a validated page size (a power of two from 64 KiB to 64 MiB);
 //! - [`limits`]: every named bound of the pool, with what it costs;
-//! - [`config`]: the pool's configuration in two layers (plain fields, then `validate()`).
+//! - [`config`]: the pool's configuration in two layers (plain fields, then `validate()`);
+//! - [`wire`]: the frames of the peer page service (fixed header, bincode bodies decoded
+//!   with a size limit, raw page payloads with xxh3 checksums).
 
 pub mod config;
 pub mod limits;
 pub mod pattern;
+pub mod wire;
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 /// One allocation of a client (a layer's weights, an activation, a KV block), unique in the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
 pub struct BufferId(pub u64);
 
 impl fmt::Display for BufferId {
@@ -26,7 +42,20 @@ impl fmt::Display for BufferId {
 }
 
 /// A page: the `index`-th page-sized piece of a buffer (the last one may be short).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
 pub struct PageId {
     /// The buffer the page belongs to.
     pub buffer: BufferId,
@@ -51,6 +80,53 @@ pub struct HostSlot(pub u32);
 /// One copy between tiers, unique for the life of a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TransferId(pub u64);
+
+/// One node daemon of the pool (one per machine), unique in the pool.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
+pub struct NodeId(pub u64);
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node#{}", self.0)
+    }
+}
+
+/// One deployment (all nodes and clients that share a CA). Peers of another pool are
+/// refused even if their certificates were somehow accepted.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    bincode::Encode,
+    bincode::Decode,
+)]
+pub struct PoolId(pub u64);
+
+impl fmt::Display for PoolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pool#{:016x}", self.0)
+    }
+}
 
 /// Where a page lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
