@@ -19,15 +19,19 @@
 //!   works page by page through `frame_ptr`.
 //! - **Host slots**: one `cuMemHostAlloc` (pinned, portable) region, pre-faulted, so
 //!   copies run at full PCIe speed and never fault.
-//! - **Two copy lanes**, host-to-device and device-to-host, each a non-blocking stream
-//!   (the GPU's two copy engines then run at once) and a completion thread. `submit`
-//!   enqueues `cuMemcpy{HtoD,DtoH}Async` and records an event on the lane's stream, under
-//!   the lane's lock, and queues `(id, event)` to the lane's thread. The thread waits for
-//!   each event in turn with `cuEventSynchronize` on a *blocking-sync* event (the thread
-//!   sleeps in the kernel driver until the copy engine signals; it does not spin a core)
-//!   and then calls the sink. Because the stream runs copies in order and the queue holds
-//!   them in the same order, completions of one direction arrive in submission order.
-//!   Events are recycled through a per-lane free list (as many as copies in flight).
+//! - **Two copy lanes**, host-to-device and device-to-host, each with its own
+//!   non-blocking stream(s) (so the GPU's copy engines run both directions at once) and
+//!   a completion thread. `submit` enqueues `cuMemcpy{HtoD,DtoH}Async` and records an
+//!   event right after it on one of the lane's streams (round-robin when there are
+//!   several, [`CudaDevice::with_streams`]), under the lane's lock, and queues
+//!   `(id, event)` to the lane's thread. The thread waits for each event in turn with
+//!   `cuEventSynchronize` on a *blocking-sync* event (the thread sleeps in the kernel
+//!   driver until the copy engine signals; it does not spin a core) and then calls the
+//!   sink. The queue holds copies in submission order and the thread reports them in that
+//!   order, so completions of one direction arrive in submission order even when copies
+//!   on two streams finish out of order (a later copy's completion then waits for the
+//!   earlier one's). Events are recycled through a per-lane free list (as many as copies
+//!   in flight).
 //! - **Sync lane**: one more stream, under a mutex, for the synchronous calls
 //!   (`write_frame`, `read_frame`, the kernels); each call ends with a stream sync.
 //!
@@ -94,6 +98,12 @@ const BLOCKS_PER_SM: u32 = 8;
 const OS_PAGE_BYTES: usize = 4096;
 /// First guess of PCIe Gen5 x16 pinned copy bandwidth per direction (~55 GB/s measured).
 pub const BANDWIDTH_HINT_BYTES_PER_S: f64 = 50e9;
+/// Streams per copy direction that [`CudaDevice::new`] uses. More than one lets the next
+/// copy start while the previous one's completion is being signalled.
+pub const STREAMS_PER_DIRECTION_DEFAULT: usize = 1;
+/// Most streams per direction [`CudaDevice::with_streams`] accepts; each costs one
+/// driver stream and nothing else.
+pub const STREAMS_PER_DIRECTION_MAX: usize = 8;
 
 const SUCCESS: sys::CUresult = sys::CUresult::CUDA_SUCCESS;
 
@@ -344,18 +354,31 @@ struct LaneState {
     queue: Option<mpsc::Sender<Pending>>,
     /// Events not in flight, for reuse.
     free_events: Vec<Event>,
+    /// The stream the next copy goes to (round-robin).
+    next_stream: usize,
 }
 
-/// One direction's stream, queue and event pool.
+/// One direction's streams, queue and event pool.
 struct Lane {
-    stream: Stream,
+    ctx: Arc<Context>,
+    /// At least one; copies go round-robin, so consecutive copies can overlap.
+    streams: Vec<Stream>,
     state: Mutex<LaneState>,
+}
+
+impl Lane {
+    /// Waits for every copy enqueued so far. The context is current.
+    fn synchronize(&self) {
+        for s in &self.streams {
+            let _ = s.synchronize();
+        }
+    }
 }
 
 impl Drop for Lane {
     fn drop(&mut self) {
-        if self.stream.ctx.bind().is_ok() {
-            let _ = self.stream.synchronize();
+        if self.ctx.bind().is_ok() {
+            self.synchronize();
             for e in lock(&self.state).free_events.drain(..) {
                 e.destroy();
             }
@@ -899,6 +922,18 @@ impl CudaDevice {
         sink: CompletionSink,
         ordinal: usize,
     ) -> Result<CudaDevice, DeviceError> {
+        Self::with_streams(config, sink, ordinal, STREAMS_PER_DIRECTION_DEFAULT)
+    }
+
+    /// [`CudaDevice::new`] with `streams_per_direction` copy streams in each direction
+    /// (clamped to `1..=STREAMS_PER_DIRECTION_MAX`), used round-robin. Completions stay
+    /// in submission order whatever the count.
+    pub fn with_streams(
+        config: DeviceConfig,
+        sink: CompletionSink,
+        ordinal: usize,
+        streams_per_direction: usize,
+    ) -> Result<CudaDevice, DeviceError> {
         init_driver()?;
         if config.page_bytes == 0 {
             return Err(DeviceError::OutOfRange {
@@ -934,11 +969,16 @@ impl CudaDevice {
         };
 
         let new_lane = |queue: mpsc::Sender<Pending>| -> Result<Arc<Lane>, DeviceError> {
+            let streams = (0..streams_per_direction.clamp(1, STREAMS_PER_DIRECTION_MAX))
+                .map(|_| Stream::new(&ctx))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(Arc::new(Lane {
-                stream: Stream::new(&ctx)?,
+                ctx: ctx.clone(),
+                streams,
                 state: Mutex::new(LaneState {
                     queue: Some(queue),
                     free_events: Vec::new(),
+                    next_stream: 0,
                 }),
             }))
         };
@@ -1000,6 +1040,8 @@ impl CudaDevice {
             Some(e) => e,
             None => Event::new()?,
         };
+        let stream = lane.streams[state.next_stream].raw;
+        state.next_stream = (state.next_stream + 1) % lane.streams.len();
         let copied = if op.bytes == 0 {
             Ok(())
         } else {
@@ -1012,21 +1054,18 @@ impl CudaDevice {
                         frame,
                         slot.cast_const().cast(),
                         op.bytes as usize,
-                        lane.stream.raw,
+                        stream,
                     ),
-                    Direction::DeviceToHost => sys::cuMemcpyDtoHAsync_v2(
-                        slot.cast(),
-                        frame,
-                        op.bytes as usize,
-                        lane.stream.raw,
-                    ),
+                    Direction::DeviceToHost => {
+                        sys::cuMemcpyDtoHAsync_v2(slot.cast(), frame, op.bytes as usize, stream)
+                    }
                 }
             })
         };
         // SAFETY: a live event and stream of the current context.
         let recorded = copied.and_then(|()| {
             check("cuEventRecord", unsafe {
-                sys::cuEventRecord(event.0, lane.stream.raw)
+                sys::cuEventRecord(event.0, stream)
             })
         });
         match recorded {
@@ -1186,7 +1225,7 @@ impl Drop for CudaDevice {
         // (matters when a lane thread is not joined below).
         if self.ctx.bind().is_ok() {
             for lane in &self.lanes {
-                let _ = lane.stream.synchronize();
+                lane.synchronize();
             }
         }
         let me: ThreadId = std::thread::current().id();
