@@ -6,6 +6,7 @@
 //! - `spillway replay TRACE`: a recorded access trace through the pool.
 
 mod demo;
+mod replay;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -25,6 +26,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(demo::BenchCommand),
+    /// Run a recorded access trace (docs/TRACE.md) through the pool.
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> Result<()> {
@@ -39,5 +42,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Demo(args) => demo::run_demo(args),
         Command::Bench(b) => demo::run_bench(b),
+        Command::Replay(args) => replay::run_replay(args),
     }
 }

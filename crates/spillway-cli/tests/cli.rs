@@ -43,7 +43,10 @@ fn demo_json_has_every_field_and_verifies_every_page() {
     assert_eq!(v["page_bytes"], 256 << 10);
     let ws = v["working_set_bytes"].as_u64().unwrap();
     assert_eq!(ws, 16 << 20);
-    assert!(v["gpu_budget_bytes"].as_u64().unwrap() * 3 <= ws, "the working set is at least 3x the budget");
+    assert!(
+        v["gpu_budget_bytes"].as_u64().unwrap() * 3 <= ws,
+        "the working set is at least 3x the budget"
+    );
     assert_eq!(v["corrupt_pages"], 0);
     assert!(v["verified_bytes"].as_u64().unwrap() >= ws * 4);
     let steps = v["steps"].as_array().unwrap();
@@ -130,5 +133,108 @@ fn offload_bench_json_has_every_variant() {
             .unwrap()
             .contains("<svg")
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn trace_path(name: &str) -> String {
+    format!("{}/../../bench/traces/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn replay_json_has_the_demo_fields_and_peak_gpu_bytes() {
+    let path = trace_path("dense.jsonl");
+    let out = spillway(&[
+        "replay",
+        &path,
+        "--json",
+        "--time-scale",
+        "0.05",
+        "--device",
+        "sim",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["corrupt_pages"], 0);
+    assert_eq!(v["steps"].as_array().unwrap().len(), 8);
+    assert_eq!(v["accesses"], 432);
+    let peak = v["gpu_bytes_peak"].as_u64().unwrap();
+    assert!(peak > 0 && peak <= v["gpu_budget_bytes"].as_u64().unwrap());
+    assert!(
+        v["gpu_budget_bytes"].as_u64().unwrap() * 3
+            <= v["working_set_bytes"].as_u64().unwrap() + 3 * (256 << 10)
+    );
+}
+
+#[test]
+fn replay_compare_runs_every_policy() {
+    let path = trace_path("moe.jsonl");
+    let out = spillway(&[
+        "replay",
+        &path,
+        "--compare",
+        "--json",
+        "--time-scale",
+        "0.05",
+        "--device",
+        "sim",
+        "--gpu-budget",
+        "16MiB",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let policies: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["on_demand", "clock", "learned"]);
+    for r in v["runs"].as_array().unwrap() {
+        assert_eq!(r["gpu_budget_bytes"], 16 << 20);
+        assert_eq!(r["corrupt_pages"], 0);
+    }
+}
+
+#[test]
+fn replay_of_a_malformed_trace_names_the_line() {
+    let dir = std::env::temp_dir().join(format!("spillway-bad-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (
+            "bad_json.jsonl",
+            "{\"step\": 0, \"buffer\": \"a\", \"bytes\": 10, \"phase\": \"fwd\"}\n{not json\n",
+            "line 2",
+        ),
+        (
+            "negative.jsonl",
+            "{\"step\": 0, \"buffer\": \"a\", \"bytes\": -5, \"phase\": \"fwd\"}\n",
+            "line 1",
+        ),
+        (
+            "resized.jsonl",
+            "{\"step\": 0, \"buffer\": \"a\", \"bytes\": 10, \"phase\": \"fwd\"}\n{\"step\": 0, \"buffer\": \"a\", \"bytes\": 11, \"phase\": \"bwd\"}\n",
+            "line 2",
+        ),
+        ("empty.jsonl", "", "no accesses"),
+    ];
+    for (name, text, expect) in cases {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = spillway(&["replay", path.to_str().unwrap(), "--device", "sim"]);
+        assert!(!out.status.success(), "{name} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+    }
+    let out = spillway(&["replay", "/nonexistent/trace.jsonl"]);
+    assert!(!out.status.success());
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -974,10 +974,6 @@ impl PoolCore {
     fn replan(&mut self) {
         self.plan.clear();
         self.next_use.clear();
-        if !self.predictor.has_history() {
-            self.frame_next_use.iter_mut().for_each(|n| *n = None);
-            return;
-        }
         let upcoming = self.predictor.upcoming(self.cfg.lookahead_accesses_max);
         for u in &upcoming {
             self.next_use

@@ -41,6 +41,9 @@ const SCORE_FLOOR: f64 = 0.3;
 const PENDING_TTL_ACCESSES: u64 = 8;
 /// Most skipped entries kept predicted at once.
 const PENDING_MAX: usize = 256;
+/// During the first step, how many of its first accesses are predicted to come back at
+/// the start of the next step.
+const PROVISIONAL_PREFIX_ACCESSES: usize = 4;
 /// Most period candidates tracked while detecting a period.
 const PERIOD_CANDIDATES_MAX: usize = 64;
 /// A period is accepted once the sequence has repeated itself for a whole period and for
@@ -279,6 +282,25 @@ impl Predictor {
                 distance: 0,
                 time_until: Duration::ZERO,
             });
+        }
+        if self.history.is_empty() {
+            // The first step: nothing to learn from yet, but a loop's next iteration starts
+            // where this one started, no sooner than this step's length from now. This
+            // keeps the step's first buffers over pages with no predicted use.
+            let elapsed = self.current_offsets.last().copied().unwrap_or_default();
+            let n = self.current.len();
+            for (k, &b) in self
+                .current
+                .iter()
+                .take(PROVISIONAL_PREFIX_ACCESSES.min(limit))
+                .enumerate()
+            {
+                offer(Upcoming {
+                    buffer: b,
+                    distance: (n + k) as u64,
+                    time_until: elapsed,
+                });
+            }
         }
         for (trace, cursor) in &self.history {
             if cursor.score < SCORE_FLOOR || trace.len() == 0 {
