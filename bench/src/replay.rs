@@ -62,6 +62,9 @@ pub struct ReplayReport {
     pub trace: String,
     /// Accesses replayed.
     pub accesses: u64,
+    /// Per step from the second: the fraction of its accesses to buffers that the step
+    /// before did not use (what no predictor can know from the previous step alone).
+    pub novel_access_fraction: Vec<f64>,
     /// The run, with the same fields as `spillway demo --json` (`gpu_bytes_peak` is the
     /// most GPU memory held at once: what the job needed instead of the whole working set).
     #[serde(flatten)]
@@ -231,6 +234,7 @@ pub fn replay(
     Ok(ReplayReport {
         trace: name.into(),
         accesses: trace.accesses.len() as u64,
+        novel_access_fraction: novel_fractions(trace),
         run,
     })
 }
@@ -246,6 +250,26 @@ fn write_version(pool: &Pool, b: &Buffer, seed: u64, scratch: &mut [u8]) -> Resu
         k += 1;
     }
     Ok(())
+}
+
+/// For each step after the first, the fraction of its accesses to buffers the step
+/// before did not use.
+pub fn novel_fractions(trace: &Trace) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut prev: Option<std::collections::HashSet<&str>> = None;
+    for (_, accesses) in trace.accesses_by_step() {
+        let used: std::collections::HashSet<&str> =
+            accesses.iter().map(|a| a.buffer.as_str()).collect();
+        if let Some(p) = &prev {
+            let novel = accesses
+                .iter()
+                .filter(|a| !p.contains(a.buffer.as_str()))
+                .count();
+            out.push(novel as f64 / accesses.len() as f64);
+        }
+        prev = Some(used);
+    }
+    out
 }
 
 /// Stall time summed over steps from `from` (1-based) on.
@@ -301,6 +325,9 @@ mod tests {
     fn replay_verifies_every_access_and_learns() {
         // 24 one-page buffers on a GPU of 8 pages; 2 ms of compute per access leaves
         // room for scheduling noise, so only prediction decides hits.
+        let _serial = crate::workload::tests::TIMING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let t = dense_trace(4, 24, 60_000);
         let r = replay(&t, "synthetic", &cfg(Policy::Learned), |_| {}).unwrap();
         assert_eq!(r.accesses, 4 * 72);
@@ -316,6 +343,13 @@ mod tests {
         }
         // Optimizer accesses write: dirty pages go back to the host.
         assert!(r.run.steps[1].d2h_bytes > 0);
+    }
+
+    #[test]
+    fn novel_fraction_counts_buffers_new_to_the_step() {
+        let text = "{\"step\": 0, \"buffer\": \"a\", \"bytes\": 8, \"phase\": \"fwd\"}\n{\"step\": 0, \"buffer\": \"b\", \"bytes\": 8, \"phase\": \"fwd\"}\n{\"step\": 1, \"buffer\": \"a\", \"bytes\": 8, \"phase\": \"fwd\"}\n{\"step\": 1, \"buffer\": \"c\", \"bytes\": 8, \"phase\": \"fwd\"}\n{\"step\": 1, \"buffer\": \"c\", \"bytes\": 8, \"phase\": \"bwd\"}\n{\"step\": 1, \"buffer\": \"b\", \"bytes\": 8, \"phase\": \"bwd\"}\n";
+        let t = parse_trace(text.as_bytes()).unwrap();
+        assert_eq!(novel_fractions(&t), vec![0.5]);
     }
 
     #[test]

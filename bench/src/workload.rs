@@ -403,8 +403,12 @@ pub fn run_training(cfg: TrainConfig, mut on_step: impl FnMut(&StepReport)) -> R
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Tests whose assertions depend on copies finishing during compute take this lock,
+    /// so they do not compete with each other for the machine's cores.
+    pub(crate) static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn small(policy: Policy) -> TrainConfig {
         TrainConfig {
@@ -456,10 +460,11 @@ mod tests {
     #[test]
     fn learned_hits_from_step_two_and_survives_divergence() {
         // Compute far heavier than copies, so only prediction decides hits, not timing.
+        let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
         let mut cfg = small(Policy::Learned);
         cfg.layers = 12;
         cfg.gpu_budget_bytes = 12 * (384 << 10) / 3;
-        cfg.compute_passes = 40;
+        cfg.compute_passes = 300;
         cfg.steps = 5;
         cfg.diverge_steps = vec![3];
         let r = run_training(cfg, |_| {}).unwrap();
@@ -476,8 +481,9 @@ mod tests {
 
     #[test]
     fn period_is_found_when_steps_are_not_marked() {
+        let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
         let mut cfg = small(Policy::Learned);
-        cfg.compute_passes = 40;
+        cfg.compute_passes = 300;
         cfg.steps = 5;
         cfg.mark_steps = false;
         let r = run_training(cfg, |_| {}).unwrap();

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
 use spillway_bench::replay::{ReplayConfig, ReplayReport, replay, stall_from};
-use spillway_bench::report::{StepTable, progress_bar};
+use spillway_bench::report::{StepTable, machine_description, now_rfc3339, progress_bar};
 use spillway_bench::trace::load_trace;
 use spillway_client::{DeviceChoice, PageSize, Policy, fmt_bytes};
 
@@ -46,6 +46,38 @@ pub struct ReplayArgs {
     /// Print JSON instead of tables: one report, or `{"runs": [...]}` with --compare.
     #[arg(long)]
     json: bool,
+    /// Append the comparison, the command and the machine to this Markdown file.
+    #[arg(long)]
+    record: Option<PathBuf>,
+}
+
+fn compare_table(runs: &[ReplayReport]) -> String {
+    let r0 = &runs[0].run;
+    let mut s = format!(
+        "GPU budget {} for a working set of {} ({:.1}x), page {}; accesses to buffers the step before did not use: {} per step\n\n| policy | hit rate (steps 2..) | stall s (steps 2..) | step s (median) | GPU peak | corrupt pages |\n|---|---|---|---|---|---|\n",
+        fmt_bytes(r0.gpu_budget_bytes),
+        fmt_bytes(r0.working_set_bytes),
+        r0.working_set_bytes as f64 / r0.gpu_budget_bytes as f64,
+        fmt_bytes(r0.page_bytes),
+        runs[0]
+            .novel_access_fraction
+            .iter()
+            .map(|f| format!("{:.0}%", 100.0 * f))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for r in runs {
+        s += &format!(
+            "| {} | {:.2}% | {:.4} | {:.4} | {} | {} |\n",
+            r.run.policy,
+            100.0 * r.run.hit_rate_from(2),
+            stall_from(&r.run, 2),
+            r.run.median_step_s(2),
+            fmt_bytes(r.run.gpu_bytes_peak),
+            r.run.corrupt_pages
+        );
+    }
+    s
 }
 
 #[derive(Serialize)]
@@ -108,28 +140,26 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
         }
         writeln!(out)?;
     } else if args.compare {
-        let r0 = &runs[0].run;
-        println!(
-            "GPU budget {} for a working set of {} ({:.1}x)",
-            fmt_bytes(r0.gpu_budget_bytes),
-            fmt_bytes(r0.working_set_bytes),
-            r0.working_set_bytes as f64 / r0.gpu_budget_bytes as f64
-        );
-        println!(
-            "{:>10} {:>16} {:>18} {:>16} {:>12} {:>9}",
-            "policy", "hit rate (2..)", "stall s (2..)", "step s (median)", "GPU peak", "corrupt"
-        );
-        for r in &runs {
-            println!(
-                "{:>10} {:>15.2}% {:>18.4} {:>16.4} {:>12} {:>9}",
-                r.run.policy,
-                100.0 * r.run.hit_rate_from(2),
-                stall_from(&r.run, 2),
-                r.run.median_step_s(2),
-                fmt_bytes(r.run.gpu_bytes_peak),
-                r.run.corrupt_pages
-            );
-        }
+        print!("{}", compare_table(&runs));
+    }
+    if let Some(path) = &args.record {
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        writeln!(
+            f,
+            "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}",
+            now_rfc3339(),
+            machine_description(),
+            runs[0].run.device_description,
+            trace.accesses.len(),
+            trace.steps.len(),
+            trace.buffers.len(),
+            compare_table(&runs)
+        )?;
     }
     let corrupt: u64 = runs.iter().map(|r| r.run.corrupt_pages).sum();
     if corrupt > 0 {
