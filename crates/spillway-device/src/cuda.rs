@@ -51,6 +51,16 @@
 //!   of 64-bit arithmetic per word, and depends on every byte. It is *not* the value of
 //!   [`crate::sim::compute_passes`] (a serial chain that a GPU cannot run in parallel).
 //!
+//! # Performance (H200, PCIe Gen5 x16; `tests/gpu.rs`, results in `measurements/`)
+//! Raw pinned `cuMemcpyAsync` of 256 MiB blocks: ~55 GB/s each way, 86-102 GB/s both
+//! ways. `submit` with 8 MiB pages: 0.97-0.98x of that each way and ~95 GB/s both ways.
+//! With 2 MiB pages: 0.85-0.90x each way and 77-83 GB/s both ways with 64 MiB in flight
+//! per direction. The 2 MiB gap is the copy size (raw 2 MiB copies reach 0.93-0.96x)
+//! plus the event recorded after every copy (raw 2 MiB copies with an event each reach
+//! 0.90-0.91x, which is also what `submit` reaches with 256 MiB in flight). A second
+//! stream per direction ([`CudaDevice::with_streams`]) helped in one run and not in
+//! another, so the default stays at one.
+//!
 //! # Invariants
 //! - Device memory is sized once: creation refuses with [`DeviceError::OutOfMemory`]
 //!   (asked and free bytes) when `chunks * chunk_bytes` exceeds the free device memory
@@ -1519,6 +1529,20 @@ pub struct RawCopyBandwidth {
     pub both_bytes_per_s: f64,
 }
 
+/// How [`raw_pinned_bandwidth_with`] copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawCopyOptions {
+    /// Bytes of each `cuMemcpyAsync`.
+    pub block_bytes: u64,
+    /// Copies per direction per measurement.
+    pub blocks: u32,
+    /// Bytes of host and of device memory per direction that successive copies walk
+    /// through (rounded up to a whole block); one block reuses the same memory.
+    pub region_bytes: u64,
+    /// Record an event after every copy, as the copy lanes do.
+    pub event_per_copy: bool,
+}
+
 /// Measures `cuMemcpyAsync` between pinned host memory and plain device memory
 /// (`cuMemAlloc`) on GPU `ordinal`: `blocks` copies of `block_bytes` per direction, one
 /// direction alone, then both at once on two streams. Allocates `2 * block_bytes` on
@@ -1528,49 +1552,80 @@ pub fn raw_pinned_bandwidth(
     block_bytes: u64,
     blocks: u32,
 ) -> Result<RawCopyBandwidth, DeviceError> {
+    raw_pinned_bandwidth_with(
+        ordinal,
+        RawCopyOptions {
+            block_bytes,
+            blocks,
+            region_bytes: block_bytes,
+            event_per_copy: false,
+        },
+    )
+}
+
+/// [`raw_pinned_bandwidth`] with the options spelled out: how much memory successive
+/// copies walk through, and whether each copy is followed by an event record. Allocates
+/// `2 * region_bytes` of pinned host and of device memory.
+pub fn raw_pinned_bandwidth_with(
+    ordinal: usize,
+    options: RawCopyOptions,
+) -> Result<RawCopyBandwidth, DeviceError> {
+    let RawCopyOptions {
+        block_bytes,
+        blocks,
+        region_bytes,
+        event_per_copy,
+    } = options;
+    let region_blocks = region_bytes.div_ceil(block_bytes).max(1);
+    let region = region_blocks * block_bytes;
     init_driver()?;
     let ctx = Context::retain(device_handle(ordinal)?)?;
     let streams = [Stream::new(&ctx)?, Stream::new(&ctx)?];
-    let host = HostSlots::new(&ctx, 2, block_bytes)?;
-    let size = block_bytes as usize;
+    let host = HostSlots::new(&ctx, 2, region)?;
+    let events = [Event::new()?, Event::new()?];
     let mut dev = [0u64; 2];
-    let free_dev = |dev: &[u64; 2]| {
-        for &d in dev {
-            if d != 0 {
-                // SAFETY: allocated below with cuMemAlloc; streams are synchronised first
-                // by every path that reaches here.
-                unsafe {
-                    let _ = sys::cuMemFree_v2(d);
-                }
-            }
-        }
-    };
     let result = (|| {
         for d in &mut dev {
             // SAFETY: the context is current; writes the pointer.
-            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(d, size) })?;
+            check("cuMemAlloc", unsafe {
+                sys::cuMemAlloc_v2(d, region as usize)
+            })?;
         }
-        // One pass: direction `dir` (0 = H2D, 1 = D2H) on stream `dir`, buffer `dir`.
-        let enqueue = |dir: usize| -> Result<(), DeviceError> {
-            let h = host.ptr(HostSlot(dir as u32));
-            // SAFETY: buffers of `size` bytes on both sides, alive until the syncs below.
+        // Copy `k` of direction `dir` (0 = H2D, 1 = D2H) on stream `dir`, buffer `dir`.
+        let enqueue = |dir: usize, k: u64| -> Result<(), DeviceError> {
+            let off = (k % region_blocks) * block_bytes;
+            // SAFETY: `off + block_bytes <= region` on both sides; the memory is alive
+            // until the syncs below.
+            let h = unsafe { host.ptr(HostSlot(dir as u32)).add(off as usize) };
+            let size = block_bytes as usize;
+            let stream = streams[dir].raw;
+            // SAFETY: as above; the events are ours and alive.
             check("cuMemcpyAsync", unsafe {
                 if dir == 0 {
-                    sys::cuMemcpyHtoDAsync_v2(dev[0], h.cast_const().cast(), size, streams[0].raw)
+                    sys::cuMemcpyHtoDAsync_v2(dev[0] + off, h.cast_const().cast(), size, stream)
                 } else {
-                    sys::cuMemcpyDtoHAsync_v2(h.cast(), dev[1], size, streams[1].raw)
+                    sys::cuMemcpyDtoHAsync_v2(h.cast(), dev[1] + off, size, stream)
                 }
-            })
+            })?;
+            if event_per_copy {
+                // SAFETY: a live event and stream of the current context.
+                check("cuEventRecord", unsafe {
+                    sys::cuEventRecord(events[dir].0, stream)
+                })?;
+            }
+            Ok(())
         };
         let run = |dirs: &[usize]| -> Result<f64, DeviceError> {
             for &d in dirs {
-                enqueue(d)?; // warm-up
+                for k in 0..region_blocks {
+                    enqueue(d, k)?; // warm-up: touch the whole region once
+                }
                 streams[d].synchronize()?;
             }
             let start = Instant::now();
-            for _ in 0..blocks {
+            for k in 0..u64::from(blocks) {
                 for &d in dirs {
-                    enqueue(d)?;
+                    enqueue(d, k)?;
                 }
             }
             for &d in dirs {
@@ -1589,7 +1644,17 @@ pub fn raw_pinned_bandwidth(
     for s in &streams {
         let _ = s.synchronize();
     }
-    free_dev(&dev);
+    for e in events {
+        e.destroy();
+    }
+    for d in dev {
+        if d != 0 {
+            // SAFETY: allocated above with cuMemAlloc; the streams are synchronised.
+            unsafe {
+                let _ = sys::cuMemFree_v2(d);
+            }
+        }
+    }
     result
 }
 

@@ -15,8 +15,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use spillway_device::cuda::{
-    CudaDevice, RawCopyBandwidth, STREAMS_PER_DIRECTION_DEFAULT, compute_reference, cuda_available,
-    raw_pinned_bandwidth,
+    CudaDevice, RawCopyBandwidth, RawCopyOptions, STREAMS_PER_DIRECTION_DEFAULT, compute_reference,
+    cuda_available, raw_pinned_bandwidth, raw_pinned_bandwidth_with,
 };
 use spillway_device::{Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError};
 use spillway_types::limits::H2D_BYTES_IN_FLIGHT_DEFAULT;
@@ -541,7 +541,7 @@ struct SubmitRow {
     latency_us: f64,
 }
 
-fn measure_submit(page: u64, streams: usize) -> SubmitRow {
+fn measure_submit(page: u64, streams: usize, window_bytes: u64) -> SubmitRow {
     let region_bytes = 1024 * MIB;
     let per_direction_bytes = 4096 * MIB;
     let frames = (region_bytes / page) as u32;
@@ -566,7 +566,7 @@ fn measure_submit(page: u64, streams: usize) -> SubmitRow {
     };
     let d = CudaDevice::with_streams(config, sink, 0, streams).unwrap();
     let count = per_direction_bytes / page;
-    let window = (H2D_BYTES_IN_FLIGHT_DEFAULT / page).max(2);
+    let window = (window_bytes / page).max(2);
     // Warm-up both lanes (event pool, first-touch paths).
     stream_copies(
         &d,
@@ -645,10 +645,30 @@ fn copy_bandwidth_of_submit_against_raw_pinned() {
         .collect();
     let mut rows = Vec::new();
     for page in [2 * MIB, 8 * MIB] {
-        for streams in [1, 2, 4] {
-            rows.push(measure_submit(page, streams));
+        for streams in [1, 2] {
+            rows.push(measure_submit(page, streams, H2D_BYTES_IN_FLIGHT_DEFAULT));
         }
     }
+    // Where the 2 MiB gap comes from: copies walking 1 GiB (as the lanes do) with and
+    // without an event per copy, and the lanes with 4x the bytes in flight.
+    let diag_raw: Vec<(&str, RawCopyBandwidth)> = [false, true]
+        .into_iter()
+        .map(|event_per_copy| {
+            let label = if event_per_copy {
+                "raw 2 MiB over 1 GiB, event per copy"
+            } else {
+                "raw 2 MiB over 1 GiB"
+            };
+            let options = RawCopyOptions {
+                block_bytes: 2 * MIB,
+                blocks: 2048,
+                region_bytes: 1024 * MIB,
+                event_per_copy,
+            };
+            (label, raw_pinned_bandwidth_with(0, options).unwrap())
+        })
+        .collect();
+    let diag_window = measure_submit(2 * MIB, STREAMS_PER_DIRECTION_DEFAULT, 256 * MIB);
 
     println!();
     println!(
@@ -673,6 +693,21 @@ fn copy_bandwidth_of_submit_against_raw_pinned() {
             r.both_bytes_per_s / raw.both_bytes_per_s,
         );
     }
+    println!("diagnostics, 2 MiB copies (one run each):");
+    for (label, r) in &diag_raw {
+        println!(
+            "| {label} | {:.1} | {:.1} | {:.1} |",
+            gbps(r.h2d_bytes_per_s),
+            gbps(r.d2h_bytes_per_s),
+            gbps(r.both_bytes_per_s)
+        );
+    }
+    println!(
+        "| submit(), 256 MiB in flight | {:.1} | {:.1} | {:.1} |",
+        gbps(diag_window.rates.h2d),
+        gbps(diag_window.rates.d2h),
+        gbps(diag_window.rates.both)
+    );
     let mut json_rows = Vec::new();
     let mut misses = Vec::new();
     for row in &rows {
@@ -745,6 +780,15 @@ fn copy_bandwidth_of_submit_against_raw_pinned() {
             "raw_pinned": raw_json(&raw),
             "raw_pinned_page_blocks": raw_pages.iter().map(raw_json).collect::<Vec<_>>(),
             "submit": json_rows,
+            "diagnostics_2mib": {
+                "raw_over_1gib": raw_json(&diag_raw[0].1),
+                "raw_over_1gib_event_per_copy": raw_json(&diag_raw[1].1),
+                "submit_256mib_in_flight": {
+                    "h2d_bytes_per_s": diag_window.rates.h2d,
+                    "d2h_bytes_per_s": diag_window.rates.d2h,
+                    "both_bytes_per_s": diag_window.rates.both,
+                },
+            },
             "targets_missed": misses,
         });
         let path = std::path::Path::new(&dir).join("gpu_copy_bandwidth.json");
