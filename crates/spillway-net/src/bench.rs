@@ -1,0 +1,231 @@
+//! Page throughput over the QUIC transport against raw TCP, measured in the same run on
+//! loopback: what `spillway bench remote` reports.
+//!
+//! Both sides move the same bytes in `page_bytes` pieces between two endpoints of this
+//! process, after their connections are up:
+//! - TCP: plain tokio sockets, no TLS, no framing, no checksums; the receiver reads into
+//!   one reused buffer. Run with 1 and with 8 connections (`FACTS.md` measured 3.1–3.9
+//!   and 4.5–5.3 GB/s), and the better of the two is the baseline.
+//! - QUIC: [`Connection::put_pages`] of one page per request, `in_flight` requests at
+//!   once on one connection, to a server that stores them in a [`MemStore`] (page ids
+//!   cycle, so memory stays at a few pages per request in flight). This is the full path:
+//!   TLS, frames, checksums on both sides, the in-flight budget.
+//!
+//! The machine is shared and noisy: compare the two figures of one run, not figures of
+//! different runs.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use spillway_types::{BufferId, NodeId, PageId, PoolId, pattern};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::certs::PoolCa;
+use crate::mem_store::MemStore;
+use crate::quic::QuicTransport;
+use crate::{Connection, NetError, Page, QuicConfig, Transport};
+
+/// What [`page_throughput`] measured.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ThroughputReport {
+    /// Size of each page (and TCP write).
+    pub page_bytes: u64,
+    /// Bytes moved by each method.
+    pub total_bytes: u64,
+    /// QUIC requests in flight at once.
+    pub in_flight: usize,
+    /// The TCP baseline: the better of `tcp_1_bytes_per_s` and `tcp_8_bytes_per_s`.
+    pub tcp_bytes_per_s: f64,
+    /// TCP over one connection.
+    pub tcp_1_bytes_per_s: f64,
+    /// TCP over eight connections.
+    pub tcp_8_bytes_per_s: f64,
+    /// Pages put over the QUIC transport.
+    pub quic_bytes_per_s: f64,
+}
+
+impl ThroughputReport {
+    /// QUIC throughput as a fraction of the TCP baseline.
+    pub fn ratio(&self) -> f64 {
+        self.quic_bytes_per_s / self.tcp_bytes_per_s
+    }
+}
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> NetError {
+    move |source| NetError::Io {
+        context: context.to_string(),
+        source,
+    }
+}
+
+/// Measures page throughput over QUIC (`in_flight` puts of `page_bytes` at once) and raw
+/// TCP, `total_bytes` each (rounded down to whole pages, at least one), on 127.0.0.1.
+/// Must run inside a multi-threaded tokio runtime (server and client share it).
+pub async fn page_throughput(
+    page_bytes: u64,
+    total_bytes: u64,
+    in_flight: usize,
+) -> Result<ThroughputReport, NetError> {
+    let page_bytes = spillway_types::PageSize::new(page_bytes)
+        .map_err(|e| spillway_types::config::ConfigError {
+            field: "page_bytes",
+            problem: e.to_string(),
+        })?
+        .bytes();
+    let in_flight = in_flight.max(1);
+    let pages = (total_bytes / page_bytes).max(1);
+    let total_bytes = pages * page_bytes;
+    let tcp_1 = tcp_throughput(page_bytes, pages, 1).await?;
+    let tcp_8 = tcp_throughput(page_bytes, pages, 8).await?;
+    let quic = quic_throughput(page_bytes, pages, in_flight).await?;
+    Ok(ThroughputReport {
+        page_bytes,
+        total_bytes,
+        in_flight,
+        tcp_bytes_per_s: tcp_1.max(tcp_8),
+        tcp_1_bytes_per_s: tcp_1,
+        tcp_8_bytes_per_s: tcp_8,
+        quic_bytes_per_s: quic,
+    })
+}
+
+/// Bytes per second moving `pages` pages over `connections` TCP connections.
+async fn tcp_throughput(page_bytes: u64, pages: u64, connections: u64) -> Result<f64, NetError> {
+    let listener = TcpListener::bind(SocketAddr::new(LOOPBACK, 0))
+        .await
+        .map_err(io_err("binding the TCP bench listener"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(io_err("reading the listener's address"))?;
+    let mut page = vec![0u8; page_bytes as usize];
+    pattern::fill(1, &mut page);
+    let page = Bytes::from(page);
+
+    let mut clients = Vec::new();
+    let mut servers = Vec::new();
+    for c in 0..connections {
+        let share = pages / connections + u64::from(c < pages % connections);
+        let client = TcpStream::connect(addr)
+            .await
+            .map_err(io_err("connecting the TCP bench client"))?;
+        client
+            .set_nodelay(true)
+            .map_err(io_err("setting TCP_NODELAY"))?;
+        let (server, _) = listener
+            .accept()
+            .await
+            .map_err(io_err("accepting a TCP bench connection"))?;
+        clients.push((client, share));
+        servers.push(server);
+    }
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut server in servers {
+        tasks.spawn(async move {
+            let mut buf = vec![0u8; 4 << 20];
+            let mut got = 0u64;
+            loop {
+                let n = server.read(&mut buf).await?;
+                if n == 0 {
+                    return Ok::<u64, std::io::Error>(got);
+                }
+                got += n as u64;
+            }
+        });
+    }
+    for (mut client, share) in clients {
+        let page = page.clone();
+        tasks.spawn(async move {
+            for _ in 0..share {
+                client.write_all(&page).await?;
+            }
+            client.shutdown().await?;
+            Ok(0)
+        });
+    }
+    let mut received = 0;
+    while let Some(r) = tasks.join_next().await {
+        received += r
+            .expect("bench tasks do not panic")
+            .map_err(io_err("moving bytes over TCP"))?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    debug_assert_eq!(received, pages * page_bytes);
+    Ok(received as f64 / elapsed)
+}
+
+/// Bytes per second putting `pages` pages, `in_flight` at once, over QUIC.
+async fn quic_throughput(page_bytes: u64, pages: u64, in_flight: usize) -> Result<f64, NetError> {
+    let ca = PoolCa::generate(PoolId(0xbe7c4))?;
+    let config = QuicConfig::default();
+    let server = QuicTransport::bind(
+        SocketAddr::new(LOOPBACK, 0),
+        ca.issue_node(NodeId(1))?,
+        config.clone(),
+    )?;
+    let client = QuicTransport::bind(
+        SocketAddr::new(LOOPBACK, 0),
+        ca.issue_node(NodeId(2))?,
+        config,
+    )?;
+    // Page ids cycle over twice the requests in flight: the store overwrites, so the
+    // server holds at most that many pages.
+    let slots = 2 * in_flight as u64;
+    let store = Arc::new(MemStore::new(slots as usize));
+    let serving = server.serve(store)?;
+    let conn = client.connect(server.local_addr()).await?;
+
+    let datas: Arc<Vec<Bytes>> = Arc::new(
+        (0..in_flight as u64)
+            .map(|w| {
+                let mut d = vec![0u8; page_bytes as usize];
+                pattern::fill(w, &mut d);
+                Bytes::from(d)
+            })
+            .collect(),
+    );
+    let page = move |i: u64, w: usize, datas: &[Bytes]| Page {
+        id: PageId {
+            buffer: BufferId(1),
+            index: (i % slots) as u32,
+        },
+        data: datas[w].clone(),
+    };
+    // Warm-up: the connection's congestion window opens before the clock starts.
+    for i in 0..4 {
+        conn.put_pages(vec![page(i, 0, &datas)]).await?;
+    }
+
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..in_flight {
+        let conn = conn.clone();
+        let next = next.clone();
+        let datas = datas.clone();
+        workers.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= pages {
+                    return Ok::<(), NetError>(());
+                }
+                conn.put_pages(vec![page(i, w, &datas)]).await?;
+            }
+        });
+    }
+    while let Some(r) = workers.join_next().await {
+        r.expect("bench tasks do not panic")?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    drop(conn);
+    serving.shutdown().await;
+    client.close().await;
+    server.close().await;
+    Ok((pages * page_bytes) as f64 / elapsed)
+}

@@ -1,0 +1,207 @@
+//! Requests and responses as the node sees them (pages as [`Bytes`]), and their mapping to
+//! and from wire frames (descriptors in the body, bytes in the payload).
+
+use bytes::Bytes;
+use spillway_types::wire::{
+    DeletePages, DeletePagesReply, ErrorReply, GetPages, GetPagesReply, Kind, Message, PageDesc,
+    PutPages, PutPagesReply, WireError, page_ranges,
+};
+use spillway_types::{PageId, limits};
+
+/// One page and its bytes. `data` is shared, not copied: a page received is a slice of the
+/// frame's payload buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page {
+    /// Which page.
+    pub id: PageId,
+    /// Its bytes (at most a page; the last page of a buffer may be short).
+    pub data: Bytes,
+}
+
+/// What one node asks another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Store these pages (overwriting any held under the same ids).
+    Put {
+        /// The pages.
+        pages: Vec<Page>,
+    },
+    /// Send back these pages.
+    Get {
+        /// The pages wanted.
+        pages: Vec<PageId>,
+    },
+    /// Drop these pages.
+    Delete {
+        /// The pages to drop.
+        pages: Vec<PageId>,
+    },
+}
+
+/// What a node answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// Answer to [`Request::Put`].
+    Put {
+        /// How many pages were stored.
+        pages_stored: u32,
+    },
+    /// Answer to [`Request::Get`].
+    Get {
+        /// The pages held.
+        pages: Vec<Page>,
+        /// The ids asked for that are not held.
+        missing: Vec<PageId>,
+    },
+    /// Answer to [`Request::Delete`].
+    Delete {
+        /// How many were held and dropped.
+        pages_deleted: u32,
+        /// How many were not held.
+        pages_missing: u32,
+    },
+    /// The request failed.
+    Error(ErrorReply),
+}
+
+/// Descriptors (with checksums, computed now: the sender's half of "checked on write and
+/// on read") and the page bytes in payload order. Refuses a page larger than any page can be.
+fn describe(pages: Vec<Page>) -> Result<(Vec<PageDesc>, Vec<Bytes>), WireError> {
+    if let Some(p) = pages
+        .iter()
+        .find(|p| p.data.len() as u64 > limits::PAGE_BYTES_MAX)
+    {
+        return Err(WireError::PageTooLarge {
+            page: p.id,
+            page_bytes: u32::try_from(p.data.len()).unwrap_or(u32::MAX),
+            limit_bytes: limits::PAGE_BYTES_MAX,
+        });
+    }
+    Ok(pages
+        .into_iter()
+        .map(|p| (PageDesc::for_page(p.id, &p.data), p.data))
+        .unzip())
+}
+
+/// Splits a verified payload into its pages, without copying.
+fn split(descs: &[PageDesc], payload: &Bytes) -> Vec<Page> {
+    page_ranges(descs)
+        .map(|(d, range)| Page {
+            id: d.page,
+            data: payload.slice(range),
+        })
+        .collect()
+}
+
+impl Request {
+    /// The frame kind of this request.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Request::Put { .. } => Kind::PutPages,
+            Request::Get { .. } => Kind::GetPages,
+            Request::Delete { .. } => Kind::DeletePages,
+        }
+    }
+
+    /// Payload bytes this request carries.
+    pub fn payload_bytes(&self) -> u64 {
+        match self {
+            Request::Put { pages } => pages.iter().map(|p| p.data.len() as u64).sum(),
+            _ => 0,
+        }
+    }
+
+    pub(crate) fn into_wire(self) -> Result<(Message, Vec<Bytes>), WireError> {
+        Ok(match self {
+            Request::Put { pages } => {
+                let (pages, data) = describe(pages)?;
+                (Message::PutPages(PutPages { pages }), data)
+            }
+            Request::Get { pages } => (Message::GetPages(GetPages { pages }), Vec::new()),
+            Request::Delete { pages } => (Message::DeletePages(DeletePages { pages }), Vec::new()),
+        })
+    }
+
+    /// The request a decoded frame carries; `Err(kind)` if the frame is not a request.
+    /// `payload` must have passed `wire::verify_pages`.
+    pub(crate) fn from_wire(message: Message, payload: &Bytes) -> Result<Request, Kind> {
+        match message {
+            Message::PutPages(m) => Ok(Request::Put {
+                pages: split(&m.pages, payload),
+            }),
+            Message::GetPages(m) => Ok(Request::Get { pages: m.pages }),
+            Message::DeletePages(m) => Ok(Request::Delete { pages: m.pages }),
+            other => Err(other.kind()),
+        }
+    }
+}
+
+impl Response {
+    /// The frame kind of this response.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Response::Put { .. } => Kind::PutPagesReply,
+            Response::Get { .. } => Kind::GetPagesReply,
+            Response::Delete { .. } => Kind::DeletePagesReply,
+            Response::Error(_) => Kind::Error,
+        }
+    }
+
+    /// Whether this response may answer a request of kind `request`.
+    pub(crate) fn answers(kind: Kind, request: Kind) -> bool {
+        matches!(
+            (request, kind),
+            (_, Kind::Error)
+                | (Kind::PutPages, Kind::PutPagesReply)
+                | (Kind::GetPages, Kind::GetPagesReply)
+                | (Kind::DeletePages, Kind::DeletePagesReply)
+        )
+    }
+
+    pub(crate) fn into_wire(self) -> Result<(Message, Vec<Bytes>), WireError> {
+        Ok(match self {
+            Response::Put { pages_stored } => (
+                Message::PutPagesReply(PutPagesReply { pages_stored }),
+                Vec::new(),
+            ),
+            Response::Get { pages, missing } => {
+                let (pages, data) = describe(pages)?;
+                (
+                    Message::GetPagesReply(GetPagesReply { pages, missing }),
+                    data,
+                )
+            }
+            Response::Delete {
+                pages_deleted,
+                pages_missing,
+            } => (
+                Message::DeletePagesReply(DeletePagesReply {
+                    pages_deleted,
+                    pages_missing,
+                }),
+                Vec::new(),
+            ),
+            Response::Error(e) => (Message::Error(e), Vec::new()),
+        })
+    }
+
+    /// The response a decoded frame carries; `Err(kind)` if the frame is not a response.
+    /// `payload` must have passed `wire::verify_pages`.
+    pub(crate) fn from_wire(message: Message, payload: &Bytes) -> Result<Response, Kind> {
+        match message {
+            Message::PutPagesReply(m) => Ok(Response::Put {
+                pages_stored: m.pages_stored,
+            }),
+            Message::GetPagesReply(m) => Ok(Response::Get {
+                pages: split(&m.pages, payload),
+                missing: m.missing,
+            }),
+            Message::DeletePagesReply(m) => Ok(Response::Delete {
+                pages_deleted: m.pages_deleted,
+                pages_missing: m.pages_missing,
+            }),
+            Message::Error(e) => Ok(Response::Error(e)),
+            other => Err(other.kind()),
+        }
+    }
+}

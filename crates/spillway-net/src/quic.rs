@@ -1,0 +1,853 @@
+//! The QUIC transport: `quinn` with mutual TLS (`rustls`, ring provider).
+//!
+//! One [`QuicTransport`] per node: one UDP socket and one quinn endpoint, both client
+//! (connect) and server (serve). Both TLS roles check the peer against the pool's CA
+//! only: the server requires a client certificate, the client checks the server's
+//! certificate and its name [`SERVER_NAME`]. TLS 1.3 only, ALPN `spillway/1`.
+//!
+//! Per connection: the first stream carries the hello exchange; every later stream
+//! carries one request frame and its reply frame. Frames are read in three steps
+//! (header, body, payload) with the checks of `spillway_types::wire` after each, so a
+//! peer never makes us allocate more than the header's checked lengths allow, and the
+//! payload is allocated only after its bytes were taken from the peer's in-flight budget.
+//! Any failed check closes the whole connection (the peer is broken or hostile) with
+//! [`CLOSE_BAD_FRAME`] and counts a rejected frame; the accept loop and other connections
+//! go on.
+//!
+//! Tasks: the accept loop, one task per connection, one per request stream; all are
+//! tracked by the [`Server`] and stop at its cancellation.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use quinn::{RecvStream, SendStream, VarInt};
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use spillway_types::NodeId;
+use spillway_types::wire::{
+    self, ErrorCode, ErrorReply, FrameHeader, HEADER_BYTES, Hello, Message, PROTOCOL_VERSION,
+    WireError,
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::certs::{CertError, NodeIdentity, SERVER_NAME};
+use crate::config::permits_for;
+use crate::stats::PeerState;
+use crate::{
+    Connection, Handler, NetError, NetStats, QuicConfig, Request, Response, Server, Transport,
+};
+
+/// ALPN protocol of the peer page service.
+pub const ALPN: &[u8] = b"spillway/1";
+/// Connection close code: the peer sent a frame that failed the wire checks.
+pub const CLOSE_BAD_FRAME: u32 = 1;
+/// Connection close code: the server is shutting down.
+pub const CLOSE_SHUTDOWN: u32 = 2;
+/// Connection close code: the hello was refused (another pool or version).
+pub const CLOSE_REFUSED: u32 = 3;
+
+/// A node's QUIC endpoint.
+#[derive(Debug)]
+pub struct QuicTransport {
+    endpoint: quinn::Endpoint,
+    client_config: quinn::ClientConfig,
+    identity: NodeIdentity,
+    config: QuicConfig,
+    local_addr: SocketAddr,
+    stats: Arc<NetStats>,
+    serving: AtomicBool,
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_err(e: impl std::fmt::Display) -> CertError {
+    CertError::Tls {
+        reason: e.to_string(),
+    }
+}
+
+fn roots(identity: &NodeIdentity) -> Result<Arc<RootCertStore>, CertError> {
+    let mut roots = RootCertStore::empty();
+    roots.add(identity.ca.clone()).map_err(tls_err)?;
+    Ok(Arc::new(roots))
+}
+
+/// The server's TLS: our node certificate, and client certificates required and checked
+/// against the pool's CA.
+fn server_tls(identity: &NodeIdentity) -> Result<rustls::ServerConfig, CertError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(identity)?, provider())
+        .build()
+        .map_err(tls_err)?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(identity.chain.clone(), identity.key.clone_key())
+        .map_err(tls_err)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(tls)
+}
+
+/// The client's TLS: the server checked against the pool's CA, our node certificate
+/// presented.
+fn client_tls(identity: &NodeIdentity) -> Result<rustls::ClientConfig, CertError> {
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_root_certificates(roots(identity)?)
+        .with_client_auth_cert(identity.chain.clone(), identity.key.clone_key())
+        .map_err(tls_err)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(tls)
+}
+
+/// quinn's transport settings from our config; `mtu` is `Some` on loopback (fixed MTU).
+fn transport_config(
+    config: &QuicConfig,
+    loopback: bool,
+) -> Result<quinn::TransportConfig, NetError> {
+    let mut t = quinn::TransportConfig::default();
+    if loopback {
+        t.initial_mtu(config.loopback_mtu_bytes)
+            .min_mtu(config.loopback_mtu_bytes)
+            .mtu_discovery_config(None);
+    } else {
+        t.initial_mtu(config.initial_mtu_bytes);
+        if !config.mtu_discovery {
+            t.mtu_discovery_config(None);
+        }
+    }
+    let idle = quinn::IdleTimeout::try_from(Duration::from_millis(config.idle_timeout_ms))
+        .map_err(|e| spillway_types::config::ConfigError {
+            field: "idle_timeout_ms",
+            problem: e.to_string(),
+        })?;
+    t.enable_segmentation_offload(config.gso)
+        .max_concurrent_bidi_streams(VarInt::from_u32(config.streams_per_connection_max))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .stream_receive_window(VarInt::from_u32(config.stream_receive_window_bytes))
+        .receive_window(VarInt::from_u32(config.connection_receive_window_bytes))
+        .send_window(config.send_window_bytes)
+        .max_idle_timeout(Some(idle))
+        .keep_alive_interval(Some(Duration::from_millis(config.keep_alive_interval_ms)));
+    Ok(t)
+}
+
+/// A UDP socket with the configured buffers, bound to `addr`.
+fn udp_socket(addr: SocketAddr, config: &QuicConfig) -> Result<std::net::UdpSocket, NetError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let io = |context: &str| {
+        let context = format!("{context} ({addr})");
+        move |source| NetError::Io { context, source }
+    };
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        .map_err(io("creating the UDP socket"))?;
+    socket
+        .set_recv_buffer_size(config.socket_buffer_bytes)
+        .map_err(io("setting SO_RCVBUF"))?;
+    socket
+        .set_send_buffer_size(config.socket_buffer_bytes)
+        .map_err(io("setting SO_SNDBUF"))?;
+    // Linux reports twice what it granted; less than asked means `net.core.rmem_max` capped it.
+    let granted = socket.recv_buffer_size().unwrap_or(0);
+    if granted < config.socket_buffer_bytes {
+        tracing::warn!(
+            requested_bytes = config.socket_buffer_bytes,
+            granted_bytes = granted,
+            "UDP receive buffer smaller than configured (raise net.core.rmem_max); expect packet loss under load"
+        );
+    }
+    socket
+        .bind(&addr.into())
+        .map_err(io("binding the UDP socket"))?;
+    socket
+        .set_nonblocking(true)
+        .map_err(io("making the UDP socket non-blocking"))?;
+    Ok(socket.into())
+}
+
+impl QuicTransport {
+    /// Binds a node's endpoint to `addr` (port 0 picks a free port). Must be called
+    /// inside a tokio runtime.
+    pub fn bind(
+        addr: SocketAddr,
+        identity: NodeIdentity,
+        config: QuicConfig,
+    ) -> Result<QuicTransport, NetError> {
+        config.validate()?;
+        let loopback = addr.ip().is_loopback();
+        let transport = Arc::new(transport_config(&config, loopback)?);
+
+        let server_crypto =
+            quinn::crypto::rustls::QuicServerConfig::try_from(server_tls(&identity)?)
+                .map_err(tls_err)?;
+        let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
+        server_config.transport_config(transport.clone());
+        server_config.migration(false);
+
+        let client_crypto =
+            quinn::crypto::rustls::QuicClientConfig::try_from(client_tls(&identity)?)
+                .map_err(tls_err)?;
+        let mut client_config = quinn::ClientConfig::new(Arc::new(client_crypto));
+        client_config.transport_config(transport);
+
+        let mut endpoint_config = quinn::EndpointConfig::default();
+        if loopback {
+            endpoint_config
+                .max_udp_payload_size(config.loopback_mtu_bytes)
+                .map_err(|e| spillway_types::config::ConfigError {
+                    field: "loopback_mtu_bytes",
+                    problem: e.to_string(),
+                })?;
+        }
+        let socket = udp_socket(addr, &config)?;
+        let endpoint = quinn::Endpoint::new(
+            endpoint_config,
+            Some(server_config),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(|source| NetError::Io {
+            context: format!("starting the QUIC endpoint on {addr}"),
+            source,
+        })?;
+        let local_addr = endpoint.local_addr().map_err(|source| NetError::Io {
+            context: "reading the endpoint's address".to_string(),
+            source,
+        })?;
+        let stats = Arc::new(NetStats::new(config.peer_permits()));
+        Ok(QuicTransport {
+            endpoint,
+            client_config,
+            identity,
+            config,
+            local_addr,
+            stats,
+            serving: AtomicBool::new(false),
+        })
+    }
+
+    /// Closes every connection of this endpoint (client and server side) and waits until
+    /// the peers were told.
+    pub async fn close(&self) {
+        self.endpoint
+            .close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutting down");
+        self.endpoint.wait_idle().await;
+    }
+
+    /// Completes only the QUIC and TLS handshakes, without the hello: for tests of what a
+    /// server does with a peer that has a pool certificate but says no proper hello.
+    #[doc(hidden)]
+    pub async fn connect_tls_only(&self, addr: SocketAddr) -> Result<quinn::Connection, NetError> {
+        let connect_err = |reason: String| NetError::Connect { addr, reason };
+        self.endpoint
+            .connect_with(self.client_config.clone(), addr, SERVER_NAME)
+            .map_err(|e| connect_err(e.to_string()))?
+            .await
+            .map_err(|e| connect_err(format!("TLS handshake: {e}")))
+    }
+
+    fn hello(&self) -> Hello {
+        Hello {
+            pool_id: self.identity.pool_id,
+            node_id: self.identity.node_id,
+            protocol_version: PROTOCOL_VERSION,
+        }
+    }
+
+    fn hello_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.hello_timeout_ms)
+    }
+}
+
+/// A frame read from a stream: the header and body; the payload is read separately.
+struct Head {
+    header: FrameHeader,
+    message: Message,
+    wire_bytes: u64,
+}
+
+/// Why reading a frame failed.
+enum ReadFail {
+    /// The peer sent something the wire checks refuse.
+    Wire(WireError),
+    /// The stream or connection failed (closed, reset, timed out): nobody to blame here.
+    Stream(String),
+}
+
+async fn read_exact_or_truncated(
+    recv: &mut RecvStream,
+    buf: &mut [u8],
+    already: u64,
+) -> Result<(), ReadFail> {
+    recv.read_exact(buf).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(got) => ReadFail::Wire(WireError::Truncated {
+            needed_bytes: already + buf.len() as u64,
+            available_bytes: already + got as u64,
+        }),
+        quinn::ReadExactError::ReadError(e) => ReadFail::Stream(e.to_string()),
+    })
+}
+
+/// Reads and checks a frame's header and body.
+async fn read_head(recv: &mut RecvStream) -> Result<Head, ReadFail> {
+    let mut header_bytes = [0u8; HEADER_BYTES];
+    read_exact_or_truncated(recv, &mut header_bytes, 0).await?;
+    let header = FrameHeader::decode(&header_bytes).map_err(ReadFail::Wire)?;
+    // Bounded by FRAME_BODY_BYTES_MAX, checked above.
+    let mut body = vec![0u8; header.body_bytes as usize];
+    read_exact_or_truncated(recv, &mut body, HEADER_BYTES as u64).await?;
+    let message = wire::decode_body(&header, &body).map_err(ReadFail::Wire)?;
+    Ok(Head {
+        header,
+        message,
+        wire_bytes: (HEADER_BYTES + body.len()) as u64,
+    })
+}
+
+/// Reads the payload of `head` (its length checked against the limits and the page
+/// descriptors already) and verifies every page's checksum. The caller holds the permits
+/// for it. Reads chunks straight into one buffer: no zeroing, one copy out of quinn.
+async fn read_payload(recv: &mut RecvStream, head: &Head) -> Result<Bytes, ReadFail> {
+    let len = head.header.payload_bytes as usize;
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        match recv.read_chunk(len - buf.len(), true).await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
+            Ok(None) => {
+                return Err(ReadFail::Wire(WireError::Truncated {
+                    needed_bytes: head.wire_bytes + len as u64,
+                    available_bytes: head.wire_bytes + buf.len() as u64,
+                }));
+            }
+            Err(e) => return Err(ReadFail::Stream(e.to_string())),
+        }
+    }
+    wire::verify_pages(head.message.page_descs(), &buf).map_err(ReadFail::Wire)?;
+    Ok(Bytes::from(buf))
+}
+
+/// Writes a frame (header and body in `head`, then the pages) and finishes the stream.
+async fn write_frame(
+    send: &mut SendStream,
+    head: Vec<u8>,
+    pages: Vec<Bytes>,
+) -> Result<u64, String> {
+    let mut chunks = Vec::with_capacity(1 + pages.len());
+    chunks.push(Bytes::from(head));
+    chunks.extend(pages);
+    let bytes = chunks.iter().map(|c| c.len() as u64).sum();
+    send.write_all_chunks(&mut chunks)
+        .await
+        .map_err(|e| e.to_string())?;
+    send.finish().map_err(|e| e.to_string())?;
+    Ok(bytes)
+}
+
+async fn acquire(
+    budget: &Arc<Semaphore>,
+    bytes: u64,
+    budget_permits: u32,
+) -> Option<OwnedSemaphorePermit> {
+    if bytes == 0 {
+        return None;
+    }
+    Some(
+        budget
+            .clone()
+            .acquire_many_owned(permits_for(bytes, budget_permits))
+            .await
+            .expect("in-flight budgets are never closed"),
+    )
+}
+
+/// Closes `conn` for a bad frame and counts it on `state`.
+fn reject(conn: &quinn::Connection, state: &PeerState, error: &WireError) {
+    state.reject();
+    let reason = error.to_string();
+    conn.close(
+        VarInt::from_u32(CLOSE_BAD_FRAME),
+        &reason.as_bytes()[..reason.len().min(256)],
+    );
+}
+
+impl Transport for QuicTransport {
+    type Connection = QuicConnection;
+
+    fn node_id(&self) -> NodeId {
+        self.identity.node_id
+    }
+
+    fn pool_id(&self) -> spillway_types::PoolId {
+        self.identity.pool_id
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<QuicConnection, NetError> {
+        let connect_err = |reason: String| NetError::Connect { addr, reason };
+        let connecting = self
+            .endpoint
+            .connect_with(self.client_config.clone(), addr, SERVER_NAME)
+            .map_err(|e| connect_err(e.to_string()))?;
+        let hello_timeout = self.hello_timeout();
+        let timed_out = || NetError::HelloTimeout {
+            addr,
+            timeout_ms: self.config.hello_timeout_ms,
+        };
+        let conn = tokio::time::timeout(hello_timeout, connecting)
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|e| connect_err(format!("TLS handshake: {e}")))?;
+        let unidentified = self.stats.unidentified_state().clone();
+        let exchange = async {
+            let (mut send, mut recv) = conn
+                .open_bi()
+                .await
+                .map_err(|e| connect_err(e.to_string()))?;
+            let head = wire::encode_frame(0, &Message::Hello(self.hello()))
+                .expect("a hello always encodes");
+            let sent = write_frame(&mut send, head, Vec::new())
+                .await
+                .map_err(connect_err)?;
+            let reply = match read_head(&mut recv).await {
+                Ok(head) => head,
+                Err(ReadFail::Stream(reason)) => return Err(connect_err(reason)),
+                Err(ReadFail::Wire(source)) => {
+                    reject(&conn, &unidentified, &source);
+                    return Err(NetError::BadFrame { peer: None, source });
+                }
+            };
+            Ok((sent, reply))
+        };
+        let (sent, reply) = tokio::time::timeout(hello_timeout, exchange)
+            .await
+            .map_err(|_| timed_out())??;
+        let hello = match reply.message {
+            Message::HelloReply(hello) => hello,
+            Message::Error(e) => {
+                return Err(connect_err(format!(
+                    "hello refused: {:?}: {}",
+                    e.code, e.message
+                )));
+            }
+            other => {
+                let source = WireError::UndecodableBody {
+                    kind: other.kind(),
+                    reason: "expected a hello reply".to_string(),
+                };
+                reject(&conn, &unidentified, &source);
+                return Err(NetError::BadFrame { peer: None, source });
+            }
+        };
+        if hello.pool_id != self.identity.pool_id {
+            conn.close(VarInt::from_u32(CLOSE_REFUSED), b"pool mismatch");
+            return Err(NetError::PoolMismatch {
+                addr,
+                peer: hello.node_id,
+                expected: self.identity.pool_id,
+                found: hello.pool_id,
+            });
+        }
+        let state = self.stats.peer_state(hello.node_id);
+        state.add_out(sent);
+        state.add_in(reply.wire_bytes);
+        Ok(QuicConnection {
+            inner: Arc::new(ConnInner {
+                conn,
+                peer: hello.node_id,
+                state,
+                budget_permits: self.config.peer_permits(),
+                next_request_id: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    fn serve<H: Handler>(&self, handler: Arc<H>) -> Result<Server, NetError> {
+        if self.serving.swap(true, Ordering::SeqCst) {
+            return Err(NetError::AlreadyServing);
+        }
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let ctx = Arc::new(ServeCtx {
+            handler,
+            hello: self.hello(),
+            stats: self.stats.clone(),
+            hello_timeout: self.hello_timeout(),
+            budget_permits: self.config.peer_permits(),
+            connections: AtomicUsize::new(0),
+            connections_max: self.config.connections_max,
+            cancel: cancel.clone(),
+            tasks: tasks.clone(),
+        });
+        tasks.spawn(accept_loop(self.endpoint.clone(), ctx));
+        Ok(Server::new(cancel, tasks))
+    }
+
+    fn stats(&self) -> &Arc<NetStats> {
+        &self.stats
+    }
+}
+
+/// What every task of a server shares.
+struct ServeCtx<H> {
+    handler: Arc<H>,
+    hello: Hello,
+    stats: Arc<NetStats>,
+    hello_timeout: Duration,
+    budget_permits: u32,
+    connections: AtomicUsize,
+    connections_max: usize,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// Releases a connection slot when a connection task ends, however it ends.
+struct ConnectionSlot<H>(Arc<ServeCtx<H>>);
+
+impl<H> Drop for ConnectionSlot<H> {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn accept_loop<H: Handler>(endpoint: quinn::Endpoint, ctx: Arc<ServeCtx<H>>) {
+    loop {
+        let incoming = tokio::select! {
+            _ = ctx.cancel.cancelled() => break,
+            incoming = endpoint.accept() => match incoming {
+                Some(incoming) => incoming,
+                None => break, // the endpoint was closed
+            },
+        };
+        if ctx.connections.fetch_add(1, Ordering::SeqCst) >= ctx.connections_max {
+            ctx.connections.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(
+                remote = %incoming.remote_address(),
+                connections_max = ctx.connections_max,
+                "refusing a connection: connections_max reached"
+            );
+            incoming.refuse();
+            continue;
+        }
+        let slot = ConnectionSlot(ctx.clone());
+        ctx.tasks.spawn(serve_connection(incoming, slot));
+    }
+}
+
+async fn serve_connection<H: Handler>(incoming: quinn::Incoming, slot: ConnectionSlot<H>) {
+    let ctx = &slot.0;
+    let remote = incoming.remote_address();
+    let cancel = ctx.cancel.clone();
+    let identified = tokio::select! {
+        _ = cancel.cancelled() => return,
+        r = tokio::time::timeout(ctx.hello_timeout, accept_hello(incoming, ctx)) => r,
+    };
+    let (conn, peer) = match identified {
+        Ok(Ok(v)) => v,
+        Ok(Err(reason)) => {
+            ctx.stats.handshake_refused();
+            tracing::info!(%remote, %reason, "refused a connection");
+            return;
+        }
+        Err(_) => {
+            ctx.stats.handshake_refused();
+            tracing::info!(%remote, "refused a connection: no hello in time");
+            return;
+        }
+    };
+    ctx.stats.connection_accepted();
+    let state = ctx.stats.peer_state(peer);
+    loop {
+        let (send, recv) = tokio::select! {
+            _ = cancel.cancelled() => {
+                conn.close(VarInt::from_u32(CLOSE_SHUTDOWN), b"shutting down");
+                break;
+            }
+            stream = conn.accept_bi() => match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(%peer, %remote, reason = %e, "connection ended");
+                    break;
+                }
+            },
+        };
+        let stream_task = serve_stream(conn.clone(), send, recv, peer, state.clone(), ctx.clone());
+        let cancel = cancel.clone();
+        ctx.tasks.spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                () = stream_task => {}
+            }
+        });
+    }
+}
+
+/// Completes TLS (which checks the client's certificate) and the hello exchange. Returns
+/// the connection and the peer's node id, or why it was refused (already counted where a
+/// frame was bad).
+async fn accept_hello<H: Handler>(
+    incoming: quinn::Incoming,
+    ctx: &ServeCtx<H>,
+) -> Result<(quinn::Connection, NodeId), String> {
+    let conn = incoming
+        .accept()
+        .map_err(|e| format!("QUIC: {e}"))?
+        .await
+        .map_err(|e| format!("TLS handshake: {e}"))?;
+    let (mut send, mut recv) = conn
+        .accept_bi()
+        .await
+        .map_err(|e| format!("waiting for the hello: {e}"))?;
+    let unidentified = ctx.stats.unidentified_state();
+    let head = match read_head(&mut recv).await {
+        Ok(head) => head,
+        Err(ReadFail::Stream(reason)) => return Err(format!("reading the hello: {reason}")),
+        Err(ReadFail::Wire(e)) => {
+            reject(&conn, unidentified, &e);
+            return Err(format!("bad hello frame: {e}"));
+        }
+    };
+    let hello = match head.message {
+        Message::Hello(hello) => hello,
+        other => {
+            let e = WireError::UndecodableBody {
+                kind: other.kind(),
+                reason: "the first frame of a connection must be a hello".to_string(),
+            };
+            reject(&conn, unidentified, &e);
+            return Err(e.to_string());
+        }
+    };
+    let refusal = if hello.pool_id != ctx.hello.pool_id {
+        Some(ErrorReply::new(
+            ErrorCode::PoolMismatch,
+            format!("this is {}, you are {}", ctx.hello.pool_id, hello.pool_id),
+        ))
+    } else if hello.protocol_version != PROTOCOL_VERSION {
+        Some(ErrorReply::new(
+            ErrorCode::VersionMismatch,
+            format!(
+                "this node speaks protocol {PROTOCOL_VERSION}, you speak {}",
+                hello.protocol_version
+            ),
+        ))
+    } else {
+        None
+    };
+    let reply = match &refusal {
+        Some(e) => Message::Error(e.clone()),
+        None => Message::HelloReply(ctx.hello),
+    };
+    let frame = wire::encode_frame(head.header.request_id, &reply).expect("a hello reply encodes");
+    let sent = write_frame(&mut send, frame, Vec::new())
+        .await
+        .map_err(|e| format!("answering the hello: {e}"))?;
+    if let Some(e) = refusal {
+        // Let the error reply reach the peer before closing; bounded by the hello timeout.
+        let _ = send.stopped().await;
+        conn.close(VarInt::from_u32(CLOSE_REFUSED), b"hello refused");
+        return Err(format!("hello refused: {:?}: {}", e.code, e.message));
+    }
+    let state = ctx.stats.peer_state(hello.node_id);
+    state.add_in(head.wire_bytes);
+    state.add_out(sent);
+    Ok((conn, hello.node_id))
+}
+
+/// Serves one request stream: reads the request, asks the handler, writes the reply.
+async fn serve_stream<H: Handler>(
+    conn: quinn::Connection,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    peer: NodeId,
+    state: Arc<PeerState>,
+    ctx: Arc<ServeCtx<H>>,
+) {
+    let head = match read_head(&mut recv).await {
+        Ok(head) => head,
+        Err(ReadFail::Wire(e)) => {
+            tracing::warn!(%peer, error = %e, "closing the connection: bad frame");
+            return reject(&conn, &state, &e);
+        }
+        Err(ReadFail::Stream(reason)) => {
+            tracing::debug!(%peer, %reason, "request stream ended");
+            return;
+        }
+    };
+    let permit = acquire(
+        &state.inbound,
+        head.header.payload_bytes,
+        ctx.budget_permits,
+    )
+    .await;
+    let payload = match read_payload(&mut recv, &head).await {
+        Ok(p) => p,
+        Err(ReadFail::Wire(e)) => {
+            tracing::warn!(%peer, error = %e, "closing the connection: bad frame");
+            return reject(&conn, &state, &e);
+        }
+        Err(ReadFail::Stream(reason)) => {
+            tracing::debug!(%peer, %reason, "request stream ended");
+            return;
+        }
+    };
+    state.add_in(head.wire_bytes + payload.len() as u64);
+    let request_id = head.header.request_id;
+    let response = match Request::from_wire(head.message, &payload) {
+        Ok(request) => ctx.handler.handle(peer, request).await,
+        Err(kind) => Response::Error(ErrorReply::new(
+            ErrorCode::BadRequest,
+            format!("a {kind:?} frame is not a request"),
+        )),
+    };
+    drop(payload);
+    drop(permit);
+    let encoded = response.into_wire().and_then(|(message, pages)| {
+        wire::encode_frame(request_id, &message).map(|head| (head, pages))
+    });
+    let (frame, pages) = match encoded {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(%peer, error = %e, "the handler's response cannot be sent");
+            let message = Message::Error(ErrorReply::new(
+                ErrorCode::Internal,
+                format!("response cannot be sent: {e}"),
+            ));
+            let frame = wire::encode_frame(request_id, &message).expect("an error reply encodes");
+            (frame, Vec::new())
+        }
+    };
+    match write_frame(&mut send, frame, pages).await {
+        Ok(bytes) => state.add_out(bytes),
+        Err(reason) => tracing::debug!(%peer, %reason, "could not send a reply"),
+    }
+}
+
+struct ConnInner {
+    conn: quinn::Connection,
+    peer: NodeId,
+    state: Arc<PeerState>,
+    budget_permits: u32,
+    next_request_id: AtomicU64,
+}
+
+/// A QUIC connection to one peer (see [`Connection`]).
+#[derive(Clone)]
+pub struct QuicConnection {
+    inner: Arc<ConnInner>,
+}
+
+impl std::fmt::Debug for QuicConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicConnection")
+            .field("peer", &self.inner.peer)
+            .field("remote", &self.inner.conn.remote_address())
+            .finish()
+    }
+}
+
+impl QuicConnection {
+    /// The underlying quinn connection (for its statistics, or for tests that need to
+    /// send raw bytes).
+    pub fn quinn(&self) -> &quinn::Connection {
+        &self.inner.conn
+    }
+
+    fn lost(&self, reason: impl std::fmt::Display) -> NetError {
+        // Prefer the connection's own reason (for example our peer closing it for a bad
+        // frame) over the stream's echo of it.
+        let reason = match self.inner.conn.close_reason() {
+            Some(r) => r.to_string(),
+            None => reason.to_string(),
+        };
+        NetError::ConnectionLost {
+            peer: self.inner.peer,
+            reason,
+        }
+    }
+
+    fn bad_frame(&self, source: WireError) -> NetError {
+        reject(&self.inner.conn, &self.inner.state, &source);
+        NetError::BadFrame {
+            peer: Some(self.inner.peer),
+            source,
+        }
+    }
+}
+
+impl Connection for QuicConnection {
+    fn peer(&self) -> NodeId {
+        self.inner.peer
+    }
+
+    async fn request(&self, request: Request) -> Result<Response, NetError> {
+        let inner = &*self.inner;
+        let peer = inner.peer;
+        let kind = request.kind();
+        let (message, pages) = request
+            .into_wire()
+            .map_err(|source| NetError::Encode { peer, source })?;
+        let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let head =
+            wire::encode_frame(id, &message).map_err(|source| NetError::Encode { peer, source })?;
+        let payload_bytes = wire::pages_bytes(message.page_descs());
+        // Held until the reply's header arrives: the request's bytes are in flight until then.
+        let request_permit =
+            acquire(&inner.state.outbound, payload_bytes, inner.budget_permits).await;
+        let (mut send, mut recv) = inner.conn.open_bi().await.map_err(|e| self.lost(e))?;
+        let sent = write_frame(&mut send, head, pages)
+            .await
+            .map_err(|e| self.lost(e))?;
+        inner.state.add_out(sent);
+        let reply = match read_head(&mut recv).await {
+            Ok(head) => head,
+            Err(ReadFail::Wire(e)) => return Err(self.bad_frame(e)),
+            Err(ReadFail::Stream(reason)) => return Err(self.lost(reason)),
+        };
+        drop(request_permit);
+        if reply.header.request_id != id || !Response::answers(reply.header.kind, kind) {
+            let e = WireError::UndecodableBody {
+                kind: reply.header.kind,
+                reason: format!(
+                    "reply {} does not answer {kind:?} request {id}",
+                    reply.header.request_id
+                ),
+            };
+            return Err(self.bad_frame(e));
+        }
+        let reply_permit = acquire(
+            &inner.state.outbound,
+            reply.header.payload_bytes,
+            inner.budget_permits,
+        )
+        .await;
+        let payload = match read_payload(&mut recv, &reply).await {
+            Ok(p) => p,
+            Err(ReadFail::Wire(e)) => return Err(self.bad_frame(e)),
+            Err(ReadFail::Stream(reason)) => return Err(self.lost(reason)),
+        };
+        drop(reply_permit);
+        inner.state.add_in(reply.wire_bytes + payload.len() as u64);
+        Response::from_wire(reply.message, &payload).map_err(|reply_kind| {
+            NetError::UnexpectedReply {
+                peer,
+                request: kind,
+                reply: reply_kind,
+            }
+        })
+    }
+}
