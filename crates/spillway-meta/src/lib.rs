@@ -1,0 +1,47 @@
+//! The pool's replicated metadata: one Raft group over the nodes.
+//!
+//! Parts, from the bottom up:
+//! - [`storage`]: raft-rs's [`raft::Storage`] over `raft-engine` (entries, hard state,
+//!   snapshot and its configuration), so a node restarts from its directory;
+//! - [`state`]: the replicated state machine ([`MetaState`]): members with their epochs,
+//!   the directory of pages that left their home node (extents → holder, epoch,
+//!   version), capacity reservations, client leases; deterministic, with its invariants
+//!   written down and checkable;
+//! - [`command`]: what a proposal carries ([`Batch`] of [`Update`]s, or a
+//!   [`MembershipChange`]), encoded with `bincode` 2 under a decode limit;
+//! - [`node`]: [`MetaNode`], the driver: `tick`, `step`, `propose`, `handle_ready` (the
+//!   Ready loop in raft-rs's order), `poll_messages`, `take_completions`. No sockets,
+//!   no threads, no clock;
+//! - [`sim`]: an in-process cluster on a seeded simulated network that drops, delays,
+//!   partitions, kills and restarts nodes, for tests and measurements;
+//! - [`wire`]: Raft messages to and from bytes, with a size check.
+//!
+//! What the node daemon adds: a timer calling `tick` every
+//! [`limits::TICK_MS_RECOMMENDED`] ms, authenticated connections carrying
+//! `poll_messages` output to peers, forwarding proposals to the leader, and failure
+//! detection that proposes [`Update::SetMemberState`].
+
+pub mod command;
+mod directory;
+pub mod ids;
+pub mod limits;
+mod logger;
+pub mod node;
+pub mod rng;
+pub mod sim;
+pub mod state;
+pub mod storage;
+pub mod wire;
+
+pub use command::{
+    Batch, Extent, InitialCluster, MemberInfo, MemberState, MembershipChange, Update,
+};
+pub use directory::Holder;
+pub use ids::{ClientId, Epoch, LeaseId, NodeId, ReservationId, Ticket};
+pub use node::{
+    Applied, Completion, ConfigError, MetaConfig, MetaCounters, MetaError, MetaNode, MetaStatus,
+    ProposalFailed, ProposeError, Role,
+};
+/// raft-rs's message type, as [`MetaNode::step`] takes and [`MetaNode::poll_messages`] gives.
+pub use raft::eraftpb::Message as RaftMessage;
+pub use state::{Lease, Member, MetaState, RaftRole, Rejection, Reservation, Usage};

@@ -1,0 +1,707 @@
+//! An in-process cluster on a seeded simulated network, for tests and measurements
+//! (in the manner of raft-rs's `harness/src/network.rs`).
+//!
+//! Time is simulated in microseconds. Every node ticks every [`SimConfig::tick_ms`]
+//! (each with its own phase, as independent timers would), and every message is encoded
+//! with [`crate::wire`], then dropped (at [`SimConfig::drop_rate`], across a partition, or
+//! to a dead node) or delivered after a latency drawn from
+//! [`SimConfig::latency_us_min`]..=[`SimConfig::latency_us_max`]. Nodes keep their logs in
+//! real raft-engine directories under the root the caller gives, so kill and restart
+//! exercise the real recovery path. All randomness (the network's and each node's
+//! election timeouts) comes from [`SimConfig::seed`]: the same seed replays the same run,
+//! and a panicking test prints the seed to replay it with.
+//!
+//! The file system and the CPU are real: fsync costs wall-clock time but no simulated
+//! time, so simulated durations measure the protocol (ticks, timeouts, latencies), and
+//! wall-clock durations of a run measure the implementation.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::path::{Path, PathBuf};
+
+use raft::eraftpb::{Message, MessageType};
+
+use crate::command::{Batch, InitialCluster, MemberInfo, MembershipChange};
+use crate::ids::{NodeId, Ticket};
+use crate::limits;
+use crate::node::{
+    Applied, Completion, MetaConfig, MetaError, MetaNode, ProposalFailed, ProposeError,
+};
+use crate::rng::SimRng;
+use crate::wire;
+
+/// Environment variable that overrides the seed of tests that honour it.
+pub const SEED_ENV: &str = "SPILLWAY_SEED";
+
+/// Rounds of handle-ready / route in one pump of a node (a bound, never reached in
+/// practice: each round needs a failed snapshot report to start the next).
+const PUMP_ROUNDS_MAX: usize = 16;
+
+/// The seed a test should use: `SPILLWAY_SEED` if set, else `default`.
+pub fn seed_from_env(default: u64) -> u64 {
+    std::env::var(SEED_ENV)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// How the simulated cluster and its network behave.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Initial voters, ids 1..=voters.
+    pub voters: u64,
+    /// Simulated length of a tick.
+    pub tick_ms: u64,
+    /// Smallest one-way message latency.
+    pub latency_us_min: u64,
+    /// Largest one-way message latency.
+    pub latency_us_max: u64,
+    /// Probability that a message is lost.
+    pub drop_rate: f64,
+    /// The pool's page size.
+    pub page_bytes: u64,
+    /// Capacity of each initial member and of nodes added with [`SimCluster::add_node`].
+    pub capacity_bytes: u64,
+    /// Whether nodes fsync their log writes.
+    pub sync_writes: bool,
+    /// See [`MetaConfig::heartbeat_ticks`].
+    pub heartbeat_ticks: usize,
+    /// See [`MetaConfig::election_ticks`].
+    pub election_ticks: usize,
+    /// See [`MetaConfig::election_ticks_max`].
+    pub election_ticks_max: usize,
+    /// See [`MetaConfig::snapshot_interval_entries`].
+    pub snapshot_interval_entries: u64,
+    /// See [`MetaConfig::log_entries_kept_after_snapshot`].
+    pub log_entries_kept_after_snapshot: u64,
+    /// See [`MetaConfig::proposals_in_flight_max`].
+    pub proposals_in_flight_max: usize,
+}
+
+impl SimConfig {
+    /// Three voters, the recommended 100 ms tick and default timeouts, a LAN-like
+    /// 0.2–2 ms latency, no loss, fsync on.
+    pub fn new(seed: u64) -> Self {
+        SimConfig {
+            seed,
+            voters: 3,
+            tick_ms: limits::TICK_MS_RECOMMENDED,
+            latency_us_min: 200,
+            latency_us_max: 2_000,
+            drop_rate: 0.0,
+            page_bytes: 2 << 20,
+            capacity_bytes: 64 << 30,
+            sync_writes: true,
+            heartbeat_ticks: limits::HEARTBEAT_TICKS_DEFAULT,
+            election_ticks: limits::ELECTION_TICKS_DEFAULT,
+            election_ticks_max: limits::ELECTION_TICKS_MAX_DEFAULT,
+            snapshot_interval_entries: limits::SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
+            log_entries_kept_after_snapshot: limits::LOG_ENTRIES_KEPT_AFTER_SNAPSHOT_DEFAULT,
+            proposals_in_flight_max: limits::PROPOSALS_IN_FLIGHT_MAX_DEFAULT,
+        }
+    }
+
+    /// The address the simulation gives node `id` (never dialled).
+    pub fn address(id: NodeId) -> String {
+        format!("sim://node{}", id.0)
+    }
+}
+
+/// Counts of the simulated network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Messages handed to the network.
+    pub sent: u64,
+    /// Messages delivered and stepped.
+    pub delivered: u64,
+    /// Messages lost (random loss, partition, dead node).
+    pub dropped: u64,
+    /// Bytes of delivered messages.
+    pub delivered_bytes: u64,
+}
+
+#[derive(Debug)]
+enum EventKind {
+    Tick {
+        node: NodeId,
+        generation: u64,
+    },
+    Deliver {
+        from: NodeId,
+        to: NodeId,
+        generation: u64,
+        bytes: Vec<u8>,
+        snapshot: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Event {
+    at_us: u64,
+    seq: u64,
+    kind: EventKind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at_us, self.seq) == (other.at_us, other.seq)
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at_us, self.seq).cmp(&(other.at_us, other.seq))
+    }
+}
+
+struct SimNode {
+    node: Option<MetaNode>,
+    dir: PathBuf,
+    /// Grows at every kill and restart, so ticks and messages of a former life are void.
+    generation: u64,
+    seed: u64,
+}
+
+/// An in-process cluster (see the module doc).
+pub struct SimCluster {
+    config: SimConfig,
+    root: PathBuf,
+    rng: SimRng,
+    now_us: u64,
+    next_seq: u64,
+    nodes: BTreeMap<NodeId, SimNode>,
+    queue: BinaryHeap<Reverse<Event>>,
+    cut: BTreeSet<(NodeId, NodeId)>,
+    initial: InitialCluster,
+    completions: Vec<(NodeId, Completion)>,
+    stats: NetStats,
+}
+
+impl SimCluster {
+    /// Starts `config.voters` voters with their logs under `root` (one directory each).
+    pub fn new(config: SimConfig, root: &Path) -> Result<Self, MetaError> {
+        let initial = InitialCluster {
+            members: (1..=config.voters)
+                .map(|i| MemberInfo {
+                    id: NodeId(i),
+                    addresses: vec![SimConfig::address(NodeId(i))],
+                    capacity_bytes: config.capacity_bytes,
+                })
+                .collect(),
+            page_bytes: config.page_bytes,
+        };
+        let mut c = SimCluster {
+            rng: SimRng::new(config.seed),
+            config,
+            root: root.to_path_buf(),
+            now_us: 0,
+            next_seq: 0,
+            nodes: BTreeMap::new(),
+            queue: BinaryHeap::new(),
+            cut: BTreeSet::new(),
+            initial,
+            completions: Vec::new(),
+            stats: NetStats::default(),
+        };
+        for i in 1..=c.config.voters {
+            c.start(NodeId(i), true)?;
+        }
+        Ok(c)
+    }
+
+    /// The seed of this run.
+    pub fn seed(&self) -> u64 {
+        self.config.seed
+    }
+
+    /// Simulated time since the start, in milliseconds.
+    pub fn now_ms(&self) -> u64 {
+        self.now_us / 1000
+    }
+
+    /// Simulated time since the start, in microseconds.
+    pub fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    /// Counts of the network.
+    pub fn net_stats(&self) -> NetStats {
+        self.stats
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    fn node_config(&self, id: NodeId, seed: u64) -> MetaConfig {
+        let mut mc = MetaConfig::new(id, self.root.join(format!("node-{}", id.0)));
+        mc.sync_writes = self.config.sync_writes;
+        mc.heartbeat_ticks = self.config.heartbeat_ticks;
+        mc.election_ticks = self.config.election_ticks;
+        mc.election_ticks_max = self.config.election_ticks_max;
+        mc.snapshot_interval_entries = self.config.snapshot_interval_entries;
+        mc.log_entries_kept_after_snapshot = self.config.log_entries_kept_after_snapshot;
+        mc.proposals_in_flight_max = self.config.proposals_in_flight_max;
+        mc.seed = seed;
+        mc
+    }
+
+    fn start(&mut self, id: NodeId, initial_member: bool) -> Result<(), MetaError> {
+        let generation = self.nodes.get(&id).map_or(0, |n| n.generation + 1);
+        // Each life of a node gets its own seed, drawn from the run's generator.
+        let seed = self.rng.next_u64();
+        let config = self.node_config(id, seed);
+        let dir = config.dir.clone();
+        let initial = initial_member.then_some(&self.initial);
+        let node = MetaNode::open(config, initial)?;
+        self.nodes.insert(
+            id,
+            SimNode {
+                node: Some(node),
+                dir,
+                generation,
+                seed,
+            },
+        );
+        let tick_us = self.config.tick_ms * 1000;
+        let phase = self.rng.below(tick_us.max(1));
+        self.schedule(
+            self.now_us + phase,
+            EventKind::Tick {
+                node: id,
+                generation,
+            },
+        );
+        Ok(())
+    }
+
+    /// Stops a node as a crash would: its process state is gone, its directory stays;
+    /// messages to and from it in flight are lost.
+    pub fn kill(&mut self, id: NodeId) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.node = None;
+            n.generation += 1;
+        }
+    }
+
+    /// Restarts a killed node from its directory.
+    pub fn restart(&mut self, id: NodeId) -> Result<(), MetaError> {
+        assert!(
+            self.nodes.get(&id).is_some_and(|n| n.node.is_none()),
+            "{id} is not a dead node"
+        );
+        // The initial cluster is passed again, as a daemon would: ignored when a log exists.
+        let initial_member = self.initial.members.iter().any(|m| m.id == id);
+        self.start(id, initial_member)
+    }
+
+    /// Starts a new, empty node that waits to be added with
+    /// [`MembershipChange::AddLearner`] (see [`SimCluster::member_info`]).
+    pub fn add_node(&mut self, id: NodeId) -> Result<(), MetaError> {
+        assert!(!self.nodes.contains_key(&id), "{id} exists");
+        self.start(id, false)
+    }
+
+    /// What node `id` would tell the pool about itself.
+    pub fn member_info(&self, id: NodeId) -> MemberInfo {
+        MemberInfo {
+            id,
+            addresses: vec![SimConfig::address(id)],
+            capacity_bytes: self.config.capacity_bytes,
+        }
+    }
+
+    /// The directory of node `id`'s log.
+    pub fn dir(&self, id: NodeId) -> &Path {
+        &self.nodes[&id].dir
+    }
+
+    /// The election-timeout seed of node `id`'s current life.
+    pub fn node_seed(&self, id: NodeId) -> u64 {
+        self.nodes[&id].seed
+    }
+
+    /// Cuts every link between nodes of different groups (both ways).
+    pub fn partition(&mut self, groups: &[&[NodeId]]) {
+        for (i, a) in groups.iter().enumerate() {
+            for b in &groups[i + 1..] {
+                for &x in a.iter() {
+                    for &y in b.iter() {
+                        self.cut.insert((x, y));
+                        self.cut.insert((y, x));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cuts `id` off from every other node.
+    pub fn isolate(&mut self, id: NodeId) {
+        let others: Vec<NodeId> = self.nodes.keys().copied().filter(|&n| n != id).collect();
+        self.partition(&[&[id], &others]);
+    }
+
+    /// Restores every link.
+    pub fn heal(&mut self) {
+        self.cut.clear();
+    }
+
+    /// Sets the probability that a message is lost.
+    pub fn set_drop_rate(&mut self, p: f64) {
+        self.config.drop_rate = p;
+    }
+
+    /// Sets the one-way latency range.
+    pub fn set_latency_us(&mut self, min: u64, max: u64) {
+        assert!(min <= max);
+        self.config.latency_us_min = min;
+        self.config.latency_us_max = max;
+    }
+
+    /// Ids of the nodes that are running.
+    pub fn live_nodes(&self) -> Vec<NodeId> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.node.is_some())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// A running node.
+    pub fn node(&self, id: NodeId) -> &MetaNode {
+        self.try_node(id)
+            .unwrap_or_else(|| panic!("{id} is not running"))
+    }
+
+    /// A running node, or `None`.
+    pub fn try_node(&self, id: NodeId) -> Option<&MetaNode> {
+        self.nodes.get(&id).and_then(|n| n.node.as_ref())
+    }
+
+    /// The leader: among running nodes that think they lead, the one of the highest term.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.node.as_ref())
+            .filter(|n| n.is_leader())
+            .max_by_key(|n| n.term())
+            .map(|n| n.id())
+    }
+
+    // ---- running ----
+
+    fn schedule(&mut self, at_us: u64, kind: EventKind) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.queue.push(Reverse(Event { at_us, seq, kind }));
+    }
+
+    /// Processes the next event; false if there is none.
+    pub fn step_event(&mut self) -> bool {
+        let Some(Reverse(ev)) = self.queue.pop() else {
+            return false;
+        };
+        debug_assert!(ev.at_us >= self.now_us);
+        self.now_us = ev.at_us;
+        match ev.kind {
+            EventKind::Tick { node, generation } => {
+                if self.nodes.get(&node).map(|n| n.generation) != Some(generation) {
+                    return true;
+                }
+                if let Some(n) = self.nodes.get_mut(&node).and_then(|n| n.node.as_mut()) {
+                    n.tick();
+                    self.pump(node);
+                    let next = self.now_us + self.config.tick_ms * 1000;
+                    self.schedule(next, EventKind::Tick { node, generation });
+                }
+            }
+            EventKind::Deliver {
+                from,
+                to,
+                generation,
+                bytes,
+                snapshot,
+            } => {
+                let alive = self.nodes.get(&to).map(|n| n.generation) == Some(generation)
+                    && self.try_node(to).is_some();
+                if !alive || self.cut.contains(&(from, to)) {
+                    self.stats.dropped += 1;
+                    if snapshot {
+                        self.report_snapshot(from, to, false);
+                    }
+                    return true;
+                }
+                let msg = wire::decode_message(&bytes)
+                    .unwrap_or_else(|e| panic!("simulated wire corrupted a message: {e}"));
+                self.stats.delivered += 1;
+                self.stats.delivered_bytes += bytes.len() as u64;
+                let n = self
+                    .nodes
+                    .get_mut(&to)
+                    .and_then(|n| n.node.as_mut())
+                    .expect("alive");
+                n.step(msg)
+                    .unwrap_or_else(|e| panic!("{to} failed to step a message: {e}"));
+                self.pump(to);
+                if snapshot {
+                    self.report_snapshot(from, to, true);
+                }
+            }
+        }
+        true
+    }
+
+    fn report_snapshot(&mut self, from: NodeId, to: NodeId, delivered: bool) {
+        if let Some(n) = self.nodes.get_mut(&from).and_then(|n| n.node.as_mut()) {
+            n.report_snapshot(to, delivered);
+            self.pump(from);
+        }
+    }
+
+    /// Runs Ready handling on `id` and routes what it produced.
+    fn pump(&mut self, id: NodeId) {
+        for _ in 0..PUMP_ROUNDS_MAX {
+            let Some(node) = self.nodes.get_mut(&id).and_then(|n| n.node.as_mut()) else {
+                return;
+            };
+            node.handle_ready()
+                .unwrap_or_else(|e| panic!("{id} failed in handle_ready: {e}"));
+            let msgs = node.poll_messages();
+            let done = node.take_completions();
+            self.completions.extend(done.into_iter().map(|c| (id, c)));
+            let mut failed_snapshots = Vec::new();
+            for m in msgs {
+                let to = NodeId(m.to);
+                let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
+                if !self.route(id, m) && snapshot {
+                    failed_snapshots.push(to);
+                }
+            }
+            if failed_snapshots.is_empty() {
+                return;
+            }
+            let node = self
+                .nodes
+                .get_mut(&id)
+                .and_then(|n| n.node.as_mut())
+                .expect("alive");
+            for to in failed_snapshots {
+                node.report_snapshot(to, false);
+            }
+        }
+    }
+
+    /// Puts a message on the network; false if it was lost at once.
+    fn route(&mut self, from: NodeId, msg: Message) -> bool {
+        self.stats.sent += 1;
+        let to = NodeId(msg.to);
+        let target = self.nodes.get(&to).filter(|n| n.node.is_some());
+        let lost = target.is_none()
+            || self.cut.contains(&(from, to))
+            || self.rng.chance(self.config.drop_rate);
+        let Some(target) = target.filter(|_| !lost) else {
+            self.stats.dropped += 1;
+            return false;
+        };
+        let generation = target.generation;
+        let latency = self
+            .rng
+            .between(self.config.latency_us_min, self.config.latency_us_max);
+        let snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+        let bytes = wire::encode_message(&msg);
+        self.schedule(
+            self.now_us + latency,
+            EventKind::Deliver {
+                from,
+                to,
+                generation,
+                bytes,
+                snapshot,
+            },
+        );
+        true
+    }
+
+    /// Runs for `ms` of simulated time.
+    pub fn run_for_ms(&mut self, ms: u64) {
+        let end = self.now_us + ms * 1000;
+        while self.queue.peek().is_some_and(|Reverse(e)| e.at_us <= end) {
+            self.step_event();
+        }
+        self.now_us = end;
+    }
+
+    /// Runs until `done` holds (checked after every event) or `max_ms` of simulated time
+    /// pass. Returns the simulated milliseconds it took, or `None` on time-out.
+    pub fn run_until(
+        &mut self,
+        max_ms: u64,
+        mut done: impl FnMut(&SimCluster) -> bool,
+    ) -> Option<u64> {
+        let start = self.now_us;
+        let end = start + max_ms * 1000;
+        loop {
+            if done(self) {
+                return Some((self.now_us - start) / 1000);
+            }
+            if !self.queue.peek().is_some_and(|Reverse(e)| e.at_us <= end) || !self.step_event() {
+                self.now_us = self.now_us.max(end);
+                return done(self).then(|| (self.now_us - start) / 1000);
+            }
+        }
+    }
+
+    /// Runs until some node leads; panics after `max_ms`.
+    pub fn wait_for_leader(&mut self, max_ms: u64) -> NodeId {
+        self.run_until(max_ms, |c| c.leader().is_some())
+            .unwrap_or_else(|| panic!("no leader after {max_ms} ms"));
+        self.leader().expect("checked")
+    }
+
+    /// Runs until every running node has applied everything the leader committed.
+    pub fn wait_converged(&mut self, max_ms: u64) -> bool {
+        self.run_until(max_ms, |c| {
+            let Some(l) = c.leader() else { return false };
+            let commit = c.node(l).commit_index();
+            c.live_nodes()
+                .iter()
+                .all(|&n| c.node(n).state().applied_index() >= commit)
+        })
+        .is_some()
+    }
+
+    // ---- proposals ----
+
+    /// Proposes at the current leader.
+    pub fn propose(&mut self, batch: &Batch) -> Result<(NodeId, Ticket), ProposeError> {
+        let leader = self
+            .leader()
+            .ok_or(ProposeError::NotLeader { leader: None })?;
+        let node = self
+            .nodes
+            .get_mut(&leader)
+            .and_then(|n| n.node.as_mut())
+            .expect("leader runs");
+        let t = node.propose(batch)?;
+        self.pump(leader);
+        Ok((leader, t))
+    }
+
+    /// Proposes a membership change at the current leader.
+    pub fn propose_membership(
+        &mut self,
+        change: &MembershipChange,
+    ) -> Result<(NodeId, Ticket), ProposeError> {
+        let leader = self
+            .leader()
+            .ok_or(ProposeError::NotLeader { leader: None })?;
+        let node = self
+            .nodes
+            .get_mut(&leader)
+            .and_then(|n| n.node.as_mut())
+            .expect("leader runs");
+        let t = node.propose_membership(change)?;
+        self.pump(leader);
+        Ok((leader, t))
+    }
+
+    /// Takes the completion of `ticket`, running up to `max_ms` for it.
+    pub fn wait_for(&mut self, ticket: Ticket, max_ms: u64) -> Option<Completion> {
+        self.run_until(max_ms, |c| {
+            c.completions.iter().any(|(_, x)| x.ticket == ticket)
+        })?;
+        let pos = self
+            .completions
+            .iter()
+            .position(|(_, x)| x.ticket == ticket)?;
+        Some(self.completions.remove(pos).1)
+    }
+
+    /// Proposes `batch` until it applies (retrying on lost proposals and while there is
+    /// no leader); panics after `max_ms`.
+    pub fn commit(&mut self, batch: &Batch, max_ms: u64) -> Applied {
+        self.retry(max_ms, |c| c.propose(batch))
+    }
+
+    /// Like [`SimCluster::commit`] for a membership change.
+    pub fn commit_membership(&mut self, change: &MembershipChange, max_ms: u64) -> Applied {
+        self.retry(max_ms, |c| c.propose_membership(change))
+    }
+
+    fn retry(
+        &mut self,
+        max_ms: u64,
+        mut propose: impl FnMut(&mut SimCluster) -> Result<(NodeId, Ticket), ProposeError>,
+    ) -> Applied {
+        let deadline = self.now_ms() + max_ms;
+        while self.now_ms() < deadline {
+            match propose(self) {
+                Ok((_, t)) => {
+                    let left = deadline.saturating_sub(self.now_ms());
+                    match self.wait_for(t, left).map(|c| c.result) {
+                        Some(Ok(applied)) => return applied,
+                        Some(Err(ProposalFailed::Lost | ProposalFailed::Overtaken)) | None => {}
+                        Some(Err(e)) => panic!("proposal failed: {e}"),
+                    }
+                }
+                Err(
+                    ProposeError::NotLeader { .. }
+                    | ProposeError::ConfChangePending
+                    | ProposeError::Dropped { .. },
+                ) => {
+                    self.run_for_ms(self.config.tick_ms);
+                }
+                Err(e) => panic!("proposal refused: {e}"),
+            }
+        }
+        panic!("not applied within {max_ms} ms");
+    }
+
+    /// Takes every completion gathered so far, with the node that reported it.
+    pub fn take_completions(&mut self) -> Vec<(NodeId, Completion)> {
+        std::mem::take(&mut self.completions)
+    }
+
+    /// Checks every running node's invariants, and that nodes that applied the same
+    /// index hold the same state.
+    pub fn check_consistency(&self) -> Result<(), String> {
+        let mut by_index: BTreeMap<u64, NodeId> = BTreeMap::new();
+        for id in self.live_nodes() {
+            let s = self.node(id).state();
+            s.check_invariants().map_err(|e| format!("{id}: {e}"))?;
+            match by_index.get(&s.applied_index()) {
+                Some(&other) if self.node(other).state() != s => {
+                    return Err(format!(
+                        "{id} and {other} applied up to {} but differ",
+                        s.applied_index()
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    by_index.insert(s.applied_index(), id);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "simulation failed at {} ms: replay with {SEED_ENV}={}",
+                self.now_ms(),
+                self.config.seed
+            );
+        }
+    }
+}

@@ -1,0 +1,1125 @@
+//! The replicated state machine: members, the directory, reservations, leases.
+//!
+//! Every node applies the same committed entries in the same order to a [`MetaState`],
+//! so every change here is deterministic: ordered maps only, no clock (the group clock is
+//! the largest `now_ms` carried by a batch), no randomness.
+//!
+//! Invariants (checked by [`MetaState::check_invariants`], which tests run after every
+//! step):
+//! - directory records never overlap, and every record's holder is a member;
+//! - for every member, `used_bytes + reserved_bytes <= capacity_bytes`: a placement is
+//!   paid for by a reservation or by free capacity, so no node is over-committed;
+//! - `used_bytes` is the pages the directory puts at the member times the page size, and
+//!   `reserved_bytes` the sum of its live reservations.
+//!
+//! Fencing: a record carries the holder's epoch; a placement naming another epoch than the
+//! member's current one is refused, and when a member that was declared down comes back
+//! its epoch grows and the records of its earlier epochs are dropped (the pages they named
+//! were in the memory of a process that is gone, or that the pool stopped trusting).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use spillway_types::PageId;
+
+use crate::command::{
+    self, Batch, DecodeError, Extent, InitialCluster, MemberInfo, MemberState, MembershipChange,
+    Update,
+};
+use crate::directory::{Cut, Directory, Holder};
+use crate::ids::{ClientId, Epoch, LeaseId, NodeId, ReservationId};
+use crate::limits;
+
+/// A member's part in the Raft group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RaftRole {
+    /// Votes and counts for the quorum.
+    Voter,
+    /// Receives the log, does not vote.
+    Learner,
+}
+
+/// A member of the pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Its id.
+    pub id: NodeId,
+    /// Where peers and clients reach it.
+    pub addresses: Vec<String>,
+    /// Bytes of host memory it lends to the pool.
+    pub capacity_bytes: u64,
+    /// Up, down or leaving.
+    pub state: MemberState,
+    /// Its incarnation (see the module doc on fencing).
+    pub epoch: Epoch,
+    /// Voter or learner.
+    pub role: RaftRole,
+}
+
+/// What a member's capacity is used for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes of pages the directory puts at the member.
+    pub used_bytes: u64,
+    /// Bytes of live reservations on the member.
+    pub reserved_bytes: u64,
+}
+
+/// Capacity set aside on a node before bytes move there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// Its id.
+    pub id: ReservationId,
+    /// The node.
+    pub node: NodeId,
+    /// Bytes still reserved (placements paid by it take from this).
+    pub bytes: u64,
+    /// When it lapses, in group-clock milliseconds.
+    pub expires_at_ms: u64,
+}
+
+/// A client's lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Its id.
+    pub id: LeaseId,
+    /// The client.
+    pub client: ClientId,
+    /// The node serving the client.
+    pub node: NodeId,
+    /// When it lapses, in group-clock milliseconds.
+    pub expires_at_ms: u64,
+}
+
+/// Why one update of a batch was refused (the update changed nothing).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The extent is empty or runs past the largest page index.
+    #[error("extent {extent:?} is invalid: {reason}")]
+    InvalidExtent {
+        /// The extent.
+        extent: Extent,
+        /// Why.
+        reason: &'static str,
+    },
+    /// No such member.
+    #[error("{node} is not a member")]
+    UnknownNode {
+        /// The node named.
+        node: NodeId,
+    },
+    /// The member cannot take pages or reservations now.
+    #[error("{node} is {state:?}, not up")]
+    NodeNotUp {
+        /// The member.
+        node: NodeId,
+        /// Its state.
+        state: MemberState,
+    },
+    /// The record names an epoch the member is no longer (or not yet) at.
+    #[error("the record for {node} carries {record_epoch} but the member is at {current_epoch}")]
+    StaleEpoch {
+        /// The member.
+        node: NodeId,
+        /// The epoch in the update.
+        record_epoch: Epoch,
+        /// The member's epoch.
+        current_epoch: Epoch,
+    },
+    /// A covered page already has newer data recorded.
+    #[error("{page} is at version {current_version}, newer than the proposed {proposed_version}")]
+    StaleVersion {
+        /// The first such page.
+        page: PageId,
+        /// Its recorded version.
+        current_version: u64,
+        /// The version in the update.
+        proposed_version: u64,
+    },
+    /// The node has not enough free capacity.
+    #[error("{node} has {free_bytes} bytes free, {requested_bytes} requested")]
+    InsufficientCapacity {
+        /// The node.
+        node: NodeId,
+        /// Bytes asked for.
+        requested_bytes: u64,
+        /// Bytes free (capacity minus used minus reserved).
+        free_bytes: u64,
+    },
+    /// No live reservation with this id.
+    #[error("reservation {id:?} is unknown or expired")]
+    UnknownReservation {
+        /// The reservation.
+        id: ReservationId,
+    },
+    /// The reservation is on another node than the placement.
+    #[error("reservation {id:?} is on {reserved_node}, not on {node}")]
+    ReservationNodeMismatch {
+        /// The reservation.
+        id: ReservationId,
+        /// Where it reserves.
+        reserved_node: NodeId,
+        /// Where the placement goes.
+        node: NodeId,
+    },
+    /// The reservation has fewer bytes left than the placement needs.
+    #[error("reservation {id:?} has {remaining_bytes} bytes left, {needed_bytes} needed")]
+    ReservationTooSmall {
+        /// The reservation.
+        id: ReservationId,
+        /// Bytes left in it.
+        remaining_bytes: u64,
+        /// Bytes the placement needs.
+        needed_bytes: u64,
+    },
+    /// A reservation with this id is live.
+    #[error("reservation {id:?} already exists")]
+    DuplicateReservation {
+        /// The reservation.
+        id: ReservationId,
+    },
+    /// A lease with this id is live.
+    #[error("lease {id:?} already exists")]
+    DuplicateLease {
+        /// The lease.
+        id: LeaseId,
+    },
+    /// No live lease with this id.
+    #[error("lease {id:?} is unknown or expired")]
+    UnknownLease {
+        /// The lease.
+        id: LeaseId,
+    },
+    /// The expiry is not after the group clock.
+    #[error("expiry {expires_at_ms} ms is not after the group clock ({clock_ms} ms)")]
+    AlreadyExpired {
+        /// The expiry asked for.
+        expires_at_ms: u64,
+        /// The group clock.
+        clock_ms: u64,
+    },
+    /// A reservation of zero bytes.
+    #[error("a reservation needs at least one byte")]
+    ZeroBytes,
+    /// A table reached its bound.
+    #[error("the {table} table is full ({max} entries)")]
+    TableFull {
+        /// Which table.
+        table: &'static str,
+        /// Its bound.
+        max: usize,
+    },
+    /// The new capacity is below what the member holds and has reserved.
+    #[error("{node} uses {in_use_bytes} bytes; capacity {capacity_bytes} is below that")]
+    CapacityBelowUse {
+        /// The member.
+        node: NodeId,
+        /// The capacity asked for.
+        capacity_bytes: u64,
+        /// Used plus reserved bytes.
+        in_use_bytes: u64,
+    },
+}
+
+/// A snapshot that decodes but breaks an invariant.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// It did not decode.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// It decoded to a state that breaks an invariant.
+    #[error("snapshot is inconsistent: {reason}")]
+    Inconsistent {
+        /// Which invariant.
+        reason: String,
+    },
+}
+
+const SNAPSHOT_FORMAT: u32 = 1;
+
+/// What a snapshot stores: only the facts, never derived accounting (rebuilt and checked
+/// on load).
+#[derive(Serialize, Deserialize)]
+struct SnapshotData {
+    format: u32,
+    page_bytes: u64,
+    clock_ms: u64,
+    members: Vec<Member>,
+    extents: Vec<(Extent, Holder)>,
+    reservations: Vec<Reservation>,
+    leases: Vec<Lease>,
+}
+
+/// The replicated state, as applied up to [`MetaState::applied_index`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetaState {
+    page_bytes: u64,
+    clock_ms: u64,
+    applied_index: u64,
+    members: BTreeMap<NodeId, Member>,
+    usage: BTreeMap<NodeId, Usage>,
+    directory: Directory,
+    reservations: BTreeMap<ReservationId, Reservation>,
+    leases: BTreeMap<LeaseId, Lease>,
+}
+
+impl MetaState {
+    /// The state a new pool starts with: every initial member up, a voter, at epoch 1.
+    pub fn initial(cluster: &InitialCluster) -> Self {
+        let mut s = MetaState {
+            page_bytes: cluster.page_bytes,
+            ..Default::default()
+        };
+        for m in &cluster.members {
+            s.insert_member(m, RaftRole::Voter);
+        }
+        s
+    }
+
+    // ---- reads ----
+
+    /// The pool's page size in bytes.
+    pub fn page_bytes(&self) -> u64 {
+        self.page_bytes
+    }
+
+    /// The group clock: the largest `now_ms` of any applied batch.
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+
+    /// Index of the last Raft entry applied to this state.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    /// All members, by id.
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values()
+    }
+
+    /// One member.
+    pub fn member(&self, node: NodeId) -> Option<&Member> {
+        self.members.get(&node)
+    }
+
+    /// What a member's capacity is used for.
+    pub fn usage(&self, node: NodeId) -> Option<Usage> {
+        self.usage.get(&node).copied()
+    }
+
+    /// Bytes a member can still take (capacity minus used minus reserved).
+    pub fn free_bytes(&self, node: NodeId) -> Option<u64> {
+        let m = self.members.get(&node)?;
+        let u = self.usage.get(&node).copied().unwrap_or_default();
+        Some(
+            m.capacity_bytes
+                .saturating_sub(u.used_bytes)
+                .saturating_sub(u.reserved_bytes),
+        )
+    }
+
+    /// Who holds `page`, with the extent of its record.
+    pub fn holder_of(&self, page: PageId) -> Option<(Extent, Holder)> {
+        self.directory.lookup(page)
+    }
+
+    /// Every directory record, in page order.
+    pub fn extents(&self) -> impl Iterator<Item = (Extent, Holder)> + '_ {
+        self.directory.iter()
+    }
+
+    /// Number of directory records.
+    pub fn extent_count(&self) -> usize {
+        self.directory.len()
+    }
+
+    /// One live reservation.
+    pub fn reservation(&self, id: ReservationId) -> Option<&Reservation> {
+        self.reservations.get(&id)
+    }
+
+    /// All live reservations.
+    pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
+        self.reservations.values()
+    }
+
+    /// One live lease.
+    pub fn lease(&self, id: LeaseId) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+
+    /// All live leases.
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    // ---- apply ----
+
+    pub(crate) fn set_applied_index(&mut self, index: u64) {
+        debug_assert!(index >= self.applied_index);
+        self.applied_index = index;
+    }
+
+    /// Applies one batch: the clock first (expiring what lapsed), then each update.
+    pub(crate) fn apply_batch(&mut self, batch: &Batch) -> Vec<Result<(), Rejection>> {
+        self.advance_clock(batch.now_ms);
+        batch.updates.iter().map(|u| self.apply_update(u)).collect()
+    }
+
+    fn advance_clock(&mut self, now_ms: u64) {
+        if now_ms <= self.clock_ms {
+            return;
+        }
+        self.clock_ms = now_ms;
+        let usage = &mut self.usage;
+        self.reservations.retain(|_, r| {
+            let live = r.expires_at_ms > now_ms;
+            if !live && let Some(u) = usage.get_mut(&r.node) {
+                u.reserved_bytes -= r.bytes;
+            }
+            live
+        });
+        self.leases.retain(|_, l| l.expires_at_ms > now_ms);
+    }
+
+    fn apply_update(&mut self, update: &Update) -> Result<(), Rejection> {
+        match *update {
+            Update::Place {
+                extent,
+                holder,
+                epoch,
+                version,
+                reservation,
+            } => self.place(extent, holder, epoch, version, reservation),
+            Update::Remove { extent } => {
+                check_extent(extent)?;
+                let mut cuts = Vec::new();
+                self.directory.remove(extent, &mut cuts);
+                self.uncount(&cuts);
+                Ok(())
+            }
+            Update::Reserve {
+                id,
+                node,
+                bytes,
+                expires_at_ms,
+            } => self.reserve(id, node, bytes, expires_at_ms),
+            Update::Release { id } => {
+                let r = self
+                    .reservations
+                    .remove(&id)
+                    .ok_or(Rejection::UnknownReservation { id })?;
+                self.usage_mut(r.node).reserved_bytes -= r.bytes;
+                Ok(())
+            }
+            Update::GrantLease {
+                id,
+                client,
+                node,
+                expires_at_ms,
+            } => {
+                self.up_member(node)?;
+                self.check_expiry(expires_at_ms)?;
+                if self.leases.contains_key(&id) {
+                    return Err(Rejection::DuplicateLease { id });
+                }
+                if self.leases.len() >= limits::LEASES_MAX {
+                    return Err(Rejection::TableFull {
+                        table: "lease",
+                        max: limits::LEASES_MAX,
+                    });
+                }
+                self.leases.insert(
+                    id,
+                    Lease {
+                        id,
+                        client,
+                        node,
+                        expires_at_ms,
+                    },
+                );
+                Ok(())
+            }
+            Update::RenewLease { id, expires_at_ms } => {
+                self.check_expiry(expires_at_ms)?;
+                let l = self
+                    .leases
+                    .get_mut(&id)
+                    .ok_or(Rejection::UnknownLease { id })?;
+                l.expires_at_ms = l.expires_at_ms.max(expires_at_ms);
+                Ok(())
+            }
+            Update::RevokeLease { id } => self
+                .leases
+                .remove(&id)
+                .map(|_| ())
+                .ok_or(Rejection::UnknownLease { id }),
+            Update::SetMemberState { node, state } => self.set_member_state(node, state),
+            Update::SetCapacity {
+                node,
+                capacity_bytes,
+            } => {
+                let u = self.usage.get(&node).copied().unwrap_or_default();
+                let m = self
+                    .members
+                    .get_mut(&node)
+                    .ok_or(Rejection::UnknownNode { node })?;
+                let in_use_bytes = u.used_bytes + u.reserved_bytes;
+                if capacity_bytes < in_use_bytes {
+                    return Err(Rejection::CapacityBelowUse {
+                        node,
+                        capacity_bytes,
+                        in_use_bytes,
+                    });
+                }
+                m.capacity_bytes = capacity_bytes;
+                Ok(())
+            }
+        }
+    }
+
+    fn place(
+        &mut self,
+        extent: Extent,
+        node: NodeId,
+        epoch: Epoch,
+        version: u64,
+        reservation: Option<ReservationId>,
+    ) -> Result<(), Rejection> {
+        check_extent(extent)?;
+        let member = self
+            .members
+            .get(&node)
+            .ok_or(Rejection::UnknownNode { node })?;
+        if member.epoch != epoch {
+            return Err(Rejection::StaleEpoch {
+                node,
+                record_epoch: epoch,
+                current_epoch: member.epoch,
+            });
+        }
+        if member.state != MemberState::Up {
+            return Err(Rejection::NodeNotUp {
+                node,
+                state: member.state,
+            });
+        }
+        let mut pages_already_there = 0u64;
+        for (old, holder) in self.directory.overlapping(extent) {
+            if holder.version > version {
+                let first = old.first_page.max(extent.first_page);
+                return Err(Rejection::StaleVersion {
+                    page: PageId {
+                        buffer: extent.buffer,
+                        index: first,
+                    },
+                    current_version: holder.version,
+                    proposed_version: version,
+                });
+            }
+            if holder.node == node {
+                let lo = u64::from(old.first_page.max(extent.first_page));
+                let hi = old.end_page().min(extent.end_page());
+                pages_already_there += hi - lo;
+            }
+        }
+        let needed_bytes = (u64::from(extent.page_count) - pages_already_there) * self.page_bytes;
+        match reservation {
+            Some(id) => {
+                let r = self
+                    .reservations
+                    .get(&id)
+                    .ok_or(Rejection::UnknownReservation { id })?;
+                if r.node != node {
+                    return Err(Rejection::ReservationNodeMismatch {
+                        id,
+                        reserved_node: r.node,
+                        node,
+                    });
+                }
+                if r.bytes < needed_bytes {
+                    return Err(Rejection::ReservationTooSmall {
+                        id,
+                        remaining_bytes: r.bytes,
+                        needed_bytes,
+                    });
+                }
+            }
+            None => {
+                let free_bytes = self.free_bytes(node).unwrap_or(0);
+                if needed_bytes > free_bytes {
+                    return Err(Rejection::InsufficientCapacity {
+                        node,
+                        requested_bytes: needed_bytes,
+                        free_bytes,
+                    });
+                }
+            }
+        }
+        // A placement may split one record in two and add one: at most two more records.
+        if self.directory.len() + 2 > limits::DIRECTORY_EXTENTS_MAX {
+            return Err(Rejection::TableFull {
+                table: "directory",
+                max: limits::DIRECTORY_EXTENTS_MAX,
+            });
+        }
+        // Accepted: from here on nothing fails.
+        if let Some(id) = reservation {
+            let r = self.reservations.get_mut(&id).expect("checked above");
+            r.bytes -= needed_bytes;
+            if r.bytes == 0 {
+                self.reservations.remove(&id);
+            }
+            self.usage_mut(node).reserved_bytes -= needed_bytes;
+        }
+        let mut cuts = Vec::new();
+        self.directory.insert(
+            extent,
+            Holder {
+                node,
+                epoch,
+                version,
+            },
+            &mut cuts,
+        );
+        self.uncount(&cuts);
+        self.usage_mut(node).used_bytes += u64::from(extent.page_count) * self.page_bytes;
+        Ok(())
+    }
+
+    fn reserve(
+        &mut self,
+        id: ReservationId,
+        node: NodeId,
+        bytes: u64,
+        expires_at_ms: u64,
+    ) -> Result<(), Rejection> {
+        self.up_member(node)?;
+        if bytes == 0 {
+            return Err(Rejection::ZeroBytes);
+        }
+        self.check_expiry(expires_at_ms)?;
+        if self.reservations.contains_key(&id) {
+            return Err(Rejection::DuplicateReservation { id });
+        }
+        if self.reservations.len() >= limits::RESERVATIONS_MAX {
+            return Err(Rejection::TableFull {
+                table: "reservation",
+                max: limits::RESERVATIONS_MAX,
+            });
+        }
+        let free_bytes = self.free_bytes(node).unwrap_or(0);
+        if bytes > free_bytes {
+            return Err(Rejection::InsufficientCapacity {
+                node,
+                requested_bytes: bytes,
+                free_bytes,
+            });
+        }
+        self.reservations.insert(
+            id,
+            Reservation {
+                id,
+                node,
+                bytes,
+                expires_at_ms,
+            },
+        );
+        self.usage_mut(node).reserved_bytes += bytes;
+        Ok(())
+    }
+
+    fn set_member_state(&mut self, node: NodeId, state: MemberState) -> Result<(), Rejection> {
+        let m = self
+            .members
+            .get_mut(&node)
+            .ok_or(Rejection::UnknownNode { node })?;
+        let before = m.state;
+        m.state = state;
+        match (before, state) {
+            (MemberState::Down, MemberState::Up) => {
+                // A new incarnation: what the old one held is not trusted any more.
+                m.epoch = Epoch(m.epoch.0 + 1);
+                let epoch = m.epoch;
+                let pages = self.directory.drop_where(node, |h| h.epoch < epoch);
+                self.usage_mut(node).used_bytes -= pages * self.page_bytes;
+            }
+            (_, MemberState::Down) => self.drop_reservations_of(node),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Applies a membership change whose Raft conf change was accepted; `voters` and
+    /// `learners` are the configuration after it.
+    pub(crate) fn apply_membership(
+        &mut self,
+        change: &MembershipChange,
+        voters: &[u64],
+        learners: &[u64],
+    ) {
+        match change {
+            MembershipChange::AddLearner { member } => {
+                if let Some(m) = self.members.get_mut(&member.id) {
+                    m.addresses.clone_from(&member.addresses);
+                    m.capacity_bytes = m.capacity_bytes.max(member.capacity_bytes);
+                } else {
+                    self.insert_member(member, RaftRole::Learner);
+                }
+            }
+            MembershipChange::Promote { .. } => {}
+            MembershipChange::Remove { node } => self.remove_member(*node),
+            MembershipChange::Replace { old, .. } => self.remove_member(*old),
+        }
+        for m in self.members.values_mut() {
+            if voters.contains(&m.id.0) {
+                m.role = RaftRole::Voter;
+            } else if learners.contains(&m.id.0) {
+                m.role = RaftRole::Learner;
+            }
+        }
+    }
+
+    fn insert_member(&mut self, info: &MemberInfo, role: RaftRole) {
+        if self.members.len() >= limits::MEMBERS_MAX {
+            tracing::warn!(node = %info.id, "member table full; member not recorded");
+            return;
+        }
+        self.members.insert(
+            info.id,
+            Member {
+                id: info.id,
+                addresses: info.addresses.clone(),
+                capacity_bytes: info.capacity_bytes,
+                state: MemberState::Up,
+                epoch: Epoch(1),
+                role,
+            },
+        );
+        self.usage.insert(info.id, Usage::default());
+    }
+
+    fn remove_member(&mut self, node: NodeId) {
+        if self.members.remove(&node).is_none() {
+            return;
+        }
+        self.directory.drop_where(node, |_| true);
+        self.reservations.retain(|_, r| r.node != node);
+        self.leases.retain(|_, l| l.node != node);
+        self.usage.remove(&node);
+    }
+
+    fn drop_reservations_of(&mut self, node: NodeId) {
+        let mut freed = 0;
+        self.reservations.retain(|_, r| {
+            let keep = r.node != node;
+            if !keep {
+                freed += r.bytes;
+            }
+            keep
+        });
+        self.usage_mut(node).reserved_bytes -= freed;
+    }
+
+    fn up_member(&self, node: NodeId) -> Result<&Member, Rejection> {
+        let m = self
+            .members
+            .get(&node)
+            .ok_or(Rejection::UnknownNode { node })?;
+        if m.state != MemberState::Up {
+            return Err(Rejection::NodeNotUp {
+                node,
+                state: m.state,
+            });
+        }
+        Ok(m)
+    }
+
+    fn check_expiry(&self, expires_at_ms: u64) -> Result<(), Rejection> {
+        if expires_at_ms <= self.clock_ms {
+            return Err(Rejection::AlreadyExpired {
+                expires_at_ms,
+                clock_ms: self.clock_ms,
+            });
+        }
+        Ok(())
+    }
+
+    fn usage_mut(&mut self, node: NodeId) -> &mut Usage {
+        self.usage.entry(node).or_default()
+    }
+
+    fn uncount(&mut self, cuts: &[Cut]) {
+        for c in cuts {
+            let bytes = c.pages * self.page_bytes;
+            self.usage_mut(c.node).used_bytes -= bytes;
+        }
+    }
+
+    // ---- snapshots ----
+
+    /// Encodes the state for a snapshot.
+    pub(crate) fn encode_snapshot(&self) -> Vec<u8> {
+        command::encode(&SnapshotData {
+            format: SNAPSHOT_FORMAT,
+            page_bytes: self.page_bytes,
+            clock_ms: self.clock_ms,
+            members: self.members.values().cloned().collect(),
+            extents: self.directory.iter().collect(),
+            reservations: self.reservations.values().copied().collect(),
+            leases: self.leases.values().copied().collect(),
+        })
+    }
+
+    /// Decodes a snapshot taken at `applied_index`, rebuilds the accounting and checks
+    /// every invariant.
+    pub(crate) fn decode_snapshot(bytes: &[u8], applied_index: u64) -> Result<Self, SnapshotError> {
+        let data: SnapshotData = command::decode_snapshot(bytes)?;
+        let inconsistent = |reason: String| SnapshotError::Inconsistent { reason };
+        if data.format != SNAPSHOT_FORMAT {
+            return Err(inconsistent(format!("unknown format {}", data.format)));
+        }
+        if data.members.len() > limits::MEMBERS_MAX
+            || data.extents.len() > limits::DIRECTORY_EXTENTS_MAX
+            || data.reservations.len() > limits::RESERVATIONS_MAX
+            || data.leases.len() > limits::LEASES_MAX
+        {
+            return Err(inconsistent("a table is over its bound".into()));
+        }
+        let directory = Directory::from_records(data.extents)
+            .ok_or_else(|| inconsistent("directory records overlap or are invalid".into()))?;
+        let mut s = MetaState {
+            page_bytes: data.page_bytes,
+            clock_ms: data.clock_ms,
+            applied_index,
+            members: data.members.into_iter().map(|m| (m.id, m)).collect(),
+            usage: BTreeMap::new(),
+            directory,
+            reservations: data.reservations.into_iter().map(|r| (r.id, r)).collect(),
+            leases: data.leases.into_iter().map(|l| (l.id, l)).collect(),
+        };
+        s.usage = s.recount().map_err(inconsistent)?;
+        s.check_invariants().map_err(inconsistent)?;
+        Ok(s)
+    }
+
+    /// Usage recomputed from the records and reservations.
+    fn recount(&self) -> Result<BTreeMap<NodeId, Usage>, String> {
+        let mut usage: BTreeMap<NodeId, Usage> = self
+            .members
+            .keys()
+            .map(|&id| (id, Usage::default()))
+            .collect();
+        for (e, h) in self.directory.iter() {
+            let u = usage
+                .get_mut(&h.node)
+                .ok_or_else(|| format!("{e:?} is held by {} which is not a member", h.node))?;
+            u.used_bytes += u64::from(e.page_count) * self.page_bytes;
+        }
+        for r in self.reservations.values() {
+            let u = usage
+                .get_mut(&r.node)
+                .ok_or_else(|| format!("reservation {:?} is on a non-member", r.id))?;
+            u.reserved_bytes += r.bytes;
+        }
+        Ok(usage)
+    }
+
+    /// Checks every invariant of the module doc. O(size of the state): for tests,
+    /// simulations and snapshot loading, not for every apply.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if !self.directory.is_disjoint() {
+            return Err("directory records overlap".into());
+        }
+        let usage = self.recount()?;
+        if usage != self.usage {
+            return Err(format!(
+                "accounting drifted: counted {usage:?}, kept {:?}",
+                self.usage
+            ));
+        }
+        for (id, u) in &usage {
+            let m = &self.members[id];
+            if u.used_bytes + u.reserved_bytes > m.capacity_bytes {
+                return Err(format!(
+                    "{id} is over-committed: used {} + reserved {} > capacity {}",
+                    u.used_bytes, u.reserved_bytes, m.capacity_bytes
+                ));
+            }
+        }
+        for (e, h) in self.directory.iter() {
+            if h.epoch > self.members[&h.node].epoch {
+                return Err(format!("{e:?} carries a future epoch for {}", h.node));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_extent(extent: Extent) -> Result<(), Rejection> {
+    match extent.invalid_reason() {
+        Some(reason) => Err(Rejection::InvalidExtent { extent, reason }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spillway_types::BufferId;
+
+    use super::*;
+
+    const PAGE: u64 = 1 << 20;
+
+    fn state(capacities: &[u64]) -> MetaState {
+        MetaState::initial(&InitialCluster {
+            members: capacities
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| MemberInfo {
+                    id: NodeId(i as u64 + 1),
+                    addresses: vec![format!("127.0.0.1:{}", 7000 + i)],
+                    capacity_bytes: c,
+                })
+                .collect(),
+            page_bytes: PAGE,
+        })
+    }
+
+    fn place(buffer: u64, first: u32, count: u32, node: u64, epoch: u64, version: u64) -> Update {
+        Update::Place {
+            extent: Extent::new(BufferId(buffer), first, count),
+            holder: NodeId(node),
+            epoch: Epoch(epoch),
+            version,
+            reservation: None,
+        }
+    }
+
+    fn apply(s: &mut MetaState, now_ms: u64, updates: Vec<Update>) -> Vec<Result<(), Rejection>> {
+        let out = s.apply_batch(&Batch { now_ms, updates });
+        s.check_invariants().unwrap();
+        out
+    }
+
+    #[test]
+    fn placement_is_bounded_by_capacity() {
+        let mut s = state(&[4 * PAGE, 4 * PAGE]);
+        let out = apply(
+            &mut s,
+            1,
+            vec![place(1, 0, 3, 1, 1, 1), place(2, 0, 2, 1, 1, 1)],
+        );
+        assert_eq!(out[0], Ok(()));
+        assert_eq!(
+            out[1],
+            Err(Rejection::InsufficientCapacity {
+                node: NodeId(1),
+                requested_bytes: 2 * PAGE,
+                free_bytes: PAGE
+            })
+        );
+        // Re-placing pages already at node 1 costs nothing more.
+        assert_eq!(
+            apply(&mut s, 2, vec![place(1, 0, 3, 1, 1, 2)]),
+            vec![Ok(())]
+        );
+        // Moving them to node 2 frees node 1.
+        assert_eq!(
+            apply(&mut s, 3, vec![place(1, 1, 2, 2, 1, 3)]),
+            vec![Ok(())]
+        );
+        assert_eq!(s.usage(NodeId(1)).unwrap().used_bytes, PAGE);
+        assert_eq!(s.usage(NodeId(2)).unwrap().used_bytes, 2 * PAGE);
+    }
+
+    #[test]
+    fn reservations_pay_for_placements_and_expire() {
+        let mut s = state(&[4 * PAGE]);
+        let reserve = |id, bytes, exp| Update::Reserve {
+            id: ReservationId(id),
+            node: NodeId(1),
+            bytes,
+            expires_at_ms: exp,
+        };
+        let out = apply(
+            &mut s,
+            10,
+            vec![reserve(1, 3 * PAGE, 100), reserve(2, 2 * PAGE, 100)],
+        );
+        assert_eq!(out[0], Ok(()));
+        assert!(matches!(
+            out[1],
+            Err(Rejection::InsufficientCapacity { .. })
+        ));
+        // Without the reservation there is only one page free.
+        let out = apply(&mut s, 11, vec![place(1, 0, 2, 1, 1, 1)]);
+        assert!(matches!(
+            out[0],
+            Err(Rejection::InsufficientCapacity { .. })
+        ));
+        let with = Update::Place {
+            extent: Extent::new(BufferId(1), 0, 2),
+            holder: NodeId(1),
+            epoch: Epoch(1),
+            version: 1,
+            reservation: Some(ReservationId(1)),
+        };
+        assert_eq!(apply(&mut s, 12, vec![with]), vec![Ok(())]);
+        assert_eq!(s.reservation(ReservationId(1)).unwrap().bytes, PAGE);
+        // The rest lapses with the clock.
+        apply(&mut s, 100, vec![]);
+        assert!(s.reservation(ReservationId(1)).is_none());
+        assert_eq!(s.usage(NodeId(1)).unwrap().reserved_bytes, 0);
+        assert!(matches!(
+            apply(&mut s, 100, vec![reserve(3, 1, 50)])[0],
+            Err(Rejection::AlreadyExpired { .. })
+        ));
+    }
+
+    #[test]
+    fn stale_epochs_and_versions_are_refused() {
+        let mut s = state(&[16 * PAGE, 16 * PAGE]);
+        assert_eq!(
+            apply(&mut s, 1, vec![place(1, 0, 4, 2, 1, 5)]),
+            vec![Ok(())]
+        );
+        // An older version of those pages cannot overwrite the newer record.
+        assert!(matches!(
+            apply(&mut s, 2, vec![place(1, 2, 4, 1, 1, 4)])[0],
+            Err(Rejection::StaleVersion {
+                current_version: 5,
+                proposed_version: 4,
+                ..
+            })
+        ));
+        // Node 2 goes down and comes back: a new epoch, its old records are gone.
+        apply(
+            &mut s,
+            3,
+            vec![Update::SetMemberState {
+                node: NodeId(2),
+                state: MemberState::Down,
+            }],
+        );
+        assert!(matches!(
+            apply(&mut s, 4, vec![place(1, 8, 1, 2, 1, 1)])[0],
+            Err(Rejection::NodeNotUp { .. })
+        ));
+        apply(
+            &mut s,
+            5,
+            vec![Update::SetMemberState {
+                node: NodeId(2),
+                state: MemberState::Up,
+            }],
+        );
+        assert_eq!(s.member(NodeId(2)).unwrap().epoch, Epoch(2));
+        assert!(
+            s.holder_of(PageId {
+                buffer: BufferId(1),
+                index: 0
+            })
+            .is_none()
+        );
+        assert_eq!(
+            apply(&mut s, 6, vec![place(1, 0, 1, 2, 1, 6)])[0],
+            Err(Rejection::StaleEpoch {
+                node: NodeId(2),
+                record_epoch: Epoch(1),
+                current_epoch: Epoch(2)
+            })
+        );
+        assert_eq!(
+            apply(&mut s, 7, vec![place(1, 0, 1, 2, 2, 6)]),
+            vec![Ok(())]
+        );
+    }
+
+    #[test]
+    fn leases_and_capacity_changes() {
+        let mut s = state(&[4 * PAGE]);
+        let grant = Update::GrantLease {
+            id: LeaseId(1),
+            client: ClientId(9),
+            node: NodeId(1),
+            expires_at_ms: 50,
+        };
+        assert_eq!(apply(&mut s, 1, vec![grant.clone()]), vec![Ok(())]);
+        assert!(matches!(
+            apply(&mut s, 2, vec![grant])[0],
+            Err(Rejection::DuplicateLease { .. })
+        ));
+        apply(
+            &mut s,
+            3,
+            vec![Update::RenewLease {
+                id: LeaseId(1),
+                expires_at_ms: 80,
+            }],
+        );
+        apply(&mut s, 60, vec![]);
+        assert!(s.lease(LeaseId(1)).is_some());
+        apply(&mut s, 80, vec![]);
+        assert!(s.lease(LeaseId(1)).is_none());
+
+        apply(&mut s, 81, vec![place(1, 0, 3, 1, 1, 1)]);
+        assert!(matches!(
+            apply(
+                &mut s,
+                82,
+                vec![Update::SetCapacity {
+                    node: NodeId(1),
+                    capacity_bytes: 2 * PAGE
+                }]
+            )[0],
+            Err(Rejection::CapacityBelowUse { .. })
+        ));
+    }
+
+    #[test]
+    fn snapshot_round_trips_and_corruption_is_caught() {
+        let mut s = state(&[64 * PAGE, 64 * PAGE]);
+        apply(
+            &mut s,
+            1,
+            (0..20).map(|i| place(i, 0, 2, 1 + i % 2, 1, 1)).collect(),
+        );
+        s.set_applied_index(77);
+        let bytes = s.encode_snapshot();
+        let back = MetaState::decode_snapshot(&bytes, 77).unwrap();
+        assert_eq!(back, s);
+        assert!(MetaState::decode_snapshot(&bytes[..bytes.len() / 2], 77).is_err());
+    }
+
+    #[test]
+    fn membership_changes_update_members() {
+        let mut s = state(&[PAGE, PAGE, PAGE]);
+        apply(&mut s, 1, vec![place(1, 0, 1, 3, 1, 1)]);
+        s.apply_membership(
+            &MembershipChange::AddLearner {
+                member: MemberInfo {
+                    id: NodeId(4),
+                    addresses: vec![],
+                    capacity_bytes: PAGE,
+                },
+            },
+            &[1, 2, 3],
+            &[4],
+        );
+        assert_eq!(s.member(NodeId(4)).unwrap().role, RaftRole::Learner);
+        s.apply_membership(
+            &MembershipChange::Replace {
+                old: NodeId(3),
+                new: NodeId(4),
+            },
+            &[1, 2, 4],
+            &[],
+        );
+        assert_eq!(s.member(NodeId(4)).unwrap().role, RaftRole::Voter);
+        assert!(s.member(NodeId(3)).is_none());
+        assert_eq!(s.extent_count(), 0);
+        s.check_invariants().unwrap();
+    }
+}
