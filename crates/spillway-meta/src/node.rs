@@ -484,9 +484,13 @@ impl MetaNode {
             poisoned: false,
         };
         node.redraw_election_timeout();
+        // Replay the entries this node knows are committed, so the state is as current as
+        // the local log allows before the first tick.
+        node.handle_ready()?;
         tracing::info!(
             node = %id,
             snapshot_index,
+            applied_index = node.state.applied_index(),
             last_index = node.raw.raft.raft_log.last_index(),
             "metadata node opened"
         );
@@ -544,14 +548,11 @@ impl MetaNode {
         change: &MembershipChange,
     ) -> Result<Ticket, ProposeError> {
         self.check_can_propose()?;
-        if self.raw.raft.has_pending_conf() {
-            return Err(ProposeError::ConfChangePending);
-        }
         let conf = self.raw.raft.prs().conf().to_conf_state();
-        if !conf.voters_outgoing.is_empty() {
+        let changes = self.conf_changes(change, &conf)?;
+        if self.raw.raft.has_pending_conf() || !conf.voters_outgoing.is_empty() {
             return Err(ProposeError::ConfChangePending);
         }
-        let changes = self.conf_changes(change, &conf)?;
         let mut cc = ConfChangeV2::default();
         cc.set_transition(ConfChangeTransition::Auto);
         cc.set_changes(changes.into());
@@ -806,7 +807,8 @@ impl MetaNode {
 
     fn maybe_snapshot(&mut self) -> Result<(), MetaError> {
         let applied = self.state.applied_index();
-        if applied < self.snapshot_index + self.config.snapshot_interval_entries {
+        let wanted = self.raw.store().take_snapshot_wanted() && applied > self.snapshot_index;
+        if !wanted && applied < self.snapshot_index + self.config.snapshot_interval_entries {
             return Ok(());
         }
         let term = self

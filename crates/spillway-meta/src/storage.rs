@@ -16,6 +16,7 @@
 //! old or the new snapshot, never a mix. Terms of the kept entries are cached in memory
 //! (8 bytes an entry) because raft-rs asks for terms far more often than for entries.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 
@@ -83,6 +84,9 @@ pub struct EngineStorage {
     truncated_term: u64,
     /// Terms of the entries from `truncated_index + 1` to the last one.
     terms: VecDeque<u64>,
+    /// Set when raft-rs asked for a snapshot the stored one cannot serve (too old, or
+    /// taken before the recipient joined); the node takes a fresh one after the Ready.
+    snapshot_wanted: Cell<bool>,
 }
 
 impl EngineStorage {
@@ -127,6 +131,7 @@ impl EngineStorage {
             truncated_index,
             truncated_term,
             terms: VecDeque::new(),
+            snapshot_wanted: Cell::new(false),
         };
         s.load_terms()?;
         s.check_open_invariants()?;
@@ -356,6 +361,11 @@ impl EngineStorage {
         Ok(())
     }
 
+    /// Whether raft-rs asked for a snapshot newer than the stored one (and clears it).
+    pub(crate) fn take_snapshot_wanted(&self) -> bool {
+        self.snapshot_wanted.replace(false)
+    }
+
     /// Index of the latest snapshot (0: none).
     pub fn snapshot_index(&self) -> u64 {
         self.snapshot_meta.index
@@ -509,8 +519,19 @@ impl Storage for EngineStorage {
         Ok(self.last_index_inner())
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        if self.snapshot_meta.index < request_index {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        let cs = self.snapshot_meta.get_conf_state();
+        let knows_recipient = [
+            &cs.voters,
+            &cs.learners,
+            &cs.voters_outgoing,
+            &cs.learners_next,
+        ]
+        .iter()
+        .any(|ids| ids.contains(&to));
+        // A follower refuses a snapshot whose configuration does not contain it.
+        if self.snapshot_meta.index < request_index || !knows_recipient {
+            self.snapshot_wanted.set(true);
             return Err(raft::Error::Store(
                 raft::StorageError::SnapshotTemporarilyUnavailable,
             ));
