@@ -1,6 +1,8 @@
 //! Spillway's workloads and benchmarks.
-pub mod trace;
+#[cfg(feature = "cuda")]
+pub mod gpu_offload;
 pub mod offload;
 pub mod replay;
 pub mod report;
+pub mod trace;
 pub mod workload;

@@ -90,6 +90,38 @@ pub struct DemoArgs {
 pub enum BenchCommand {
     /// The offload benchmark: resident, copy-only, on-demand, CLOCK and learned prefetch.
     Offload(OffloadArgs),
+    /// The GPU offload benchmark (needs `--features cuda` and a GPU): cuBLAS GEMMs over
+    /// layers streamed through the pool, against resident and copy-only.
+    GpuOffload(GpuOffloadArgs),
+}
+
+/// Arguments of `spillway bench gpu-offload`.
+#[derive(Debug, Args)]
+pub struct GpuOffloadArgs {
+    /// Layers.
+    #[arg(long, default_value_t = 48)]
+    layers: usize,
+    /// Hidden size: each layer is hidden x hidden bf16.
+    #[arg(long, default_value_t = 8192)]
+    hidden: usize,
+    /// Layers the GPU budget holds.
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+    batch: Vec<usize>,
+    /// Timed steps per variant and batch (after one warm-up step).
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// Page size in KiB (at least 2048).
+    #[arg(long, default_value_t = 8192)]
+    page_kib: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Append the results, the command and the machine to this Markdown file.
+    #[arg(long)]
+    record: Option<PathBuf>,
 }
 
 /// Arguments of `spillway bench offload`.
@@ -144,8 +176,58 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "cuda")]
+fn run_gpu_offload(args: GpuOffloadArgs) -> Result<()> {
+    use spillway_bench::gpu_offload::{GpuOffloadConfig, markdown, run};
+    let cfg = GpuOffloadConfig {
+        layers: args.layers,
+        hidden: args.hidden,
+        slots: args.slots,
+        batches: args.batch.clone(),
+        iters: args.iters.max(1),
+        page_size: PageSize::new(args.page_kib << 10)?,
+    };
+    let quiet = args.json;
+    let result = run(&cfg, |m| {
+        if !quiet {
+            eprintln!("{m}");
+        }
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        print!("{}", markdown(&result));
+    }
+    if let Some(path) = &args.record {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        writeln!(
+            f,
+            "\n### GPU offload benchmark, {}\n\nCommand: `{command}`\n\n{}",
+            spillway_bench::report::now_rfc3339(),
+            markdown(&result)
+        )?;
+    }
+    if result.corrupt_pages > 0 {
+        bail!("{} pages were corrupt", result.corrupt_pages);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_gpu_offload(_args: GpuOffloadArgs) -> Result<()> {
+    bail!(
+        "`bench gpu-offload` needs a build with CUDA support: rebuild with `--features spillway-cli/cuda`"
+    )
+}
+
 pub fn run_bench(cmd: BenchCommand) -> Result<()> {
     match cmd {
+        BenchCommand::GpuOffload(args) => run_gpu_offload(args),
         BenchCommand::Offload(args) => {
             let cfg = OffloadConfig {
                 train: args.shape.train_config()?,

@@ -150,6 +150,7 @@ pub struct Buffer {
     id: BufferId,
     bytes: u64,
     name: Arc<str>,
+    range: Option<DevicePtr>,
 }
 
 impl Buffer {
@@ -179,6 +180,8 @@ pub struct PoolStats {
 struct State {
     core: PoolCore,
     stall: Duration,
+    /// Guards dropped whose release waits for the device's queued work (a fence).
+    pending_releases: u64,
     names: HashMap<BufferId, Arc<str>>,
 }
 
@@ -306,6 +309,7 @@ impl Pool {
             state: Mutex::new(State {
                 core,
                 stall: Duration::ZERO,
+                pending_releases: 0,
                 names: HashMap::new(),
             }),
             cond: Condvar::new(),
@@ -353,17 +357,25 @@ impl Pool {
     pub fn alloc(&self, name: &str, bytes: u64) -> Result<Buffer, PoolError> {
         let mut state = self.shared.lock();
         let id = state.core.alloc(bytes)?;
-        if let Err(e) = self.shared.device().reserve_range(id, bytes) {
-            state
-                .core
-                .free(id, self.shared.now())
-                .expect("just allocated");
-            return Err(e.into());
-        }
+        let range = match self.shared.device().reserve_range(id, bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                state
+                    .core
+                    .free(id, self.shared.now())
+                    .expect("just allocated");
+                return Err(e.into());
+            }
+        };
         let name: Arc<str> = name.into();
         state.names.insert(id, name.clone());
         drop(state);
-        let buffer = Buffer { id, bytes, name };
+        let buffer = Buffer {
+            id,
+            bytes,
+            name,
+            range,
+        };
         // Slots may hold a freed buffer's bytes: a new buffer reads as zeros.
         let zeros = vec![0u8; (bytes.min(self.config().page_size.bytes())) as usize];
         let mut offset = 0;
@@ -470,9 +482,19 @@ impl Pool {
     fn acquire_with(&self, buffer: &Buffer, mode: AccessMode) -> Result<Guard<'_>, PoolError> {
         let started = Instant::now();
         let mut state = self.shared.lock();
-        let (id, hit) = state
-            .core
-            .begin_acquire(buffer.id, mode, self.shared.now())?;
+        let (id, hit) = loop {
+            match state.core.begin_acquire(buffer.id, mode, self.shared.now()) {
+                Ok(r) => break r,
+                // Pages still held by released guards whose kernels have not finished:
+                // they come free when the device passes the fence, so wait, not fail.
+                Err(CoreError::HeldAcquiresExceedBudget { .. } | CoreError::BufferBusy { .. })
+                    if state.pending_releases > 0 =>
+                {
+                    state = self.shared.cond.wait(state).expect("pool state poisoned");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         self.shared.drive(&mut state);
         loop {
             match state.core.is_ready(id) {
@@ -492,6 +514,15 @@ impl Pool {
         state.stall += waited;
         let frames = state.core.frames_of(id);
         drop(state);
+        // The buffer's range must show its pages before a kernel may use it.
+        if buffer.range.is_some()
+            && let Err(e) = self.shared.device().flush_mappings()
+        {
+            let mut state = self.shared.lock();
+            state.core.release(id, self.shared.now());
+            self.shared.drive(&mut state);
+            return Err(e.into());
+        }
         Ok(Guard {
             pool: self,
             id,
@@ -499,6 +530,7 @@ impl Pool {
             frames,
             bytes: buffer.bytes,
             buffer: buffer.id,
+            range: buffer.range,
             hit,
             waited,
         })
@@ -520,10 +552,11 @@ impl Pool {
         }
     }
 
-    /// Waits until no copy is in flight (for clean measurements and shutdown).
+    /// Waits until no copy is in flight and every dropped guard is released (for clean
+    /// measurements and shutdown).
     pub fn quiesce(&self) {
         let mut state = self.shared.lock();
-        while state.core.transfers_in_flight() > 0 {
+        while state.core.transfers_in_flight() > 0 || state.pending_releases > 0 {
             state = self.shared.cond.wait(state).expect("pool state poisoned");
         }
     }
@@ -549,6 +582,7 @@ pub struct Guard<'p> {
     frames: Vec<FrameId>,
     bytes: u64,
     buffer: BufferId,
+    range: Option<DevicePtr>,
     hit: bool,
     waited: Duration,
 }
@@ -590,6 +624,12 @@ impl Guard<'_> {
                 index,
                 pages: self.frames.len(),
             })
+    }
+
+    /// The buffer as one contiguous device array, on backends with virtual memory
+    /// (`cuda` with pages of at least the allocation granularity); valid while held.
+    pub fn device_ptr(&self) -> Option<DevicePtr> {
+        self.range
     }
 
     /// Device address of page `index`.
@@ -657,9 +697,19 @@ impl Guard<'_> {
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        let shared = &self.pool.shared;
-        let mut state = shared.lock();
-        state.core.release(self.id, shared.now());
-        shared.drive(&mut state);
+        // The release waits for the kernels queued on the device while the guard was held
+        // (at once on `sim`, whose kernels are synchronous).
+        let shared = self.pool.shared.clone();
+        shared.lock().pending_releases += 1;
+        let id = self.id;
+        let device = shared.device().clone();
+        device.after_queued_work(Box::new(move || {
+            let mut state = shared.lock();
+            state.pending_releases -= 1;
+            state.core.release(id, shared.now());
+            shared.drive(&mut state);
+            drop(state);
+            shared.cond.notify_all();
+        }));
     }
 }

@@ -124,24 +124,6 @@ impl NextUse {
     }
 }
 
-/// A view that only admits frames with no predicted use.
-struct Unpredicted<'a>(&'a dyn VictimView);
-
-impl VictimView for Unpredicted<'_> {
-    fn frame_count(&self) -> u32 {
-        self.0.frame_count()
-    }
-    fn eligible(&self, frame: FrameId) -> bool {
-        self.0.eligible(frame) && self.0.next_use(frame).is_none()
-    }
-    fn next_use(&self, _frame: FrameId) -> Option<u64> {
-        None
-    }
-    fn must_exceed(&self) -> Option<u64> {
-        None
-    }
-}
-
 impl EvictionPolicy for NextUse {
     fn name(&self) -> &'static str {
         "next_use"
@@ -160,23 +142,48 @@ impl EvictionPolicy for NextUse {
     }
 
     fn choose_victim(&mut self, view: &dyn VictimView) -> Option<FrameId> {
-        if let Some(f) = self.clock.choose_victim(&Unpredicted(view)) {
-            return Some(f);
+        // One pass from the clock hand: the first unpredicted frame not referenced since
+        // the hand last passed (else the first unpredicted one), else the predicted frame
+        // used furthest away. Frames the hand passes lose their reference bit, as in CLOCK.
+        let n = view.frame_count();
+        if n == 0 {
+            return None;
         }
-        let mut best: Option<(u64, FrameId)> = None;
-        for i in 0..view.frame_count() {
+        let (mut unref, mut unpredicted, mut furthest): (
+            Option<u32>,
+            Option<u32>,
+            Option<(u64, FrameId)>,
+        ) = (None, None, None);
+        for k in 0..n {
+            let i = (self.clock.hand + k) % n;
             let f = FrameId(i);
             if !view.eligible(f) {
                 continue;
             }
-            let Some(next) = view.next_use(f) else {
-                continue;
-            };
-            if best.is_none_or(|(b, _)| next > b) {
-                best = Some((next, f));
+            match view.next_use(f) {
+                None => {
+                    unpredicted.get_or_insert(k);
+                    if !self.clock.referenced[i as usize] {
+                        unref = Some(k);
+                        break;
+                    }
+                }
+                Some(next) => {
+                    if furthest.is_none_or(|(b, _)| next > b) {
+                        furthest = Some((next, f));
+                    }
+                }
             }
         }
-        let (next, f) = best?;
+        if let Some(k) = unref.or(unpredicted) {
+            for passed in 0..k {
+                self.clock.referenced[((self.clock.hand + passed) % n) as usize] = false;
+            }
+            let victim = (self.clock.hand + k) % n;
+            self.clock.hand = (victim + 1) % n;
+            return Some(FrameId(victim));
+        }
+        let (next, f) = furthest?;
         match view.must_exceed() {
             Some(bound) if next <= bound => None,
             _ => Some(f),

@@ -34,6 +34,10 @@
 //!   in flight).
 //! - **Sync lane**: one more stream, under a mutex, for the synchronous calls
 //!   (`write_frame`, `read_frame`, the kernels); each call ends with a stream sync.
+//! - **Compute stream and fences**: [`CudaDevice::compute_stream`] is where the caller's
+//!   own kernels (GEMMs) go. [`Device::after_queued_work`] records an event on it and a
+//!   fence thread runs the callback once the stream passes the event: the pool releases
+//!   an acquire that way, so a frame is never reused while a queued kernel reads it.
 //!
 //! # Kernels
 //! Hand-written PTX (`cuda/kernels.ptx`) loaded with `cuModuleLoadData`: the driver
@@ -903,10 +907,12 @@ pub struct CudaDevice {
     sm_count: u32,
     // Drop order is field order: lanes (drain copies), sync lane, ranges, frames, host
     // slots, and the context last (every part also holds an `Arc` of it).
+    fences: FenceLane,
     lanes: [Arc<Lane>; 2],
     threads: Vec<JoinHandle<()>>,
     sync: Mutex<SyncLane>,
-    ranges: Ranges,
+    mapper: Mapper,
+    ranges: Arc<Ranges>,
     frames: Frames,
     host: HostSlots,
     ctx: Arc<Context>,
@@ -972,11 +978,21 @@ impl CudaDevice {
         let frames = Frames::new(&ctx, config.frames, config.page_bytes)?;
         let host = HostSlots::new(&ctx, config.host_slots, config.page_bytes)?;
         let sync = SyncLane::new(&ctx)?;
-        let ranges = Ranges {
+        let ranges = Arc::new(Ranges {
             ctx: ctx.clone(),
             page_bytes: config.page_bytes,
             map: Mutex::new(HashMap::new()),
-        };
+        });
+        let mapper = Mapper::new(
+            &ctx,
+            ranges.clone(),
+            if frames.remappable() {
+                frames.handles.clone()
+            } else {
+                Vec::new()
+            },
+            config.page_bytes,
+        )?;
 
         let new_lane = |queue: mpsc::Sender<Pending>| -> Result<Arc<Lane>, DeviceError> {
             let streams = (0..streams_per_direction.clamp(1, STREAMS_PER_DIRECTION_MAX))
@@ -995,11 +1011,14 @@ impl CudaDevice {
         let (h2d_tx, h2d_rx) = mpsc::channel();
         let (d2h_tx, d2h_rx) = mpsc::channel();
         let lanes = [new_lane(h2d_tx)?, new_lane(d2h_tx)?];
+        let fences = FenceLane::new(&ctx)?;
         let mut device = CudaDevice {
             config,
             name,
             ordinal,
             sm_count,
+            fences,
+            mapper,
             lanes,
             threads: Vec::new(),
             sync: Mutex::new(sync),
@@ -1023,6 +1042,45 @@ impl CudaDevice {
             device.threads.push(handle);
         }
         Ok(device)
+    }
+
+    /// The compute stream: the stream the caller's kernels (GEMMs) should run on, so that
+    /// releases are fenced behind them ([`Device::after_queued_work`]).
+    pub fn compute_stream(&self) -> sys::CUstream {
+        self.fences.stream.raw
+    }
+
+    /// Mappings into buffer ranges that changed something, and seconds the driver took for
+    /// them (the cost of remapping pages, paid on the mapper thread).
+    pub fn mapping_stats(&self) -> (u64, f64) {
+        *lock(&self.mapper.shared.stats)
+    }
+
+    /// Makes the device's context current on the calling thread (before calling CUDA
+    /// libraries such as cuBLAS directly).
+    pub fn bind(&self) -> Result<(), DeviceError> {
+        self.ctx.bind()
+    }
+
+    /// Waits until the compute stream has finished everything queued on it.
+    pub fn synchronize_compute(&self) -> Result<(), DeviceError> {
+        self.ctx.bind()?;
+        self.fences.stream.synchronize()
+    }
+
+    /// Allocates `bytes` of device memory outside the pool's budget (activations).
+    pub fn alloc_device(&self, bytes: u64) -> Result<DeviceAlloc, DeviceError> {
+        self.ctx.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the context is current; writes the allocation's address.
+        check("cuMemAlloc", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes.max(1) as usize)
+        })?;
+        Ok(DeviceAlloc {
+            ctx: self.ctx.clone(),
+            ptr,
+            bytes,
+        })
     }
 
     /// The GPU's ordinal, as given to [`CudaDevice::new`].
@@ -1227,6 +1285,9 @@ fn completion_loop(
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        // Fences first: their `done` may call back into the pool.
+        self.fences.shutdown();
+        self.mapper.shutdown();
         // Close the queues: the threads deliver every queued completion, then end.
         for lane in &self.lanes {
             lock(&lane.state).queue.take();
@@ -1383,71 +1444,49 @@ impl Device for CudaDevice {
                     .into(),
             });
         }
-        // Validates the frame id (panics on a caller bug, as everywhere); one frame is
-        // one chunk here, so the frame id is the handle's index.
+        // Validates the frame id (panics on a caller bug, as everywhere).
         let _ = self.frames.ptr(frame);
-        let handle = self.frames.handles[frame.0 as usize];
-        let mut map = lock(&self.ranges.map);
-        let range = map.get_mut(&buffer).ok_or_else(|| DeviceError::Driver {
-            op: "map_page",
-            message: format!("{buffer} has no reserved range"),
-        })?;
-        let i = index as usize;
-        if i >= range.mapped.len() {
-            return Err(DeviceError::Driver {
+        {
+            let map = lock(&self.ranges.map);
+            let range = map.get(&buffer).ok_or_else(|| DeviceError::Driver {
                 op: "map_page",
-                message: format!(
-                    "page {index} is outside {buffer}'s range of {} pages",
-                    range.mapped.len()
-                ),
-            });
-        }
-        self.ctx.bind()?;
-        self.ranges.unmap(range, i)?;
-        let page = self.config.page_bytes;
-        let va = range.base + u64::from(index) * page;
-        let desc = access_desc(self.ctx.device);
-        // SAFETY: `va..va+page` lies in the buffer's reserved range and is unmapped (just
-        // above); `handle` is a live chunk of exactly `page` bytes (remappable frames).
-        check("cuMemMap", unsafe {
-            sys::cuMemMap(va, page as usize, 0, handle, 0)
-        })?;
-        // SAFETY: the page was just mapped.
-        let access = check("cuMemSetAccess", unsafe {
-            sys::cuMemSetAccess(va, page as usize, &desc, 1)
-        });
-        if let Err(e) = access {
-            // SAFETY: undo the mapping made above.
-            unsafe {
-                let _ = sys::cuMemUnmap(va, page as usize);
+                message: format!("{buffer} has no reserved range"),
+            })?;
+            if index as usize >= range.mapped.len() {
+                return Err(DeviceError::Driver {
+                    op: "map_page",
+                    message: format!(
+                        "page {index} is outside {buffer}'s range of {} pages",
+                        range.mapped.len()
+                    ),
+                });
             }
-            return Err(e);
         }
-        range.mapped[i] = Some(frame);
-        Ok(())
+        self.mapper.enqueue(buffer, index, frame)
     }
 
-    /// Unmaps page `index` of the buffer's range; no-op when nothing is mapped there or
-    /// the buffer has no range.
-    fn unmap_page(&self, buffer: BufferId, index: u32) -> Result<(), DeviceError> {
-        let mut map = lock(&self.ranges.map);
-        let Some(range) = map.get_mut(&buffer) else {
-            return Ok(());
-        };
-        if index as usize >= range.mapped.len() {
-            return Ok(());
-        }
-        self.ctx.bind()?;
-        self.ranges.unmap(range, index as usize)
+    fn flush_mappings(&self) -> Result<(), DeviceError> {
+        self.mapper.flush()
+    }
+
+    /// Lazy: the page's mapping stays until the page is mapped again (into another frame
+    /// or the same one, which then costs nothing) or the range is released. A page that
+    /// is not resident is never read through its range (guards exist only for resident
+    /// pages), so a stale mapping is never observed, and it is still valid memory.
+    fn unmap_page(&self, _buffer: BufferId, _index: u32) -> Result<(), DeviceError> {
+        Ok(())
     }
 
     /// Unmaps every page of the buffer's range and frees it; no-op without a range.
     fn release_range(&self, buffer: BufferId) -> Result<(), DeviceError> {
+        // Mappings queued for this buffer must land (or fail) before its range goes.
+        let flushed = self.mapper.flush();
         let Some(range) = lock(&self.ranges.map).remove(&buffer) else {
             return Ok(());
         };
         self.ctx.bind()?;
-        self.ranges.release(range)
+        self.ranges.release(range)?;
+        flushed
     }
 
     fn fill_pattern(&self, frame: FrameId, len: u64, seed: u64) -> Result<(), DeviceError> {
@@ -1493,6 +1532,321 @@ impl Device for CudaDevice {
 
     fn bandwidth_hint_bytes_per_s(&self, _direction: Direction) -> f64 {
         BANDWIDTH_HINT_BYTES_PER_S
+    }
+
+    fn after_queued_work(&self, done: Box<dyn FnOnce() + Send>) {
+        if let Err((e, done)) = self.fences.enqueue(done) {
+            // No event could be recorded: wait for the stream here instead, so the
+            // release still comes after the work.
+            tracing::warn!(error = %e, "fence event failed; synchronizing the compute stream");
+            let _ = self
+                .ctx
+                .bind()
+                .and_then(|()| self.fences.stream.synchronize());
+            done();
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Maps frames into buffer ranges on a thread of its own, in submission order.
+///
+/// `cuMemMap` + `cuMemSetAccess` cost tens of microseconds per page; done inline they
+/// would hold the pool's lock (or a completion thread) that long for every page loaded.
+/// The pool queues a mapping when it starts a page's load and waits for the queue
+/// ([`Device::flush_mappings`]) only before handing out a guard, by which time the
+/// mapping has almost always landed. A mapping that is already in place costs nothing.
+struct Mapper {
+    queue: Mutex<Option<mpsc::Sender<(BufferId, u32, FrameId)>>>,
+    shared: Arc<MapperShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct MapperShared {
+    /// (mappings queued, mappings done, first error).
+    progress: Mutex<(u64, u64, Option<String>)>,
+    cond: std::sync::Condvar,
+    /// Mappings that changed something, and seconds spent in the driver on them.
+    stats: Mutex<(u64, f64)>,
+}
+
+impl Mapper {
+    fn new(
+        ctx: &Arc<Context>,
+        ranges: Arc<Ranges>,
+        handles: Vec<sys::CUmemGenericAllocationHandle>,
+        page_bytes: u64,
+    ) -> Result<Mapper, DeviceError> {
+        let shared = Arc::new(MapperShared {
+            progress: Mutex::new((0, 0, None)),
+            cond: std::sync::Condvar::new(),
+            stats: Mutex::new((0, 0.0)),
+        });
+        let (tx, rx) = mpsc::channel::<(BufferId, u32, FrameId)>();
+        let (ctx, thread_shared) = (ctx.clone(), shared.clone());
+        let handle = std::thread::Builder::new()
+            .name("spillway-cuda-map".into())
+            .spawn(move || {
+                let bound = ctx.bind().map_err(|e| e.to_string());
+                while let Ok((buffer, index, frame)) = rx.recv() {
+                    let started = Instant::now();
+                    let result = match &bound {
+                        Ok(()) => {
+                            map_now(&ctx, &ranges, &handles, page_bytes, buffer, index, frame)
+                        }
+                        Err(m) => Err(DeviceError::Driver {
+                            op: "cuCtxSetCurrent (mapper thread)",
+                            message: m.clone(),
+                        }),
+                    };
+                    let changed = matches!(result, Ok(true));
+                    if changed {
+                        let mut st = lock(&thread_shared.stats);
+                        st.0 += 1;
+                        st.1 += started.elapsed().as_secs_f64();
+                    }
+                    let mut p = lock(&thread_shared.progress);
+                    p.1 += 1;
+                    if let Err(e) = result {
+                        tracing::error!(error = %e, %buffer, index, "mapping a page failed");
+                        p.2.get_or_insert(e.to_string());
+                    }
+                    drop(p);
+                    thread_shared.cond.notify_all();
+                }
+            })
+            .map_err(|e| DeviceError::Driver {
+                op: "spawn mapper thread",
+                message: e.to_string(),
+            })?;
+        Ok(Mapper {
+            queue: Mutex::new(Some(tx)),
+            shared,
+            thread: Mutex::new(Some(handle)),
+        })
+    }
+
+    fn enqueue(&self, buffer: BufferId, index: u32, frame: FrameId) -> Result<(), DeviceError> {
+        let queue = lock(&self.queue);
+        let q = queue.as_ref().ok_or_else(|| DeviceError::Driver {
+            op: "map_page",
+            message: "the device is shutting down".into(),
+        })?;
+        lock(&self.shared.progress).0 += 1;
+        q.send((buffer, index, frame))
+            .map_err(|_| DeviceError::Driver {
+                op: "map_page",
+                message: "the mapper thread has stopped".into(),
+            })
+    }
+
+    /// Waits until every mapping queued before this call is done; the first error, if any.
+    fn flush(&self) -> Result<(), DeviceError> {
+        let mut p = lock(&self.shared.progress);
+        let target = p.0;
+        while p.1 < target {
+            p = self
+                .shared
+                .cond
+                .wait(p)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        match &p.2 {
+            Some(e) => Err(DeviceError::Driver {
+                op: "map_page",
+                message: e.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn shutdown(&self) {
+        lock(&self.queue).take();
+        if let Some(t) = lock(&self.thread).take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Maps `frame`'s chunk at page `index` of `buffer`'s range unless it is already there;
+/// returns whether anything changed. The context is current.
+fn map_now(
+    ctx: &Context,
+    ranges: &Ranges,
+    handles: &[sys::CUmemGenericAllocationHandle],
+    page: u64,
+    buffer: BufferId,
+    index: u32,
+    frame: FrameId,
+) -> Result<bool, DeviceError> {
+    let mut map = lock(&ranges.map);
+    // A buffer freed since the mapping was queued has no range any more: nothing to do.
+    let Some(range) = map.get_mut(&buffer) else {
+        return Ok(false);
+    };
+    let i = index as usize;
+    if range.mapped[i] == Some(frame) {
+        return Ok(false);
+    }
+    ranges.unmap(range, i)?;
+    let handle = handles[frame.0 as usize];
+    let va = range.base + u64::from(index) * page;
+    let desc = access_desc(ctx.device);
+    // SAFETY: `va..va+page` lies in the buffer's reserved range and is unmapped (just
+    // above); `handle` is a live chunk of exactly `page` bytes (remappable frames).
+    check("cuMemMap", unsafe {
+        sys::cuMemMap(va, page as usize, 0, handle, 0)
+    })?;
+    // SAFETY: the page was just mapped.
+    let access = check("cuMemSetAccess", unsafe {
+        sys::cuMemSetAccess(va, page as usize, &desc, 1)
+    });
+    if let Err(e) = access {
+        // SAFETY: undo the mapping made above.
+        unsafe {
+            let _ = sys::cuMemUnmap(va, page as usize);
+        }
+        return Err(e);
+    }
+    range.mapped[i] = Some(frame);
+    Ok(true)
+}
+
+/// Work to run once the compute stream passes an event.
+struct Fence {
+    event: Event,
+    done: Box<dyn FnOnce() + Send>,
+}
+
+/// The compute stream (where the caller's kernels run) and the thread that runs each
+/// fence's `done` once the stream has passed it.
+struct FenceLane {
+    stream: Stream,
+    queue: Mutex<Option<mpsc::Sender<Fence>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl FenceLane {
+    fn new(ctx: &Arc<Context>) -> Result<FenceLane, DeviceError> {
+        let stream = Stream::new(ctx)?;
+        let (tx, rx) = mpsc::channel::<Fence>();
+        let thread_ctx = ctx.clone();
+        let handle = std::thread::Builder::new()
+            .name("spillway-cuda-fence".into())
+            .spawn(move || {
+                let bound = thread_ctx.bind();
+                while let Ok(f) = rx.recv() {
+                    if bound.is_ok() {
+                        // SAFETY: the event was recorded on the compute stream and is ours.
+                        let _ = unsafe { sys::cuEventSynchronize(f.event.0) };
+                    }
+                    f.event.destroy();
+                    (f.done)();
+                }
+            })
+            .map_err(|e| DeviceError::Driver {
+                op: "spawn fence thread",
+                message: e.to_string(),
+            })?;
+        Ok(FenceLane {
+            stream,
+            queue: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Records an event on the compute stream and queues `done` behind it.
+    #[allow(clippy::type_complexity)]
+    fn enqueue(
+        &self,
+        done: Box<dyn FnOnce() + Send>,
+    ) -> Result<(), (DeviceError, Box<dyn FnOnce() + Send>)> {
+        if let Err(e) = self.stream.ctx.bind() {
+            return Err((e, done));
+        }
+        let event = match Event::new() {
+            Ok(e) => e,
+            Err(e) => return Err((e, done)),
+        };
+        // SAFETY: a live event and stream of the current context.
+        if let Err(e) = check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event.0, self.stream.raw)
+        }) {
+            event.destroy();
+            return Err((e, done));
+        }
+        match lock(&self.queue).as_ref() {
+            Some(q) => q.send(Fence { event, done }).map_err(|e| {
+                let f = e.0;
+                f.event.destroy();
+                (
+                    DeviceError::Driver {
+                        op: "fence queue",
+                        message: "the fence thread has stopped".into(),
+                    },
+                    f.done,
+                )
+            }),
+            None => {
+                event.destroy();
+                Err((
+                    DeviceError::Driver {
+                        op: "fence queue",
+                        message: "the device is shutting down".into(),
+                    },
+                    done,
+                ))
+            }
+        }
+    }
+
+    /// Runs every queued fence, then stops the thread (unless called from it).
+    fn shutdown(&self) {
+        lock(&self.queue).take();
+        if let Some(t) = lock(&self.thread).take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Device memory outside the pool's budget (activations, workspaces), freed on drop.
+pub struct DeviceAlloc {
+    ctx: Arc<Context>,
+    ptr: sys::CUdeviceptr,
+    bytes: u64,
+}
+
+// SAFETY: a device address; the driver API is thread-safe.
+unsafe impl Send for DeviceAlloc {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceAlloc {}
+
+impl DeviceAlloc {
+    /// The device address.
+    pub fn ptr(&self) -> DevicePtr {
+        DevicePtr(self.ptr)
+    }
+    /// Its size.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: allocated by `cuMemAlloc` in `CudaDevice::alloc_device`, freed once.
+            unsafe {
+                let _ = sys::cuMemFree_v2(self.ptr);
+            }
+        }
     }
 }
 

@@ -179,6 +179,11 @@ pub trait Device: Send + Sync {
         let _ = (buffer, index);
         Ok(())
     }
+    /// Waits until every `map_page` made so far has taken effect (backends that map on a
+    /// thread of their own); the pool calls it before handing out a guard.
+    fn flush_mappings(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
     /// Gives back `buffer`'s range (no-op without virtual memory).
     fn release_range(&self, buffer: BufferId) -> Result<(), DeviceError> {
         let _ = buffer;
@@ -195,6 +200,18 @@ pub trait Device: Send + Sync {
 
     /// A first guess of copy bandwidth in one direction, before any copy is measured.
     fn bandwidth_hint_bytes_per_s(&self, direction: Direction) -> f64;
+
+    /// Calls `done` once all the work queued so far on the device's compute stream (the
+    /// stream the caller's kernels run on) has finished, from a device thread, or at
+    /// once on the calling thread when kernels are synchronous (`sim`). The pool releases
+    /// an acquire through this, so a page is never evicted while a kernel still reads it.
+    fn after_queued_work(&self, done: Box<dyn FnOnce() + Send>) {
+        done();
+    }
+
+    /// The device as `Any`, to reach backend-specific parts (the CUDA context and
+    /// compute stream) from benchmarks.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Checks that `offset + len` fits in a page of `page_bytes`.

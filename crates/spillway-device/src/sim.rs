@@ -284,6 +284,10 @@ impl Device for SimDevice {
         Ok(compute_passes(self.frame_bytes(frame, len)?, passes))
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn bandwidth_hint_bytes_per_s(&self, _direction: Direction) -> f64 {
         // memcpy between pre-faulted regions on these machines: 5-8 GB/s.
         5e9
