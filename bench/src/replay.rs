@@ -17,7 +17,7 @@ use serde::Serialize;
 use spillway_client::{Buffer, DeviceChoice, Guard, PageSize, Policy, Pool, PoolBuilder, pattern};
 
 use crate::trace::Trace;
-use crate::workload::{RunReport, StepReport};
+use crate::workload::{RunReport, StepReport, write_pattern};
 
 /// How to replay.
 #[derive(Debug, Clone)]
@@ -80,19 +80,6 @@ struct Buf {
     version: u64,
 }
 
-fn verify(g: &Guard<'_>, seed: u64, step: &mut StepReport) -> Result<()> {
-    for k in 0..g.pages() {
-        let len = g.page_len(k);
-        if g.checksum(k)?
-            != pattern::expected_checksum(pattern::page_seed(seed, k as u64), len as usize)
-        {
-            step.corrupt_pages += 1;
-        }
-        step.verified_bytes += len;
-    }
-    Ok(())
-}
-
 /// Computes over the guard's pages until `budget` has passed; returns a value derived
 /// from the work so it cannot be skipped.
 fn compute_for(g: &Guard<'_>, budget: Duration) -> Result<u64> {
@@ -153,7 +140,7 @@ pub fn replay(
         let handle = pool
             .alloc(bname, *size)
             .with_context(|| format!("allocating {bname} ({size} bytes)"))?;
-        write_version(&pool, &handle, buffer_seed(bname, 0), &mut bytes)?;
+        write_pattern(&pool, &handle, buffer_seed(bname, 0), &mut bytes)?;
         bufs.insert(bname.as_str(), Buf { handle, version: 0 });
     }
     let started = Instant::now();
@@ -162,18 +149,7 @@ pub fn replay(
     for (ordinal, (_, accesses)) in trace.accesses_by_step().enumerate() {
         let before = pool.stats().core;
         let step_started = Instant::now();
-        let mut s = StepReport {
-            step: ordinal + 1,
-            wall_s: 0.0,
-            stall_s: 0.0,
-            acquires: 0,
-            hits: 0,
-            h2d_bytes: 0,
-            d2h_bytes: 0,
-            verified_bytes: 0,
-            corrupt_pages: 0,
-            diverged: false,
-        };
+        let mut s = StepReport::new(ordinal + 1, false);
         for a in accesses {
             let b = bufs
                 .get_mut(a.buffer.as_str())
@@ -184,13 +160,11 @@ pub fn replay(
             } else {
                 pool.acquire(&b.handle)?
             };
-            s.acquires += 1;
-            s.hits += u64::from(g.hit());
-            if std::env::var_os("SPILLWAY_TRACE_MISSES").is_some() && !g.hit() {
-                eprintln!("step {} miss {} {}", ordinal + 1, a.buffer, a.phase);
+            s.record(&g);
+            if !g.hit() {
+                tracing::debug!(step = ordinal + 1, buffer = %a.buffer, phase = %a.phase, "miss");
             }
-            s.stall_s += g.waited().as_secs_f64();
-            verify(&g, buffer_seed(&a.buffer, b.version), &mut s)?;
+            s.verify(&g, buffer_seed(&a.buffer, b.version))?;
             let us = a
                 .compute_us
                 .unwrap_or(cfg.compute_us_per_mib * a.bytes as f64 / (1 << 20) as f64)
@@ -237,19 +211,6 @@ pub fn replay(
         novel_access_fraction: novel_fractions(trace),
         run,
     })
-}
-
-fn write_version(pool: &Pool, b: &Buffer, seed: u64, scratch: &mut [u8]) -> Result<()> {
-    let page = scratch.len() as u64;
-    let (mut off, mut k) = (0u64, 0u64);
-    while off < b.bytes() {
-        let n = (b.bytes() - off).min(page) as usize;
-        pattern::fill(pattern::page_seed(seed, k), &mut scratch[..n]);
-        pool.write(b, off, &scratch[..n])?;
-        off += n as u64;
-        k += 1;
-    }
-    Ok(())
 }
 
 /// For each step after the first, the fraction of its accesses to buffers the step

@@ -110,6 +110,44 @@ pub struct StepReport {
 }
 
 impl StepReport {
+    /// An empty report for step `step`.
+    pub fn new(step: usize, diverged: bool) -> StepReport {
+        StepReport {
+            step,
+            wall_s: 0.0,
+            stall_s: 0.0,
+            acquires: 0,
+            hits: 0,
+            h2d_bytes: 0,
+            d2h_bytes: 0,
+            verified_bytes: 0,
+            corrupt_pages: 0,
+            diverged,
+        }
+    }
+
+    /// Counts an acquire: whether it hit and how long it waited.
+    pub fn record(&mut self, g: &Guard<'_>) {
+        self.acquires += 1;
+        self.hits += u64::from(g.hit());
+        self.stall_s += g.waited().as_secs_f64();
+    }
+
+    /// Checks every page of `g` against the pattern of `seed` (see [`write_pattern`]),
+    /// on the device, counting verified bytes and corrupt pages.
+    pub fn verify(&mut self, g: &Guard<'_>, seed: u64) -> Result<()> {
+        for k in 0..g.pages() {
+            let len = g.page_len(k);
+            if g.checksum(k)?
+                != pattern::expected_checksum(pattern::page_seed(seed, k as u64), len as usize)
+            {
+                self.corrupt_pages += 1;
+            }
+            self.verified_bytes += len;
+        }
+        Ok(())
+    }
+
     /// hits / acquires.
     pub fn hit_rate(&self) -> f64 {
         if self.acquires == 0 {
@@ -198,37 +236,27 @@ fn weight_seed(layer: usize) -> u64 {
     pattern::word(0x3E1, layer as u64)
 }
 
-struct Counters {
-    step: StepReport,
-    sink: u64,
+/// Writes the pattern of `seed` over the whole of `b` through the pool, page by page
+/// (`scratch` is one page long).
+pub fn write_pattern(pool: &Pool, b: &Buffer, seed: u64, scratch: &mut [u8]) -> Result<()> {
+    let page = scratch.len() as u64;
+    let (mut off, mut k) = (0u64, 0u64);
+    while off < b.bytes() {
+        let n = (b.bytes() - off).min(page) as usize;
+        pattern::fill(pattern::page_seed(seed, k), &mut scratch[..n]);
+        pool.write(b, off, &scratch[..n])?;
+        off += n as u64;
+        k += 1;
+    }
+    Ok(())
 }
 
-impl Counters {
-    fn record(&mut self, g: &Guard<'_>) {
-        self.step.acquires += 1;
-        self.step.hits += u64::from(g.hit());
-        self.step.stall_s += g.waited().as_secs_f64();
+fn compute_pages(g: &Guard<'_>, passes: u32) -> Result<u64> {
+    let mut sink = 0;
+    for k in 0..g.pages() {
+        sink ^= g.compute(k, passes)?;
     }
-
-    /// Checks every page of `g` against the pattern of `seed`.
-    fn verify(&mut self, g: &Guard<'_>, seed: u64) -> Result<()> {
-        for k in 0..g.pages() {
-            let len = g.page_len(k);
-            let got = g.checksum(k)?;
-            if got != pattern::expected_checksum(pattern::page_seed(seed, k as u64), len as usize) {
-                self.step.corrupt_pages += 1;
-            }
-            self.step.verified_bytes += len;
-        }
-        Ok(())
-    }
-
-    fn compute(&mut self, g: &Guard<'_>, passes: u32) -> Result<()> {
-        for k in 0..g.pages() {
-            self.sink ^= g.compute(k, passes)?;
-        }
-        Ok(())
-    }
+    Ok(sink)
 }
 
 /// A pool and the buffers of the loop, ready to run steps.
@@ -264,15 +292,7 @@ impl Training {
         let mut bytes = vec![0u8; page];
         for i in 0..cfg.layers {
             let w = pool.alloc(&format!("layers.{i}.weight"), cfg.weight_bytes)?;
-            let mut off = 0u64;
-            let mut k = 0u64;
-            while off < cfg.weight_bytes {
-                let n = (cfg.weight_bytes - off).min(page as u64) as usize;
-                pattern::fill(pattern::page_seed(weight_seed(i), k), &mut bytes[..n]);
-                pool.write(&w, off, &bytes[..n])?;
-                off += n as u64;
-                k += 1;
-            }
+            write_pattern(&pool, &w, weight_seed(i), &mut bytes)?;
             weights.push(w);
             acts.push(pool.alloc(&format!("layers.{i}.activation"), cfg.act_bytes)?);
         }
@@ -311,28 +331,15 @@ impl Training {
         let diverged = self.cfg.diverge_steps.contains(&step);
         let before = self.pool.stats().core;
         let started = Instant::now();
-        let mut c = Counters {
-            step: StepReport {
-                step,
-                wall_s: 0.0,
-                stall_s: 0.0,
-                acquires: 0,
-                hits: 0,
-                h2d_bytes: 0,
-                d2h_bytes: 0,
-                verified_bytes: 0,
-                corrupt_pages: 0,
-                diverged,
-            },
-            sink: 0,
-        };
+        let mut c = StepReport::new(step, diverged);
+        let mut sink = 0;
         let passes = self.cfg.compute_passes;
         let order = self.order(diverged);
         for &i in &order {
             let g = self.pool.acquire(&self.weights[i])?;
             c.record(&g);
             c.verify(&g, weight_seed(i))?;
-            c.compute(&g, passes)?;
+            sink ^= compute_pages(&g, passes)?;
             drop(g);
             let mut g = self.pool.acquire_mut(&self.acts[i])?;
             c.record(&g);
@@ -346,23 +353,23 @@ impl Training {
             let g = self.pool.acquire(&self.weights[i])?;
             c.record(&g);
             c.verify(&g, weight_seed(i))?;
-            c.compute(&g, passes)?;
+            sink ^= compute_pages(&g, passes)?;
             drop(g);
             let g = self.pool.acquire(&self.acts[i])?;
             c.record(&g);
             let written = self.act_written[i].context("activation read before it was written")?;
             c.verify(&g, act_seed(written, i))?;
-            c.compute(&g, passes)?;
+            sink ^= compute_pages(&g, passes)?;
         }
         if self.cfg.mark_steps {
             self.pool.step();
         }
         let after = self.pool.stats().core;
-        c.step.wall_s = started.elapsed().as_secs_f64();
-        c.step.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
-        c.step.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
-        self.sink ^= c.sink;
-        Ok(c.step)
+        c.wall_s = started.elapsed().as_secs_f64();
+        c.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
+        c.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
+        self.sink ^= sink;
+        Ok(c)
     }
 
     /// Builds the run's report from its steps.
