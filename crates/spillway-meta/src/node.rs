@@ -819,9 +819,11 @@ impl MetaNode {
                 action: "read the term of the applied entry",
                 source,
             })?;
-        let mut meta = SnapshotMetadata::default();
-        meta.index = applied;
-        meta.term = term;
+        let mut meta = SnapshotMetadata {
+            index: applied,
+            term,
+            ..Default::default()
+        };
         meta.set_conf_state(self.raw.raft.prs().conf().to_conf_state());
         let data = self.state.encode_snapshot();
         let data_bytes = data.len();

@@ -640,7 +640,7 @@ impl SimCluster {
             if done(self) {
                 return Some((self.now_us - start) / 1000);
             }
-            if !self.queue.peek().is_some_and(|Reverse(e)| e.at_us <= end) || !self.step_event() {
+            if self.queue.peek().is_none_or(|Reverse(e)| e.at_us > end) || !self.step_event() {
                 self.now_us = self.now_us.max(end);
                 return done(self).then(|| (self.now_us - start) / 1000);
             }

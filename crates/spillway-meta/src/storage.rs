@@ -210,13 +210,17 @@ impl EngineStorage {
         conf: ConfState,
         state: Vec<u8>,
     ) -> Result<(), StorageError> {
-        let mut meta = SnapshotMetadata::default();
-        meta.index = BOOTSTRAP_INDEX;
-        meta.term = BOOTSTRAP_TERM;
+        let mut meta = SnapshotMetadata {
+            index: BOOTSTRAP_INDEX,
+            term: BOOTSTRAP_TERM,
+            ..Default::default()
+        };
         meta.set_conf_state(conf);
-        let mut hs = HardState::default();
-        hs.term = BOOTSTRAP_TERM;
-        hs.commit = BOOTSTRAP_INDEX;
+        let hs = HardState {
+            term: BOOTSTRAP_TERM,
+            commit: BOOTSTRAP_INDEX,
+            ..Default::default()
+        };
         let mut batch = LogBatch::default();
         self.put_snapshot(&mut batch, &meta, state)?;
         put_message(&mut batch, KEY_HARD_STATE, &hs, self)?;
@@ -548,11 +552,12 @@ mod tests {
     use super::*;
 
     fn entry(index: u64, term: u64) -> Entry {
-        let mut e = Entry::default();
-        e.index = index;
-        e.term = term;
-        e.data = vec![index as u8; 10].into();
-        e
+        Entry {
+            index,
+            term,
+            data: vec![index as u8; 10].into(),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -599,9 +604,11 @@ mod tests {
         let mut hs = s.hard_state().clone();
         hs.commit = 16;
         s.append(&ents, Some(&hs), true).unwrap();
-        let mut meta = SnapshotMetadata::default();
-        meta.index = 15;
-        meta.term = 1;
+        let mut meta = SnapshotMetadata {
+            index: 15,
+            term: 1,
+            ..Default::default()
+        };
         meta.set_conf_state(ConfState::from((vec![1], vec![])));
         s.save_snapshot(meta, b"s15".to_vec(), 11).unwrap();
         assert_eq!(s.first_index().unwrap(), 11);
