@@ -40,7 +40,7 @@ pub use directory::Holder;
 pub use ids::{ClientId, Epoch, LeaseId, NodeId, ReservationId, Ticket};
 pub use node::{
     Applied, Completion, ConfigError, MetaConfig, MetaCounters, MetaError, MetaNode, MetaStatus,
-    ProposalFailed, ProposeError, Role,
+    PeerProgress, ProposalFailed, ProposeError, Role,
 };
 /// raft-rs's message type, as [`MetaNode::step`] takes and [`MetaNode::poll_messages`] gives.
 pub use raft::eraftpb::Message as RaftMessage;

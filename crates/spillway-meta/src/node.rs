@@ -371,6 +371,17 @@ pub struct MetaStatus {
     pub counters: MetaCounters,
 }
 
+/// Replication progress of one peer, as the leader sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerProgress {
+    /// The peer.
+    pub id: NodeId,
+    /// The highest log index known to be on the peer.
+    pub matched_index: u64,
+    /// Whether the peer answered within the last election timeout.
+    pub recently_active: bool,
+}
+
 /// Counters since the node was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MetaCounters {
@@ -890,6 +901,29 @@ impl MetaNode {
         self.pending.len()
     }
 
+    /// On the leader, how far each peer has replicated and whether it was heard from in
+    /// the last election timeout: what decides when a learner can be promoted and when
+    /// a node should be declared down. Empty on followers.
+    pub fn peers(&self) -> Vec<PeerProgress> {
+        if !self.is_leader() {
+            return Vec::new();
+        }
+        let mut out: Vec<PeerProgress> = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != self.id.0)
+            .map(|(&id, pr)| PeerProgress {
+                id: NodeId(id),
+                matched_index: pr.matched,
+                recently_active: pr.recent_active,
+            })
+            .collect();
+        out.sort_by_key(|p| p.id);
+        out
+    }
+
     /// A summary for status pages and metrics.
     pub fn status(&self) -> MetaStatus {
         let r = &self.raw.raft;
@@ -1017,4 +1051,91 @@ fn check_initial(initial: &InitialCluster, id: NodeId) -> Result<(), MetaError> 
         return bad(format!("{id} is not one of the initial members"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let ok = MetaConfig::new(NodeId(1), "/nonexistent");
+        ok.validate().unwrap();
+        let mut c = ok.clone();
+        c.id = NodeId(0);
+        assert_eq!(c.validate().unwrap_err().field, "id");
+        let mut c = ok.clone();
+        c.election_ticks = c.heartbeat_ticks;
+        assert_eq!(c.validate().unwrap_err().field, "election_ticks");
+        let mut c = ok.clone();
+        c.election_ticks_max = c.election_ticks;
+        assert_eq!(c.validate().unwrap_err().field, "election_ticks_max");
+        let mut c = ok;
+        c.completions_max = 0;
+        assert_eq!(c.validate().unwrap_err().field, "completions_max");
+    }
+
+    #[test]
+    fn bootstrap_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let member = |id| crate::MemberInfo {
+            id: NodeId(id),
+            addresses: vec![],
+            capacity_bytes: 1,
+        };
+        let cluster = InitialCluster {
+            members: vec![member(1), member(2)],
+            page_bytes: 1,
+        };
+        let open = |id, c: &InitialCluster| {
+            MetaNode::open(
+                MetaConfig::new(NodeId(id), dir.path().join(id.to_string())),
+                Some(c),
+            )
+        };
+        assert!(matches!(
+            open(3, &cluster),
+            Err(MetaError::Bootstrap { .. })
+        ));
+        let twice = InitialCluster {
+            members: vec![member(1), member(1)],
+            page_bytes: 1,
+        };
+        assert!(matches!(open(1, &twice), Err(MetaError::Bootstrap { .. })));
+        // A single voter elects itself and commits.
+        let one = InitialCluster {
+            members: vec![member(1)],
+            page_bytes: 1,
+        };
+        let mut n = open(1, &one).unwrap();
+        assert_eq!(
+            n.propose(&Batch::new(0)).unwrap_err(),
+            ProposeError::EmptyBatch
+        );
+        for _ in 0..limits::ELECTION_TICKS_MAX_DEFAULT * 2 {
+            n.tick();
+            n.handle_ready().unwrap();
+        }
+        assert!(n.is_leader());
+        assert!(n.peers().is_empty());
+        let mut b = Batch::new(5);
+        b.push(crate::Update::SetCapacity {
+            node: NodeId(1),
+            capacity_bytes: 10,
+        });
+        let t = n.propose(&b).unwrap();
+        n.handle_ready().unwrap();
+        let done = n.take_completions();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].ticket, t);
+        assert_eq!(n.state().member(NodeId(1)).unwrap().capacity_bytes, 10);
+        let huge = Batch {
+            now_ms: 0,
+            updates: vec![b.updates[0].clone(); limits::BATCH_UPDATES_MAX + 1],
+        };
+        assert!(matches!(
+            n.propose(&huge),
+            Err(ProposeError::BatchTooLarge { .. })
+        ));
+    }
 }

@@ -58,11 +58,23 @@ fn page(buffer: u64, index: u32) -> PageId {
 
 #[test]
 fn three_nodes_elect_a_leader_and_commit() {
-    let (mut c, _dir) = cluster(seed_from_env(1), |_| {});
+    // This one fsyncs, as a deployment does.
+    let (mut c, _dir) = cluster(seed_from_env(1), |cfg| cfg.sync_writes = true);
     let leader = c.wait_for_leader(MAX_MS);
     let applied = c.commit(&placements(c.now_ms(), 1, 100, 2), MAX_MS);
     all_ok(&applied);
     assert!(c.wait_converged(MAX_MS));
+    // Followers refuse proposals and name the leader.
+    let follower = c.live_nodes().into_iter().find(|&n| n != leader).unwrap();
+    let refused = c
+        .with_node(follower, |n| n.propose(&placements(0, 9, 1, 1)))
+        .unwrap();
+    assert_eq!(
+        refused.unwrap_err(),
+        spillway_meta::ProposeError::NotLeader {
+            leader: Some(leader)
+        }
+    );
     for id in c.live_nodes() {
         let guard = c.node(id);
         let s = guard.state();
@@ -71,6 +83,14 @@ fn three_nodes_elect_a_leader_and_commit() {
     }
     c.check_consistency().unwrap();
     assert_eq!(c.leader(), Some(leader));
+    let peers = c.node(leader).peers();
+    assert_eq!(peers.len(), 2);
+    let commit = c.node(leader).commit_index();
+    assert!(
+        peers
+            .iter()
+            .all(|p| p.matched_index == commit && p.recently_active)
+    );
 }
 
 /// Commits `batches` batches of `per_batch` extents of fresh buffers at node 2 and
