@@ -4,17 +4,17 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use bytes::Bytes;
 use spillway_types::wire::{ErrorCode, ErrorReply};
 use spillway_types::{NodeId, PageId};
 
 use crate::{Handler, Page, Request, Response};
 
 /// Pages by id, at most `pages_max` of them (a put that would exceed it fails whole with
-/// [`ErrorCode::NoCapacity`]). Stores the received bytes as they are: no copy.
+/// [`ErrorCode::NoCapacity`]). Stores the received pages as they are (bytes and
+/// checksum): no copy, no second hash.
 #[derive(Debug)]
 pub struct MemStore {
-    pages: Mutex<HashMap<PageId, Bytes>>,
+    pages: Mutex<HashMap<PageId, Page>>,
     pages_max: usize,
 }
 
@@ -37,12 +37,12 @@ impl MemStore {
         self.len() == 0
     }
 
-    /// The bytes of `page`, if held.
-    pub fn get(&self, page: PageId) -> Option<Bytes> {
+    /// `page`, if held.
+    pub fn get(&self, page: PageId) -> Option<Page> {
         self.lock().get(&page).cloned()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PageId, Bytes>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PageId, Page>> {
         self.pages.lock().expect("store lock poisoned")
     }
 
@@ -63,7 +63,7 @@ impl MemStore {
                 }
                 let stored = new.len() as u32;
                 for p in new {
-                    pages.insert(p.id, p.data);
+                    pages.insert(p.id, p);
                 }
                 Response::Put {
                     pages_stored: stored,
@@ -74,10 +74,7 @@ impl MemStore {
                 let mut missing = Vec::new();
                 for id in wanted {
                     match pages.get(&id) {
-                        Some(data) => found.push(Page {
-                            id,
-                            data: data.clone(),
-                        }),
+                        Some(p) => found.push(p.clone()),
                         None => missing.push(id),
                     }
                 }

@@ -4,18 +4,46 @@
 use bytes::Bytes;
 use spillway_types::wire::{
     DeletePages, DeletePagesReply, ErrorReply, GetPages, GetPagesReply, Kind, Message, PageDesc,
-    PutPages, PutPagesReply, WireError, page_ranges,
+    PutPages, PutPagesReply, WireError, page_checksum, page_ranges,
 };
 use spillway_types::{PageId, limits};
 
-/// One page and its bytes. `data` is shared, not copied: a page received is a slice of the
-/// frame's payload buffer.
+/// One page, its bytes and their checksum. `data` is shared, not copied: a page received
+/// is a slice of the frame's payload buffer.
+///
+/// The checksum travels with the page from where it was first computed (when the page
+/// was written, or by [`Page::new`]) to every node that receives it, which checks it on
+/// arrival: a page corrupted anywhere on the way, in memory or on the wire, is caught.
+/// A node that passes on a page it received or stored keeps its checksum instead of
+/// hashing the bytes again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Page {
     /// Which page.
     pub id: PageId,
     /// Its bytes (at most a page; the last page of a buffer may be short).
     pub data: Bytes,
+    /// `wire::page_checksum(&data)` (xxh3-64).
+    pub checksum: u64,
+}
+
+impl Page {
+    /// A page with its checksum computed now.
+    pub fn new(id: PageId, data: Bytes) -> Page {
+        let checksum = page_checksum(&data);
+        Page { id, data, checksum }
+    }
+
+    /// A page whose checksum is already known (stored with it, or received with it).
+    /// The receiver checks it; debug builds check it here too.
+    pub fn with_checksum(id: PageId, data: Bytes, checksum: u64) -> Page {
+        debug_assert_eq!(page_checksum(&data), checksum, "stale checksum for {id}");
+        Page { id, data, checksum }
+    }
+
+    /// Whether the bytes match the checksum.
+    pub fn verify(&self) -> bool {
+        page_checksum(&self.data) == self.checksum
+    }
 }
 
 /// What one node asks another.
@@ -64,8 +92,8 @@ pub enum Response {
     Error(ErrorReply),
 }
 
-/// Descriptors (with checksums, computed now: the sender's half of "checked on write and
-/// on read") and the page bytes in payload order. Refuses a page larger than any page can be.
+/// Descriptors (with the pages' checksums) and the page bytes in payload order. Refuses a
+/// page larger than any page can be.
 fn describe(pages: Vec<Page>) -> Result<(Vec<PageDesc>, Vec<Bytes>), WireError> {
     if let Some(p) = pages
         .iter()
@@ -79,7 +107,15 @@ fn describe(pages: Vec<Page>) -> Result<(Vec<PageDesc>, Vec<Bytes>), WireError> 
     }
     Ok(pages
         .into_iter()
-        .map(|p| (PageDesc::for_page(p.id, &p.data), p.data))
+        .map(|p| {
+            debug_assert!(p.verify(), "page {} does not match its checksum", p.id);
+            let desc = PageDesc {
+                page: p.id,
+                len: p.data.len() as u32,
+                checksum: p.checksum,
+            };
+            (desc, p.data)
+        })
         .unzip())
 }
 
@@ -89,6 +125,7 @@ fn split(descs: &[PageDesc], payload: &Bytes) -> Vec<Page> {
         .map(|(d, range)| Page {
             id: d.page,
             data: payload.slice(range),
+            checksum: d.checksum,
         })
         .collect()
 }

@@ -255,149 +255,9 @@ impl QuicTransport {
             .map_err(|e| connect_err(format!("TLS handshake: {e}")))
     }
 
-    fn hello(&self) -> Hello {
-        Hello {
-            pool_id: self.identity.pool_id,
-            node_id: self.identity.node_id,
-            protocol_version: PROTOCOL_VERSION,
-        }
-    }
-
-    fn hello_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.hello_timeout_ms)
-    }
-}
-
-/// A frame read from a stream: the header and body; the payload is read separately.
-struct Head {
-    header: FrameHeader,
-    message: Message,
-    wire_bytes: u64,
-}
-
-/// Why reading a frame failed.
-enum ReadFail {
-    /// The peer sent something the wire checks refuse.
-    Wire(WireError),
-    /// The stream or connection failed (closed, reset, timed out): nobody to blame here.
-    Stream(String),
-}
-
-async fn read_exact_or_truncated(
-    recv: &mut RecvStream,
-    buf: &mut [u8],
-    already: u64,
-) -> Result<(), ReadFail> {
-    recv.read_exact(buf).await.map_err(|e| match e {
-        quinn::ReadExactError::FinishedEarly(got) => ReadFail::Wire(WireError::Truncated {
-            needed_bytes: already + buf.len() as u64,
-            available_bytes: already + got as u64,
-        }),
-        quinn::ReadExactError::ReadError(e) => ReadFail::Stream(e.to_string()),
-    })
-}
-
-/// Reads and checks a frame's header and body.
-async fn read_head(recv: &mut RecvStream) -> Result<Head, ReadFail> {
-    let mut header_bytes = [0u8; HEADER_BYTES];
-    read_exact_or_truncated(recv, &mut header_bytes, 0).await?;
-    let header = FrameHeader::decode(&header_bytes).map_err(ReadFail::Wire)?;
-    // Bounded by FRAME_BODY_BYTES_MAX, checked above.
-    let mut body = vec![0u8; header.body_bytes as usize];
-    read_exact_or_truncated(recv, &mut body, HEADER_BYTES as u64).await?;
-    let message = wire::decode_body(&header, &body).map_err(ReadFail::Wire)?;
-    Ok(Head {
-        header,
-        message,
-        wire_bytes: (HEADER_BYTES + body.len()) as u64,
-    })
-}
-
-/// Reads the payload of `head` (its length checked against the limits and the page
-/// descriptors already) and verifies every page's checksum. The caller holds the permits
-/// for it. Reads chunks straight into one buffer: no zeroing, one copy out of quinn.
-async fn read_payload(recv: &mut RecvStream, head: &Head) -> Result<Bytes, ReadFail> {
-    let len = head.header.payload_bytes as usize;
-    if len == 0 {
-        return Ok(Bytes::new());
-    }
-    let mut buf = Vec::with_capacity(len);
-    while buf.len() < len {
-        match recv.read_chunk(len - buf.len(), true).await {
-            Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
-            Ok(None) => {
-                return Err(ReadFail::Wire(WireError::Truncated {
-                    needed_bytes: head.wire_bytes + len as u64,
-                    available_bytes: head.wire_bytes + buf.len() as u64,
-                }));
-            }
-            Err(e) => return Err(ReadFail::Stream(e.to_string())),
-        }
-    }
-    wire::verify_pages(head.message.page_descs(), &buf).map_err(ReadFail::Wire)?;
-    Ok(Bytes::from(buf))
-}
-
-/// Writes a frame (header and body in `head`, then the pages) and finishes the stream.
-async fn write_frame(
-    send: &mut SendStream,
-    head: Vec<u8>,
-    pages: Vec<Bytes>,
-) -> Result<u64, String> {
-    let mut chunks = Vec::with_capacity(1 + pages.len());
-    chunks.push(Bytes::from(head));
-    chunks.extend(pages);
-    let bytes = chunks.iter().map(|c| c.len() as u64).sum();
-    send.write_all_chunks(&mut chunks)
-        .await
-        .map_err(|e| e.to_string())?;
-    send.finish().map_err(|e| e.to_string())?;
-    Ok(bytes)
-}
-
-async fn acquire(
-    budget: &Arc<Semaphore>,
-    bytes: u64,
-    budget_permits: u32,
-) -> Option<OwnedSemaphorePermit> {
-    if bytes == 0 {
-        return None;
-    }
-    Some(
-        budget
-            .clone()
-            .acquire_many_owned(permits_for(bytes, budget_permits))
-            .await
-            .expect("in-flight budgets are never closed"),
-    )
-}
-
-/// Closes `conn` for a bad frame and counts it on `state`.
-fn reject(conn: &quinn::Connection, state: &PeerState, error: &WireError) {
-    state.reject();
-    let reason = error.to_string();
-    conn.close(
-        VarInt::from_u32(CLOSE_BAD_FRAME),
-        &reason.as_bytes()[..reason.len().min(256)],
-    );
-}
-
-impl Transport for QuicTransport {
-    type Connection = QuicConnection;
-
-    fn node_id(&self) -> NodeId {
-        self.identity.node_id
-    }
-
-    fn pool_id(&self) -> spillway_types::PoolId {
-        self.identity.pool_id
-    }
-
-    fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
-    async fn connect(&self, addr: SocketAddr) -> Result<QuicConnection, NetError> {
+    /// One QUIC connection to `addr` with its hello exchange: the connection and the
+    /// peer's hello.
+    async fn connect_lane(&self, addr: SocketAddr) -> Result<(quinn::Connection, Hello), NetError> {
         let connect_err = |reason: String| NetError::Connect { addr, reason };
         let connecting = self
             .endpoint
@@ -465,11 +325,222 @@ impl Transport for QuicTransport {
         let state = self.stats.peer_state(hello.node_id);
         state.add_out(sent);
         state.add_in(reply.wire_bytes);
+        Ok((conn, hello))
+    }
+
+    fn hello(&self) -> Hello {
+        Hello {
+            pool_id: self.identity.pool_id,
+            node_id: self.identity.node_id,
+            protocol_version: PROTOCOL_VERSION,
+        }
+    }
+
+    fn hello_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.hello_timeout_ms)
+    }
+}
+
+/// A frame read from a stream: the header and body; the payload is read separately.
+struct Head {
+    header: FrameHeader,
+    message: Message,
+    wire_bytes: u64,
+}
+
+/// Why reading a frame failed.
+enum ReadFail {
+    /// The peer sent something the wire checks refuse.
+    Wire(WireError),
+    /// The stream or connection failed (closed, reset, timed out): nobody to blame here.
+    Stream(String),
+}
+
+async fn read_exact_or_truncated(
+    recv: &mut RecvStream,
+    buf: &mut [u8],
+    already: u64,
+) -> Result<(), ReadFail> {
+    recv.read_exact(buf).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(got) => ReadFail::Wire(WireError::Truncated {
+            needed_bytes: already + buf.len() as u64,
+            available_bytes: already + got as u64,
+        }),
+        quinn::ReadExactError::ReadError(e) => ReadFail::Stream(e.to_string()),
+    })
+}
+
+/// Reads and checks a frame's header and body.
+async fn read_head(recv: &mut RecvStream) -> Result<Head, ReadFail> {
+    let mut header_bytes = [0u8; HEADER_BYTES];
+    read_exact_or_truncated(recv, &mut header_bytes, 0).await?;
+    let header = FrameHeader::decode(&header_bytes).map_err(ReadFail::Wire)?;
+    // Bounded by FRAME_BODY_BYTES_MAX, checked above.
+    let mut body = vec![0u8; header.body_bytes as usize];
+    read_exact_or_truncated(recv, &mut body, HEADER_BYTES as u64).await?;
+    let message = wire::decode_body(&header, &body).map_err(ReadFail::Wire)?;
+    Ok(Head {
+        header,
+        message,
+        wire_bytes: (HEADER_BYTES + body.len()) as u64,
+    })
+}
+
+/// Reads the payload of `head` (its length checked against the limits and the page
+/// descriptors already) and verifies every page's checksum as its bytes arrive. The caller
+/// holds the permits for it. Reads chunks straight into one buffer (no zeroing, one copy
+/// out of quinn) and hashes each chunk while it is still in cache.
+async fn read_payload(recv: &mut RecvStream, head: &Head) -> Result<Bytes, ReadFail> {
+    let len = head.header.payload_bytes as usize;
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    let mut verifier = wire::PayloadVerifier::new(&head.message);
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        match recv.read_chunk(len - buf.len(), true).await {
+            Ok(Some(chunk)) => {
+                buf.extend_from_slice(&chunk.bytes);
+                verifier.update(&chunk.bytes).map_err(ReadFail::Wire)?;
+            }
+            Ok(None) => {
+                return Err(ReadFail::Wire(WireError::Truncated {
+                    needed_bytes: head.wire_bytes + len as u64,
+                    available_bytes: head.wire_bytes + buf.len() as u64,
+                }));
+            }
+            Err(e) => return Err(ReadFail::Stream(e.to_string())),
+        }
+    }
+    verifier.finish().map_err(ReadFail::Wire)?;
+    Ok(Bytes::from(buf))
+}
+
+/// Checks that the stream ends after the frame: one frame per stream and direction, so
+/// anything after it means the peer's lengths lied.
+async fn expect_end(recv: &mut RecvStream, head: &Head) -> Result<(), ReadFail> {
+    match recv.read_chunk(usize::MAX, true).await {
+        Ok(None) => Ok(()),
+        Ok(Some(extra)) => Err(ReadFail::Wire(WireError::PayloadMismatch {
+            kind: head.header.kind,
+            payload_bytes: head.header.payload_bytes + extra.bytes.len() as u64,
+            pages_bytes: head.header.payload_bytes,
+        })),
+        Err(e) => Err(ReadFail::Stream(e.to_string())),
+    }
+}
+
+/// Reads the payload of `head` and the end of the stream.
+async fn read_rest(recv: &mut RecvStream, head: &Head) -> Result<Bytes, ReadFail> {
+    let payload = read_payload(recv, head).await?;
+    expect_end(recv, head).await?;
+    Ok(payload)
+}
+
+/// Writes a frame (header and body in `head`, then the pages) and finishes the stream.
+async fn write_frame(
+    send: &mut SendStream,
+    head: Vec<u8>,
+    pages: Vec<Bytes>,
+) -> Result<u64, String> {
+    let mut chunks = Vec::with_capacity(1 + pages.len());
+    chunks.push(Bytes::from(head));
+    chunks.extend(pages);
+    let bytes = chunks.iter().map(|c| c.len() as u64).sum();
+    send.write_all_chunks(&mut chunks)
+        .await
+        .map_err(|e| e.to_string())?;
+    send.finish().map_err(|e| e.to_string())?;
+    Ok(bytes)
+}
+
+async fn acquire(
+    budget: &Arc<Semaphore>,
+    bytes: u64,
+    budget_permits: u32,
+) -> Option<OwnedSemaphorePermit> {
+    if bytes == 0 {
+        return None;
+    }
+    Some(
+        budget
+            .clone()
+            .acquire_many_owned(permits_for(bytes, budget_permits))
+            .await
+            .expect("in-flight budgets are never closed"),
+    )
+}
+
+/// Closes `conn` for a bad frame and counts it on `state`.
+fn reject(conn: &quinn::Connection, state: &PeerState, error: &WireError) {
+    state.reject();
+    close_bad_frame(conn, error);
+}
+
+/// Closes `conn` with [`CLOSE_BAD_FRAME`] and the error as reason.
+fn close_bad_frame(conn: &quinn::Connection, error: &WireError) {
+    let reason = error.to_string();
+    let mut cut = reason.len().min(256);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    conn.close(VarInt::from_u32(CLOSE_BAD_FRAME), &reason.as_bytes()[..cut]);
+}
+
+impl Transport for QuicTransport {
+    type Connection = QuicConnection;
+
+    fn node_id(&self) -> NodeId {
+        self.identity.node_id
+    }
+
+    fn pool_id(&self) -> spillway_types::PoolId {
+        self.identity.pool_id
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<QuicConnection, NetError> {
+        let lanes_wanted = self.config.connections_per_peer as usize;
+        let mut lanes = Vec::with_capacity(lanes_wanted);
+        let mut peer = None;
+        for _ in 0..lanes_wanted {
+            let lane = self.connect_lane(addr).await;
+            let (conn, hello) = match lane {
+                Ok(v) => v,
+                Err(e) => {
+                    for conn in &lanes {
+                        close_lane(conn);
+                    }
+                    return Err(e);
+                }
+            };
+            if peer.is_some_and(|p| p != hello.node_id) {
+                close_lane(&conn);
+                for conn in &lanes {
+                    close_lane(conn);
+                }
+                return Err(NetError::Connect {
+                    addr,
+                    reason: format!(
+                        "two nodes answer at this address ({} and {})",
+                        peer.expect("checked"),
+                        hello.node_id
+                    ),
+                });
+            }
+            peer = Some(hello.node_id);
+            lanes.push(conn);
+        }
+        let peer = peer.expect("connections_per_peer is at least 1");
         Ok(QuicConnection {
             inner: Arc::new(ConnInner {
-                conn,
-                peer: hello.node_id,
-                state,
+                lanes,
+                next_lane: AtomicUsize::new(0),
+                peer,
+                state: self.stats.peer_state(peer),
                 budget_permits: self.config.peer_permits(),
                 next_request_id: AtomicU64::new(1),
             }),
@@ -694,7 +765,7 @@ async fn serve_stream<H: Handler>(
         ctx.budget_permits,
     )
     .await;
-    let payload = match read_payload(&mut recv, &head).await {
+    let payload = match read_rest(&mut recv, &head).await {
         Ok(p) => p,
         Err(ReadFail::Wire(e)) => {
             tracing::warn!(%peer, error = %e, "closing the connection: bad frame");
@@ -738,7 +809,10 @@ async fn serve_stream<H: Handler>(
 }
 
 struct ConnInner {
-    conn: quinn::Connection,
+    /// The QUIC connections to the peer, used in turn (see
+    /// [`QuicConfig::connections_per_peer`]).
+    lanes: Vec<quinn::Connection>,
+    next_lane: AtomicUsize,
     peer: NodeId,
     state: Arc<PeerState>,
     budget_permits: u32,
@@ -755,22 +829,44 @@ impl std::fmt::Debug for QuicConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuicConnection")
             .field("peer", &self.inner.peer)
-            .field("remote", &self.inner.conn.remote_address())
+            .field("remote", &self.inner.lanes[0].remote_address())
+            .field("lanes", &self.inner.lanes.len())
             .finish()
     }
 }
 
+/// Closes one lane of ours, for good.
+fn close_lane(conn: &quinn::Connection) {
+    conn.close(VarInt::from_u32(0), b"done");
+}
+
 impl QuicConnection {
-    /// The underlying quinn connection (for its statistics, or for tests that need to
-    /// send raw bytes).
+    /// The first underlying quinn connection (for its statistics, or for tests that need
+    /// to send raw bytes).
     pub fn quinn(&self) -> &quinn::Connection {
-        &self.inner.conn
+        &self.inner.lanes[0]
     }
 
-    fn lost(&self, reason: impl std::fmt::Display) -> NetError {
+    /// All underlying quinn connections.
+    pub fn lanes(&self) -> &[quinn::Connection] {
+        &self.inner.lanes
+    }
+
+    /// The next lane in turn that is still open (or, if none is, the next lane, whose
+    /// request will then fail with its close reason).
+    fn lane(&self) -> &quinn::Connection {
+        let lanes = &self.inner.lanes;
+        let start = self.inner.next_lane.fetch_add(1, Ordering::Relaxed);
+        (0..lanes.len())
+            .map(|i| &lanes[(start + i) % lanes.len()])
+            .find(|c| c.close_reason().is_none())
+            .unwrap_or(&lanes[start % lanes.len()])
+    }
+
+    fn lost(&self, lane: &quinn::Connection, reason: impl std::fmt::Display) -> NetError {
         // Prefer the connection's own reason (for example our peer closing it for a bad
         // frame) over the stream's echo of it.
-        let reason = match self.inner.conn.close_reason() {
+        let reason = match lane.close_reason() {
             Some(r) => r.to_string(),
             None => reason.to_string(),
         };
@@ -780,8 +876,12 @@ impl QuicConnection {
         }
     }
 
+    /// The peer sent a bad frame: it is broken, so every lane to it is closed.
     fn bad_frame(&self, source: WireError) -> NetError {
-        reject(&self.inner.conn, &self.inner.state, &source);
+        self.inner.state.reject();
+        for lane in &self.inner.lanes {
+            close_bad_frame(lane, &source);
+        }
         NetError::BadFrame {
             peer: Some(self.inner.peer),
             source,
@@ -808,15 +908,16 @@ impl Connection for QuicConnection {
         // Held until the reply's header arrives: the request's bytes are in flight until then.
         let request_permit =
             acquire(&inner.state.outbound, payload_bytes, inner.budget_permits).await;
-        let (mut send, mut recv) = inner.conn.open_bi().await.map_err(|e| self.lost(e))?;
+        let lane = self.lane();
+        let (mut send, mut recv) = lane.open_bi().await.map_err(|e| self.lost(lane, e))?;
         let sent = write_frame(&mut send, head, pages)
             .await
-            .map_err(|e| self.lost(e))?;
+            .map_err(|e| self.lost(lane, e))?;
         inner.state.add_out(sent);
         let reply = match read_head(&mut recv).await {
             Ok(head) => head,
             Err(ReadFail::Wire(e)) => return Err(self.bad_frame(e)),
-            Err(ReadFail::Stream(reason)) => return Err(self.lost(reason)),
+            Err(ReadFail::Stream(reason)) => return Err(self.lost(lane, reason)),
         };
         drop(request_permit);
         if reply.header.request_id != id || !Response::answers(reply.header.kind, kind) {
@@ -835,10 +936,10 @@ impl Connection for QuicConnection {
             inner.budget_permits,
         )
         .await;
-        let payload = match read_payload(&mut recv, &reply).await {
+        let payload = match read_rest(&mut recv, &reply).await {
             Ok(p) => p,
             Err(ReadFail::Wire(e)) => return Err(self.bad_frame(e)),
-            Err(ReadFail::Stream(reason)) => return Err(self.lost(reason)),
+            Err(ReadFail::Stream(reason)) => return Err(self.lost(lane, reason)),
         };
         drop(reply_permit);
         inner.state.add_in(reply.wire_bytes + payload.len() as u64);

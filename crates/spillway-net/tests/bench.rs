@@ -4,7 +4,7 @@ use spillway_net::bench::page_throughput;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_throughput_measures_tcp_and_quic() {
-    let report = page_throughput(2 << 20, 64 << 20, 8).await.unwrap();
+    let report = page_throughput(2 << 20, 64 << 20, 4).await.unwrap();
     assert_eq!(report.page_bytes, 2 << 20);
     assert_eq!(report.total_bytes, 64 << 20);
     assert!(report.tcp_bytes_per_s > 0.0, "{report:?}");

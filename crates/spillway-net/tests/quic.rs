@@ -84,7 +84,11 @@ async fn put_get_delete_round_trip_with_checksums() {
     })
     .await;
     assert_eq!(s.frames_rejected, 0);
-    assert_eq!(server.stats().connections_accepted(), 1);
+    // One per lane.
+    assert_eq!(
+        server.stats().connections_accepted(),
+        u64::from(QuicConfig::default().connections_per_peer)
+    );
 
     serving.shutdown().await;
     // A shut-down server answers no more.
@@ -111,10 +115,9 @@ async fn many_requests_in_flight_share_the_budget() {
     })
     .await;
     assert_eq!(store.len(), 48);
-    assert_eq!(
-        store.get(page_id(8, 47)).unwrap(),
-        page(8, 47, 4 << 20).data
-    );
+    let stored = store.get(page_id(8, 47)).unwrap();
+    assert_eq!(stored, page(8, 47, 4 << 20));
+    assert!(stored.verify());
 }
 
 /// Connecting as `identity` to node 1 of `pool` must fail, and node 1 must count a refusal.
@@ -246,7 +249,16 @@ async fn malformed_and_oversized_frames_close_their_connection_and_are_counted()
     let good = good_node.connect(server.local_addr()).await.unwrap();
     assert_eq!(good.put_pages(vec![page(1, 0, 1 << 20)]).await.unwrap(), 1);
 
-    let bad_node = pool.transport(3);
+    // One lane, so that the lane the server closes is the whole connection.
+    let bad_node = QuicTransport::bind(
+        loopback(),
+        pool.identity(3),
+        QuicConfig {
+            connections_per_peer: 1,
+            ..QuicConfig::default()
+        },
+    )
+    .unwrap();
     let rejected = || {
         server
             .stats()
@@ -303,6 +315,19 @@ async fn malformed_and_oversized_frames_close_their_connection_and_are_counted()
     })
     .await;
 
+    // 5. A good frame with bytes after it: its lengths lied.
+    let bad = bad_node.connect(server.local_addr()).await.unwrap();
+    let mut frame = wire::encode_frame(
+        1,
+        &wire::Message::GetPages(wire::GetPages {
+            pages: vec![page_id(1, 0)],
+        }),
+    )
+    .unwrap();
+    frame.extend_from_slice(b"trailing");
+    send_raw_and_expect_close(&bad, &frame).await;
+    wait_for("the trailing bytes to be counted", WAIT, || rejected() == 5).await;
+
     // The good client was never disturbed and still works; nothing was counted against it.
     assert_eq!(good.put_pages(vec![page(1, 1, 1 << 20)]).await.unwrap(), 1);
     let (got, missing) = good
@@ -315,7 +340,7 @@ async fn malformed_and_oversized_frames_close_their_connection_and_are_counted()
     // And the bad node may come back with good frames on a new connection.
     let again = bad_node.connect(server.local_addr()).await.unwrap();
     assert_eq!(again.put_pages(vec![page(3, 2, 100)]).await.unwrap(), 1);
-    assert_eq!(server.stats().total().frames_rejected, 4);
+    assert_eq!(server.stats().total().frames_rejected, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,10 +36,7 @@ pub fn page_id(buffer: u64, index: u32) -> PageId {
 pub fn page(buffer: u64, index: u32, len: usize) -> Page {
     let mut data = vec![0u8; len];
     pattern::fill(buffer * 1_000_003 + u64::from(index), &mut data);
-    Page {
-        id: page_id(buffer, index),
-        data: Bytes::from(data),
-    }
+    Page::new(page_id(buffer, index), Bytes::from(data))
 }
 
 /// Polls `cond` until it holds; panics after `timeout` with `what`.
