@@ -9,7 +9,7 @@
 //!   measured ([`QuicConfig`]).
 //! - [`sim`]: the in-memory twin for tests, with the same trait and the same frame checks.
 //! - [`mem_store`]: a handler that keeps pages in memory (tests, bench, a first host tier).
-//! - [`bench`]: page throughput over QUIC against raw TCP, measured in one run.
+//! - [`bench`](mod@bench): page throughput over QUIC against raw TCP, measured in one run.
 //!
 //! Invariants every implementation keeps:
 //! - every frame is encoded and decoded by `spillway_types::wire`, with its size limits,

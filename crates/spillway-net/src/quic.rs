@@ -5,14 +5,20 @@
 //! only: the server requires a client certificate, the client checks the server's
 //! certificate and its name [`SERVER_NAME`]. TLS 1.3 only, ALPN `spillway/1`.
 //!
-//! Per connection: the first stream carries the hello exchange; every later stream
-//! carries one request frame and its reply frame. Frames are read in three steps
-//! (header, body, payload) with the checks of `spillway_types::wire` after each, so a
-//! peer never makes us allocate more than the header's checked lengths allow, and the
-//! payload is allocated only after its bytes were taken from the peer's in-flight budget.
-//! Any failed check closes the whole connection (the peer is broken or hostile) with
-//! [`CLOSE_BAD_FRAME`] and counts a rejected frame; the accept loop and other connections
-//! go on.
+//! A [`QuicConnection`] to a peer is several QUIC connections ("lanes",
+//! [`QuicConfig::connections_per_peer`]) used in turn: quinn drives each connection from
+//! one task, so one lane keeps about one core busy, and lanes let one peer's traffic use
+//! every core. All lanes of a peer share its counters and in-flight budget.
+//!
+//! Per QUIC connection: the first stream carries the hello exchange; every later stream
+//! carries one request frame and its reply frame, and ends with it. Frames are read in
+//! three steps (header, body, payload) with the checks of `spillway_types::wire` after
+//! each, so a peer never makes us allocate more than the header's checked lengths allow,
+//! and the payload is allocated only after its bytes were taken from the peer's in-flight
+//! budget. Page checksums are verified chunk by chunk as the payload arrives.
+//! Any failed check closes the connection the frame came on (the peer is broken or
+//! hostile; a client closes every lane to a server that sent one) with [`CLOSE_BAD_FRAME`]
+//! and counts a rejected frame; the accept loop and other connections go on.
 //!
 //! Tasks: the accept loop, one task per connection, one per request stream; all are
 //! tracked by the [`Server`] and stop at its cancellation.
