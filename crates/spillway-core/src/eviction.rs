@@ -8,6 +8,8 @@
 //!   page, `on_access` whenever that page is acquired, and `on_free` once when the frame
 //!   is given back; and that `choose_victim` is called with a view whose `eligible`
 //!   answers for the current state.
+//! - `choose_victim` SHOULD return `preferred` among victims that are equally good by
+//!   the policy's own measure (ties), since it saves a remap.
 //! - `choose_victim` MUST return only a frame for which `eligible` is true; if the view
 //!   has a bound (`must_exceed`), it MUST return only a frame whose `next_use` is further
 //!   than the bound (a frame with no known next use counts as infinitely far). It returns
@@ -27,6 +29,11 @@ pub trait VictimView {
     fn next_use(&self, frame: FrameId) -> Option<u64>;
     /// When set, the victim's next use must be later than this (see the module docs).
     fn must_exceed(&self) -> Option<u64>;
+    /// A frame to prefer among equally good victims: the incoming page's last frame,
+    /// which it can return to without remapping its buffer's device range.
+    fn preferred(&self) -> Option<FrameId> {
+        None
+    }
 }
 
 /// A policy choosing which frame to free. See the module docs for the contract.
@@ -183,7 +190,14 @@ impl EvictionPolicy for NextUse {
             self.clock.hand = (victim + 1) % n;
             return Some(FrameId(victim));
         }
-        let (next, f) = furthest?;
+        let (next, mut f) = furthest?;
+        if let Some(p) = view.preferred()
+            && p.0 < n
+            && view.eligible(p)
+            && view.next_use(p) == Some(next)
+        {
+            f = p;
+        }
         match view.must_exceed() {
             Some(bound) if next <= bound => None,
             _ => Some(f),

@@ -178,6 +178,9 @@ struct Page {
     pins: u32,
     host_pins: u32,
     in_flight: u8,
+    /// The frame the page last lived in: loading it there again needs no remap of the
+    /// buffer's device range.
+    last_frame: Option<FrameId>,
 }
 
 #[derive(Debug)]
@@ -272,6 +275,7 @@ enum Got {
 struct View<'a> {
     core: &'a PoolCore,
     bound: Option<u64>,
+    preferred: Option<FrameId>,
 }
 
 impl VictimView for View<'_> {
@@ -293,6 +297,10 @@ impl VictimView for View<'_> {
 
     fn must_exceed(&self) -> Option<u64> {
         self.bound
+    }
+
+    fn preferred(&self) -> Option<FrameId> {
+        self.preferred
     }
 }
 
@@ -415,6 +423,7 @@ impl PoolCore {
                 pins: 0,
                 host_pins: 0,
                 in_flight: 0,
+                last_frame: None,
             })
             .collect();
         self.buffers.insert(
@@ -479,6 +488,7 @@ impl PoolCore {
         {
             self.stats.prefetch_wasted += 1;
         }
+        self.page_mut(pid).last_frame = Some(frame);
         self.page_mut(pid).gpu = Gpu::Absent;
         debug_assert_eq!(self.frames[frame.0 as usize], Some(pid));
         self.frames[frame.0 as usize] = None;
@@ -862,8 +872,22 @@ impl PoolCore {
     /// `waiting` counts loads of this pump pass already waiting for a write-back.
     /// Clean victims are dropped at once; a dirty one starts a write-back, and the frame
     /// comes free when it finishes.
-    fn frame_for(&mut self, bound: Option<u64>, waiting: &mut u64, now: Duration) -> Got {
+    fn frame_for(
+        &mut self,
+        pid: PageId,
+        bound: Option<u64>,
+        waiting: &mut u64,
+        now: Duration,
+    ) -> Got {
+        let preferred = self.page(pid).last_frame;
         loop {
+            // The page's last frame if it is free (no remap), else any free frame.
+            if let Some(p) = preferred
+                && self.frames[p.0 as usize].is_none()
+                && let Some(i) = self.free_frames.iter().rposition(|&f| f == p)
+            {
+                return Got::Frame(self.free_frames.swap_remove(i));
+            }
             if let Some(f) = self.free_frames.pop() {
                 return Got::Frame(f);
             }
@@ -872,7 +896,11 @@ impl PoolCore {
                 return Got::Later;
             }
             let mut policy = std::mem::replace(&mut self.eviction, Box::new(Clock::new(0)));
-            let victim = policy.choose_victim(&View { core: self, bound });
+            let victim = policy.choose_victim(&View {
+                core: self,
+                bound,
+                preferred,
+            });
             self.eviction = policy;
             let Some(victim) = victim else {
                 return Got::Never;
@@ -940,7 +968,7 @@ impl PoolCore {
             if !self.may_issue(Direction::HostToDevice, self.page_bytes) {
                 return;
             }
-            match self.frame_for(None, &mut waiting, now) {
+            match self.frame_for(pid, None, &mut waiting, now) {
                 Got::Frame(frame) => {
                     self.demand.remove(i);
                     self.start_load(pid, frame, false, now);
@@ -959,7 +987,7 @@ impl PoolCore {
             if !self.may_issue(Direction::HostToDevice, self.page_bytes) {
                 return;
             }
-            match self.frame_for(Some(next), &mut waiting, now) {
+            match self.frame_for(pid, Some(next), &mut waiting, now) {
                 Got::Frame(frame) => {
                     self.plan.remove(i);
                     self.start_load(pid, frame, true, now);

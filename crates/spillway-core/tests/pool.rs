@@ -438,3 +438,35 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_page_returns_to_its_last_frame_when_it_can() {
+    // Returning to the same frame saves remapping the buffer's device range.
+    let mut c = pool(4, 8, Policy::OnDemand);
+    let (a, b, cc) = (
+        c.alloc(PAGE).unwrap(),
+        c.alloc(PAGE).unwrap(),
+        c.alloc(PAGE).unwrap(),
+    );
+    let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
+    settle(&mut c, t(0));
+    let x = c.frames_of(h)[0];
+    c.release(h, t(0));
+    let (hb, _) = c.begin_acquire(b, AccessMode::Shared, t(1)).unwrap();
+    settle(&mut c, t(1));
+    assert_eq!(
+        c.frames_of(hb)[0],
+        x,
+        "the most recently freed frame is reused first"
+    );
+    let (hc, _) = c.begin_acquire(cc, AccessMode::Shared, t(2)).unwrap();
+    settle(&mut c, t(2));
+    let y = c.frames_of(hc)[0];
+    c.release(hb, t(3));
+    c.release(hc, t(3));
+    // y was freed last, but a's last frame x is free: a goes back there.
+    let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(4)).unwrap();
+    settle(&mut c, t(4));
+    assert_ne!(x, y);
+    assert_eq!(c.frames_of(h)[0], x);
+}

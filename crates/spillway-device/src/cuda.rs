@@ -1237,6 +1237,7 @@ impl CudaDevice {
         offset: u64,
         out: &mut [u8],
     ) -> Result<(), DeviceError> {
+        self.mapper.flush()?;
         let base = self.mapped_span(buffer, offset, out.len() as u64)?;
         self.copy_from_device(base + offset, out)
     }
@@ -1245,6 +1246,7 @@ impl CudaDevice {
     /// computed by one kernel over the range's contiguous addresses. Every page touched
     /// must be mapped.
     pub fn checksum_range(&self, buffer: BufferId, len: u64) -> Result<u64, DeviceError> {
+        self.mapper.flush()?;
         let base = self.mapped_span(buffer, 0, len)?;
         self.checksum_at(base, len)
     }
