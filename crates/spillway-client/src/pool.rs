@@ -324,11 +324,7 @@ impl Pool {
         });
         let device = make_device(choice, device_config, sink)?;
         let hint = device.bandwidth_hint_bytes_per_s(Direction::HostToDevice);
-        {
-            let mut state = shared.lock();
-            let cfg = state.core.config().clone();
-            state.core = PoolCore::new(cfg, hint)?;
-        }
+        shared.lock().core.set_bandwidth_hint(hint);
         let _ = shared.device.set(device);
         Ok(Pool { shared })
     }

@@ -352,6 +352,14 @@ impl PoolCore {
         })
     }
 
+    /// Replaces the bandwidth estimate of both directions with a first guess (a device's
+    /// hint), until copies are measured.
+    pub fn set_bandwidth_hint(&mut self, bytes_per_s: f64) {
+        for bw in &mut self.bandwidth {
+            bw.bytes_per_s = bytes_per_s.max(1e6);
+        }
+    }
+
     /// The configuration.
     pub fn config(&self) -> &PoolConfig {
         &self.cfg
