@@ -1,0 +1,368 @@
+//! Nodes on loopback (127.0.0.1, port 0): two nodes of one pool move pages between them
+//! with checksums verified; a node of another pool is refused; a malformed frame closes
+//! only its connection and is counted; a full host tier answers with its typed error and
+//! loses nothing; shutdown completes.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quinn::{ConnectionError, VarInt};
+use spillway_net::certs::init_pool_dir;
+use spillway_net::quic::CLOSE_BAD_FRAME;
+use spillway_net::{Connection, NetError, Page};
+use spillway_node::{Node, NodeConfig, NodeHandle};
+use spillway_types::wire::{self, ErrorCode};
+use spillway_types::{BufferId, NodeId, PageId, PageSize, PoolId, pattern};
+
+const POOL: PoolId = PoolId(0x05b1_10de);
+const PAGE: u64 = 64 << 10;
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A fresh directory unique to this test, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "spillway-node-{name}-{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A pool directory with nodes 1 to 3 of pool `pool`.
+fn pool_dir(root: &TempDir, pool: PoolId) -> PathBuf {
+    let dir = root.0.join(format!("pool-{}", pool.0));
+    init_pool_dir(&dir, pool, &[NodeId(1), NodeId(2), NodeId(3)]).unwrap();
+    dir
+}
+
+/// A node's config: loopback, port 0, 64 KiB pages, a host tier of `tier_pages` pages.
+fn config(root: &TempDir, pool_dir: &std::path::Path, node: u64, tier_pages: u64) -> NodeConfig {
+    let mut c = NodeConfig::new(
+        NodeId(node),
+        pool_dir.to_path_buf(),
+        root.0.join(format!("data-{node}")),
+        tier_pages * PAGE,
+    );
+    c.listen_addr = "127.0.0.1:0".parse().unwrap();
+    c.metrics_addr = "127.0.0.1:0".parse().unwrap();
+    c.page_size = PageSize::new(PAGE).unwrap();
+    c
+}
+
+async fn start(c: NodeConfig) -> NodeHandle {
+    within("node start", Node::start(c)).await.unwrap()
+}
+
+fn page_id(buffer: u64, index: u32) -> PageId {
+    PageId {
+        buffer: BufferId(buffer),
+        index,
+    }
+}
+
+/// A page filled with the pattern for its id.
+fn page(buffer: u64, index: u32, len: usize) -> Page {
+    let mut data = vec![0u8; len];
+    pattern::fill(buffer * 1_000_003 + u64::from(index), &mut data);
+    Page::new(page_id(buffer, index), Bytes::from(data))
+}
+
+/// Awaits `f`, failing the test if it takes longer than [`WAIT`].
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// Polls `cond` (counters another task updates) until it holds; fails after [`WAIT`].
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Checks the pages independently of the transport's checks.
+fn assert_same(got: &[Page], sent: &[Page]) {
+    assert_eq!(got.len(), sent.len());
+    for (g, s) in got.iter().zip(sent) {
+        assert_eq!(g.id, s.id);
+        assert!(g.verify(), "page {} does not match its checksum", g.id);
+        assert_eq!(wire::page_checksum(&g.data), wire::page_checksum(&s.data));
+        assert!(g.data == s.data, "page {} came back changed", g.id);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_puts_pages_on_node_b_and_gets_them_back() {
+    let root = TempDir::new("put-get");
+    let pool = pool_dir(&root, POOL);
+    let a = start(config(&root, &pool, 1, 16)).await;
+    let b = start(config(&root, &pool, 2, 16)).await;
+    assert!(b.config().data_dir.is_dir());
+
+    let conn = within("connect", a.connect(b.local_addr())).await.unwrap();
+    assert_eq!(conn.peer(), NodeId(2));
+    let pages = vec![
+        page(1, 0, PAGE as usize),
+        page(1, 1, PAGE as usize),
+        page(1, 2, 12_345),
+    ];
+    assert_eq!(
+        within("put", conn.put_pages(pages.clone())).await.unwrap(),
+        3
+    );
+    let wanted = vec![page_id(1, 2), page_id(9, 9), page_id(1, 0), page_id(1, 1)];
+    let (got, missing) = within("get", conn.get_pages(wanted)).await.unwrap();
+    assert_eq!(missing, vec![page_id(9, 9)]);
+    assert_same(
+        &got,
+        &[pages[2].clone(), pages[0].clone(), pages[1].clone()],
+    );
+
+    let (deleted, missing) = within(
+        "delete",
+        conn.delete_pages(vec![page_id(1, 0), page_id(7, 7)]),
+    )
+    .await
+    .unwrap();
+    assert_eq!((deleted, missing), (1, 1));
+
+    let c = b.counters();
+    assert_eq!(c.store.pages, 2);
+    assert_eq!(c.store.used_bytes, PAGE + 12_345);
+    assert_eq!((c.store.pages_put, c.store.pages_got), (3, 3));
+    assert_eq!(c.frames_rejected, 0);
+    assert!(c.peer_bytes_in > 2 * PAGE, "{c:?}");
+    // A put nothing on itself.
+    assert_eq!(a.counters().store.pages, 0);
+
+    within("shutdown a", a.shutdown()).await;
+    within("shutdown b", b.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_another_pool_is_refused() {
+    let root = TempDir::new("other-pool");
+    let pool = pool_dir(&root, POOL);
+    let other = pool_dir(&root, PoolId(0x0e1e));
+    let b = start(config(&root, &pool, 2, 4)).await;
+    // Node 1 of another pool: another CA, another pool id.
+    let stranger = start(config(&root, &other, 1, 4)).await;
+
+    let err = within("refused connect", stranger.connect(b.local_addr()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, NetError::Connect { .. }), "{err}");
+    wait_for("b to count the refusal", || {
+        b.counters().handshakes_refused == 1
+    })
+    .await;
+    let c = b.counters();
+    assert_eq!(c.connections_accepted, 0);
+    assert_eq!(c.store.pages, 0);
+    assert!(b.net_stats().peers().is_empty());
+
+    within("shutdown", stranger.shutdown()).await;
+    within("shutdown", b.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_frame_closes_its_connection_is_counted_and_b_keeps_serving_a() {
+    let root = TempDir::new("bad-frame");
+    let pool = pool_dir(&root, POOL);
+    let a = start(config(&root, &pool, 1, 16)).await;
+    let b = start(config(&root, &pool, 2, 16)).await;
+    // Node 3 of the pool, broken: one lane, so the lane B closes is its whole connection.
+    let mut c3 = config(&root, &pool, 3, 4);
+    c3.quic.connections_per_peer = 1;
+    let broken = start(c3).await;
+
+    let good = a.connect(b.local_addr()).await.unwrap();
+    let first = page(1, 0, PAGE as usize);
+    assert_eq!(good.put_pages(vec![first.clone()]).await.unwrap(), 1);
+
+    let bad = broken.connect(b.local_addr()).await.unwrap();
+    let (mut send, _recv) = bad.quinn().open_bi().await.unwrap();
+    // B may close before it read everything: a failed write is fine.
+    let _ = send
+        .write_all(b"this is not a spillway frame, only garbage bytes")
+        .await;
+    let _ = send.finish();
+    match within("b to close the connection", bad.quinn().closed()).await {
+        ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(
+                close.error_code,
+                VarInt::from_u32(CLOSE_BAD_FRAME),
+                "{close}"
+            );
+        }
+        other => panic!("closed for another reason: {other}"),
+    }
+    wait_for("the bad frame to be counted", || {
+        b.counters().frames_rejected == 1
+    })
+    .await;
+    assert_eq!(
+        b.net_stats().peer(NodeId(3)).unwrap().frames_rejected,
+        1,
+        "counted against the node that sent it"
+    );
+    let err = bad.put_pages(vec![page(3, 0, 10)]).await.unwrap_err();
+    assert!(matches!(err, NetError::ConnectionLost { .. }), "{err}");
+
+    // A was not disturbed: its connection still puts and gets.
+    let second = page(1, 1, 4096);
+    assert_eq!(good.put_pages(vec![second.clone()]).await.unwrap(), 1);
+    let (got, missing) = good
+        .get_pages(vec![page_id(1, 0), page_id(1, 1)])
+        .await
+        .unwrap();
+    assert!(missing.is_empty());
+    assert_same(&got, &[first, second]);
+    assert_eq!(b.net_stats().peer(NodeId(1)).unwrap().frames_rejected, 0);
+    assert_eq!(b.counters().frames_rejected, 1);
+    assert_eq!(b.counters().store.pages, 2, "the bad frame stored nothing");
+
+    within("shutdown", broken.shutdown()).await;
+    within("shutdown", a.shutdown()).await;
+    within("shutdown", b.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_host_tier_answers_no_capacity_and_loses_no_page() {
+    let root = TempDir::new("full");
+    let pool = pool_dir(&root, POOL);
+    let a = start(config(&root, &pool, 1, 4)).await;
+    let b = start(config(&root, &pool, 2, 4)).await;
+    let conn = a.connect(b.local_addr()).await.unwrap();
+
+    let held: Vec<Page> = (0..3).map(|i| page(1, i, PAGE as usize)).collect();
+    assert_eq!(conn.put_pages(held.clone()).await.unwrap(), 3);
+    // Two more pages: one fits, two do not; the put fails whole.
+    let err = conn
+        .put_pages(vec![page(2, 0, PAGE as usize), page(2, 1, PAGE as usize)])
+        .await
+        .unwrap_err();
+    match &err {
+        NetError::Remote {
+            peer,
+            code,
+            message,
+        } => {
+            assert_eq!(*peer, NodeId(2));
+            assert_eq!(*code, ErrorCode::NoCapacity);
+            let numbers = format!(
+                "{} more bytes requested, {} of {} used",
+                2 * PAGE,
+                3 * PAGE,
+                4 * PAGE
+            );
+            assert!(message.contains(&numbers), "{message}");
+        }
+        other => panic!("{other}"),
+    }
+    let c = b.counters().store;
+    assert_eq!(
+        (c.pages, c.used_bytes, c.puts_refused_full),
+        (3, 3 * PAGE, 1)
+    );
+
+    // No page was lost or replaced, and none of the refused put was stored.
+    let ids = vec![page_id(1, 0), page_id(1, 1), page_id(1, 2), page_id(2, 0)];
+    let (got, missing) = conn.get_pages(ids).await.unwrap();
+    assert_eq!(missing, vec![page_id(2, 0)]);
+    assert_same(&got, &held);
+    // The one that fits still does.
+    assert_eq!(
+        conn.put_pages(vec![page(2, 0, PAGE as usize)])
+            .await
+            .unwrap(),
+        1
+    );
+
+    within("shutdown", a.shutdown()).await;
+    within("shutdown", b.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_completes_and_peers_see_the_connection_close() {
+    let root = TempDir::new("shutdown");
+    let pool = pool_dir(&root, POOL);
+    let a = start(config(&root, &pool, 1, 4)).await;
+    let b = start(config(&root, &pool, 2, 4)).await;
+    let conn = a.connect(b.local_addr()).await.unwrap();
+    assert_eq!(conn.put_pages(vec![page(1, 0, 100)]).await.unwrap(), 1);
+
+    within("b's shutdown", b.shutdown()).await;
+    let err = within(
+        "a put to a stopped node",
+        conn.put_pages(vec![page(1, 1, 100)]),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            NetError::ConnectionLost { .. } | NetError::Connect { .. }
+        ),
+        "{err}"
+    );
+    within("a's shutdown", a.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_its_certificate_does_not_start() {
+    let root = TempDir::new("no-cert");
+    let pool = pool_dir(&root, POOL);
+    let err = Node::start(config(&root, &pool, 4, 4)).await.unwrap_err();
+    assert!(
+        err.to_string().contains("node#4"),
+        "the error names the node: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_starts_from_a_toml_file() {
+    let root = TempDir::new("toml");
+    let pool = pool_dir(&root, POOL);
+    let path = root.0.join("node.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "node_id = 2\npool_dir = {:?}\ndata_dir = {:?}\nhost_tier_bytes = {}\n\
+             listen_addr = \"127.0.0.1:0\"\npage_size = {PAGE}\n\n[quic]\nconnections_per_peer = 1\n",
+            pool.display().to_string(),
+            root.0.join("data-2").display().to_string(),
+            8 * PAGE,
+        ),
+    )
+    .unwrap();
+    let b = start(NodeConfig::load(&path).unwrap()).await;
+    assert_eq!(b.node_id(), NodeId(2));
+    assert_eq!(b.pool_id(), POOL);
+    assert_eq!(b.counters().store.budget_bytes, 8 * PAGE);
+
+    // And a bad one names the file and the field.
+    std::fs::write(&path, "node_id = 2\nhost_tier_bytes = -1\n").unwrap();
+    let err = NodeConfig::load(&path).unwrap_err().to_string();
+    assert!(err.contains("host_tier_bytes"), "{err}");
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    within("shutdown", b.shutdown()).await;
+}
