@@ -30,7 +30,9 @@
 //! then the device's internal queues; the device never calls back with a lock held.
 
 mod pool;
+pub mod remote;
 
+pub use remote::{RemoteCompletion, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSink, RemoteTier};
 pub use pool::{Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, make_device};
 pub use spillway_core::{AccessMode, CoreError, CoreStats};
 pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
