@@ -97,7 +97,7 @@ use spillway_types::{BufferId, Direction, FrameId, HostSlot, TransferId};
 
 use crate::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
-    check_range,
+    HostMemory, check_range,
 };
 
 /// The PTX module, NUL-terminated as `cuModuleLoadData` wants it.
@@ -587,12 +587,16 @@ impl Drop for Frames {
     }
 }
 
-/// The host slots: one pinned region.
+/// The host slots: one pinned region, allocated by the driver, or memory made elsewhere
+/// ([`HostMemory`], shared with the node daemon) registered as pinned.
 struct HostSlots {
     ctx: Arc<Context>,
     ptr: *mut u8,
     slots: u32,
     page_bytes: u64,
+    /// Set when the slots are registered memory of someone else's (unregistered in drop,
+    /// not freed; the clone keeps it mapped until then).
+    external: Option<HostMemory>,
 }
 
 // SAFETY: plain pinned memory; who touches which slot is governed by the pool's contract.
@@ -614,6 +618,48 @@ fn host_available_bytes() -> u64 {
 }
 
 impl HostSlots {
+    /// `memory`, registered with the driver as pinned, as `slots` slots.
+    fn register(
+        ctx: &Arc<Context>,
+        slots: u32,
+        page_bytes: u64,
+        memory: HostMemory,
+    ) -> Result<HostSlots, DeviceError> {
+        let bytes = u64::from(slots) * page_bytes;
+        if memory.len() < bytes {
+            return Err(DeviceError::OutOfMemory {
+                what: "host",
+                requested_bytes: bytes,
+                available_bytes: memory.len(),
+            });
+        }
+        let mut out = HostSlots {
+            ctx: ctx.clone(),
+            ptr: std::ptr::null_mut(),
+            slots,
+            page_bytes,
+            external: None,
+        };
+        if bytes == 0 {
+            return Ok(out);
+        }
+        ctx.bind()?;
+        // SAFETY: the region is mapped, readable and writable for `bytes` and stays so
+        // while `memory` lives (HostMemory's contract); the clone kept in `external`
+        // outlives the registration, undone in drop.
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(
+                memory.as_ptr().as_ptr().cast(),
+                bytes as usize,
+                sys::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        };
+        check("cuMemHostRegister", r)?;
+        out.ptr = memory.as_ptr().as_ptr();
+        out.external = Some(memory);
+        Ok(out)
+    }
+
     fn new(ctx: &Arc<Context>, slots: u32, page_bytes: u64) -> Result<HostSlots, DeviceError> {
         let bytes = u64::from(slots) * page_bytes;
         let mut out = HostSlots {
@@ -621,6 +667,7 @@ impl HostSlots {
             ptr: std::ptr::null_mut(),
             slots,
             page_bytes,
+            external: None,
         };
         if bytes == 0 {
             return Ok(out);
@@ -661,6 +708,14 @@ impl HostSlots {
 impl Drop for HostSlots {
     fn drop(&mut self) {
         if !self.ptr.is_null() && self.ctx.bind().is_ok() {
+            if self.external.is_some() {
+                // SAFETY: registered in `register`; no copy is in flight (the lanes were
+                // drained before the slots drop); `external` still keeps it mapped.
+                unsafe {
+                    let _ = sys::cuMemHostUnregister(self.ptr.cast());
+                }
+                return;
+            }
             // SAFETY: allocated by cuMemHostAlloc in `new`; no copy is in flight (the
             // lanes were drained before the slots drop).
             unsafe {
@@ -941,11 +996,32 @@ impl CudaDevice {
         Self::with_streams(config, sink, ordinal, STREAMS_PER_DIRECTION_DEFAULT)
     }
 
+    /// [`CudaDevice::new`] with the host slots in `host` (when given), registered with the
+    /// driver as pinned, instead of pinned memory of its own.
+    pub fn with_host_memory(
+        config: DeviceConfig,
+        host: Option<HostMemory>,
+        sink: CompletionSink,
+        ordinal: usize,
+    ) -> Result<CudaDevice, DeviceError> {
+        Self::build(config, host, sink, ordinal, STREAMS_PER_DIRECTION_DEFAULT)
+    }
+
     /// [`CudaDevice::new`] with `streams_per_direction` copy streams in each direction
     /// (clamped to `1..=STREAMS_PER_DIRECTION_MAX`), used round-robin. Completions stay
     /// in submission order whatever the count.
     pub fn with_streams(
         config: DeviceConfig,
+        sink: CompletionSink,
+        ordinal: usize,
+        streams_per_direction: usize,
+    ) -> Result<CudaDevice, DeviceError> {
+        Self::build(config, None, sink, ordinal, streams_per_direction)
+    }
+
+    fn build(
+        config: DeviceConfig,
+        host_memory: Option<HostMemory>,
         sink: CompletionSink,
         ordinal: usize,
         streams_per_direction: usize,
@@ -976,7 +1052,12 @@ impl CudaDevice {
         .max(1) as u32;
         let ctx = Context::retain(dev)?;
         let frames = Frames::new(&ctx, config.frames, config.page_bytes)?;
-        let host = HostSlots::new(&ctx, config.host_slots, config.page_bytes)?;
+        let host = match host_memory {
+            Some(memory) => {
+                HostSlots::register(&ctx, config.host_slots, config.page_bytes, memory)?
+            }
+            None => HostSlots::new(&ctx, config.host_slots, config.page_bytes)?,
+        };
         let sync = SyncLane::new(&ctx)?;
         let ranges = Arc::new(Ranges {
             ctx: ctx.clone(),

@@ -60,6 +60,70 @@ pub struct DeviceConfig {
     pub page_bytes: u64,
 }
 
+/// Host memory made elsewhere for a device's host slots: a region shared with the node
+/// daemon (a mapped `memfd`), so that the node reads and writes the pages the device
+/// copies without a copy through a socket. A real GPU registers it as pinned.
+///
+/// Cheap to clone; the region stays mapped while any clone (or the device using it)
+/// lives, through `owner`.
+#[derive(Clone)]
+pub struct HostMemory {
+    ptr: NonNull<u8>,
+    len: u64,
+    owner: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+// SAFETY: the region is plain memory; who touches which slot is governed by the pool's
+// contract (see the crate docs), not by the type.
+unsafe impl Send for HostMemory {}
+// SAFETY: as above.
+unsafe impl Sync for HostMemory {}
+
+impl std::fmt::Debug for HostMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMemory")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostMemory {
+    /// Wraps `len` bytes at `ptr`, kept alive by `owner`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be readable and writable memory, aligned to 4 KiB, that
+    /// stays mapped as long as `owner` lives, and that nothing but the device and the
+    /// parties of the pool's contract (the node serving the slots' pages) touches.
+    pub unsafe fn new(
+        ptr: NonNull<u8>,
+        len: u64,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> HostMemory {
+        HostMemory { ptr, len, owner }
+    }
+
+    /// The start of the region.
+    pub fn as_ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// What keeps it mapped.
+    pub fn owner(&self) -> &Arc<dyn std::any::Any + Send + Sync> {
+        &self.owner
+    }
+}
+
 /// One copy of (part of) a page between a frame and a host slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyOp {

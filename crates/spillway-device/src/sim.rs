@@ -19,16 +19,19 @@ use spillway_types::{Direction, FrameId, HostSlot, pattern};
 
 use crate::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
-    check_range,
+    HostMemory, check_range,
 };
 
 /// Alignment of both regions: one 4 KiB OS page.
 const REGION_ALIGN: usize = 4096;
 
-/// A page-aligned, zeroed, pre-faulted piece of memory.
+/// A page-aligned, zeroed, pre-faulted piece of memory: our own, or a [`HostMemory`]
+/// made elsewhere (then `layout` is `None` and `_external` keeps it mapped).
 struct Region {
     ptr: NonNull<u8>,
-    layout: Layout,
+    size: usize,
+    layout: Option<Layout>,
+    _external: Option<HostMemory>,
 }
 
 // SAFETY: `Region` is plain memory; who may touch which part of it is governed by the
@@ -54,12 +57,34 @@ impl Region {
             // SAFETY: `off < size`, inside the allocation.
             unsafe { ptr.as_ptr().add(off).write_volatile(0) };
         }
-        Ok(Region { ptr, layout })
+        Ok(Region {
+            ptr,
+            size,
+            layout: Some(layout),
+            _external: None,
+        })
+    }
+
+    /// The slots in `memory`, which must hold `bytes`.
+    fn external(memory: HostMemory, bytes: u64) -> Result<Region, DeviceError> {
+        if memory.len() < bytes {
+            return Err(DeviceError::OutOfMemory {
+                what: "host",
+                requested_bytes: bytes,
+                available_bytes: memory.len(),
+            });
+        }
+        Ok(Region {
+            ptr: memory.as_ptr(),
+            size: memory.len() as usize,
+            layout: None,
+            _external: Some(memory),
+        })
     }
 
     /// Pointer to byte `offset`; the caller keeps `offset` inside the region.
     fn at(&self, offset: u64) -> *mut u8 {
-        debug_assert!((offset as usize) < self.layout.size());
+        debug_assert!((offset as usize) < self.size);
         // SAFETY: callers pass offsets of frames/slots that exist, so inside the region.
         unsafe { self.ptr.as_ptr().add(offset as usize) }
     }
@@ -67,8 +92,10 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `Region::new`.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+        if let Some(layout) = self.layout {
+            // SAFETY: allocated with this layout in `Region::new`.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 
@@ -109,8 +136,22 @@ pub struct SimDevice {
 impl SimDevice {
     /// Allocates (and pre-faults) the frames and slots, and starts the two copy threads.
     pub fn new(config: DeviceConfig, sink: CompletionSink) -> Result<SimDevice, DeviceError> {
+        Self::with_host_memory(config, None, sink)
+    }
+
+    /// [`SimDevice::new`] with the host slots in `host` (when given) instead of memory of
+    /// its own; `host` must hold `config.host_slots` pages.
+    pub fn with_host_memory(
+        config: DeviceConfig,
+        host: Option<HostMemory>,
+        sink: CompletionSink,
+    ) -> Result<SimDevice, DeviceError> {
         let frames = Region::new(u64::from(config.frames) * config.page_bytes, "device")?;
-        let slots = Region::new(u64::from(config.host_slots) * config.page_bytes, "host")?;
+        let slot_bytes = u64::from(config.host_slots) * config.page_bytes;
+        let slots = match host {
+            Some(memory) => Region::external(memory, slot_bytes)?,
+            None => Region::new(slot_bytes, "host")?,
+        };
         let memory = std::sync::Arc::new(Memory {
             frames,
             slots,

@@ -55,9 +55,18 @@ impl std::str::FromStr for Policy {
 pub struct PoolConfig {
     /// Bytes of GPU memory the pool may use. Required. More budget means fewer copies.
     pub gpu_budget_bytes: u64,
-    /// Bytes of host memory for the host tier. Required; it must hold every page of every
-    /// buffer (the host tier keeps a copy of each page, so evicting a clean page is free).
+    /// Bytes of host memory for the host tier. Required. Without a remote tier it must
+    /// hold every page of every buffer (the host tier keeps a copy of each page, so
+    /// evicting a clean page from the GPU is free); with one, it must hold more pages than
+    /// the GPU budget (it keeps a copy of every page on the GPU and stages the rest).
     pub host_budget_bytes: u64,
+    /// Bytes of the remote tier (other machines' RAM) this pool may use; 0: none. Pages
+    /// beyond the host tier go there and come back on demand and by prefetch.
+    #[serde(default)]
+    pub remote_budget_bytes: u64,
+    /// Bound on bytes moving between the host and remote tiers at once, each way.
+    #[serde(default = "default_remote_in_flight")]
+    pub remote_bytes_in_flight_max: u64,
     /// Page size: the unit of placement and copy. Larger pages copy faster per byte but
     /// waste memory at the end of each buffer.
     #[serde(default)]
@@ -86,6 +95,9 @@ fn default_h2d() -> u64 {
 fn default_d2h() -> u64 {
     limits::D2H_BYTES_IN_FLIGHT_DEFAULT
 }
+fn default_remote_in_flight() -> u64 {
+    limits::REMOTE_BYTES_IN_FLIGHT_DEFAULT
+}
 fn default_lookahead() -> usize {
     limits::LOOKAHEAD_ACCESSES_DEFAULT
 }
@@ -109,6 +121,8 @@ impl PoolConfig {
         PoolConfig {
             gpu_budget_bytes,
             host_budget_bytes,
+            remote_budget_bytes: 0,
+            remote_bytes_in_flight_max: default_remote_in_flight(),
             page_size: PageSize::default(),
             policy: Policy::default(),
             h2d_bytes_in_flight_max: default_h2d(),
@@ -126,6 +140,11 @@ impl PoolConfig {
     /// Number of host slots (whole pages) the host budget holds.
     pub fn host_slots(&self) -> u64 {
         self.page_size.pages_in(self.host_budget_bytes)
+    }
+
+    /// Number of remote pages the remote budget holds.
+    pub fn remote_pages(&self) -> u64 {
+        self.page_size.pages_in(self.remote_budget_bytes)
     }
 
     /// Checks every field; the error names the first field that is wrong.
@@ -188,6 +207,38 @@ impl PoolConfig {
                 ),
             );
         }
+        if self.remote_budget_bytes > 0 {
+            if self.remote_pages() <= limits::REMOTE_HEADROOM_PAGES {
+                return err(
+                    "remote_budget_bytes",
+                    format!(
+                        "is {} but must be 0 or hold more than {} pages of {page} bytes",
+                        self.remote_budget_bytes,
+                        limits::REMOTE_HEADROOM_PAGES
+                    ),
+                );
+            }
+            if self.host_slots() <= self.gpu_frames() {
+                return err(
+                    "host_budget_bytes",
+                    format!(
+                        "holds {} pages but must hold more than the GPU budget's {} when a \
+                         remote tier is used",
+                        self.host_slots(),
+                        self.gpu_frames()
+                    ),
+                );
+            }
+            if self.remote_bytes_in_flight_max < page {
+                return err(
+                    "remote_bytes_in_flight_max",
+                    format!(
+                        "is {} but must allow at least one page of {page} bytes",
+                        self.remote_bytes_in_flight_max
+                    ),
+                );
+            }
+        }
         if self.lookahead_accesses_max == 0
             || self.lookahead_accesses_max > limits::LOOKAHEAD_ACCESSES_MAX
         {
@@ -239,7 +290,19 @@ mod tests {
         c.h2d_bytes_in_flight_max = 64 << 20;
         c.lookahead_accesses_max = 0;
         assert_eq!(c.validate().unwrap_err().field, "lookahead_accesses_max");
+        c.remote_budget_bytes = 1 << 20;
+        assert_eq!(c.validate().unwrap_err().field, "remote_budget_bytes");
+        c.remote_budget_bytes = 64 << 20;
+        assert_eq!(c.validate().unwrap_err().field, "host_budget_bytes");
+        c.host_budget_bytes = 128 << 20;
+        c.remote_bytes_in_flight_max = 0;
+        assert_eq!(
+            c.validate().unwrap_err().field,
+            "remote_bytes_in_flight_max"
+        );
+        c.remote_bytes_in_flight_max = 64 << 20;
         c.lookahead_accesses_max = 8;
+        c.validate().unwrap();
         c.history_steps = 0;
         let e = c.validate().unwrap_err();
         assert_eq!(e.field, "history_steps");

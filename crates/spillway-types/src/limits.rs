@@ -26,6 +26,13 @@ pub const H2D_BYTES_IN_FLIGHT_DEFAULT: u64 = 64 << 20;
 /// Default bytes of device-to-host copies (evictions) in flight: 64 MiB.
 pub const D2H_BYTES_IN_FLIGHT_DEFAULT: u64 = 64 << 20;
 
+/// Default bound on bytes moving between the host tier and the remote tier at once (each
+/// way): enough 2 MiB pages in flight to keep a loopback or 25 Gb/s link busy.
+pub const REMOTE_BYTES_IN_FLIGHT_DEFAULT: u64 = 64 << 20;
+/// Remote pages kept free of the pool's pages when a remote tier is used: a page coming
+/// back and a page leaving can then always swap places, so the tiers never deadlock full.
+pub const REMOTE_HEADROOM_PAGES: u64 = 1;
+
 /// Default number of upcoming accesses the prefetcher looks at: 4096. Planning costs
 /// O(this) per access and per completed copy.
 pub const LOOKAHEAD_ACCESSES_DEFAULT: usize = 4096;
