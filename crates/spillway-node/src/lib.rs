@@ -17,8 +17,10 @@
 
 pub mod config;
 pub mod node;
+pub mod remote;
 pub mod store;
 
 pub use config::{NodeConfig, NodeConfigError};
 pub use node::{Node, NodeCounters, NodeError, NodeHandle};
+pub use remote::{RemoteCounters, RemoteError, RemoteService};
 pub use store::{HostStore, StoreCounters, StoreError};

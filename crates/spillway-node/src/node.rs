@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{NodeConfig, NodeConfigError};
+use crate::remote::RemoteService;
 use crate::store::{HostStore, StoreCounters};
 
 /// Why a node could not start.
@@ -109,11 +110,13 @@ impl Node {
             host_tier_bytes = config.host_tier_bytes,
             "node serving peers"
         );
+        let config_remote_bytes = config.host_tier_bytes;
         Ok(NodeHandle {
             config,
             transport: Arc::new(transport),
             store,
             server: Some(server),
+            remote: Arc::new(RemoteService::new(config_remote_bytes)),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         })
@@ -128,6 +131,7 @@ pub struct NodeHandle {
     transport: Arc<QuicTransport>,
     store: Arc<HostStore>,
     server: Option<Server>,
+    remote: Arc<RemoteService>,
     /// Tells the node's own tasks to stop (none yet; Raft and the client socket will be).
     cancel: CancellationToken,
     /// Every task the node spawned besides the peer service's.
@@ -158,6 +162,11 @@ impl NodeHandle {
     /// The host tier.
     pub fn store(&self) -> &Arc<HostStore> {
         &self.store
+    }
+
+    /// The remote tier of this node's local clients.
+    pub fn remote(&self) -> Arc<RemoteService> {
+        self.remote.clone()
     }
 
     /// The transport's per-peer counters.
