@@ -14,4 +14,7 @@ pub mod pool;
 pub mod predictor;
 
 pub use error::CoreError;
-pub use pool::{AccessMode, AcquireId, CoreStats, MappingChange, PageLocation, PoolCore, Transfer};
+pub use pool::{
+    AccessMode, AcquireId, CoreStats, MappingChange, PageLocation, PoolCore, RemoteKind,
+    RemoteTransfer, Transfer,
+};

@@ -12,6 +12,21 @@
 //! GPU state is one of `Absent`, `Loading` (host→device copy in flight), `Resident`
 //! (clean or dirty) and `Evicting` (device→host copy of a dirty page in flight).
 //!
+//! ## The remote tier
+//! With a remote budget (`remote_budget_bytes > 0`), the host tier becomes a cache of
+//! the pool's pages too: a page's host state is `Zero` (never written, no slot), `Remote`
+//! (only the remote tier has it), `Fetching` (coming into a slot: from the remote tier,
+//! or zero-filled), `Slot` (in a slot; `clean` when the remote tier holds the same bytes)
+//! or `Spilling` (being copied to the remote tier). The host tier stays inclusive of the
+//! GPU: a page on the GPU (or in flight to or from it) keeps its slot, so only pages off
+//! the GPU leave the host. Remote ops go out through [`PoolCore::poll_remote`] and come
+//! back through [`PoolCore::handle_remote_done`]; the remote copies of freed pages are
+//! dropped through [`PoolCore::take_discards`]. A slot is had by dropping a clean page
+//! (no copy) or spilling one, furthest next use first (least recently used without a
+//! prediction). Under [`Policy::Learned`] the planner stages pages remote→host with the
+//! same horizon rule as host→GPU but the remote tier's bandwidth, so staging runs ahead
+//! of the GPU loads that need it. Without a remote budget no page ever leaves its slot.
+//!
 //! ## Invariants (checked by [`PoolCore::check_invariants`] in tests)
 //! - frames in use + free frames = frames of the budget; each frame has at most one page;
 //!   so the GPU budget is never exceeded. The same for host slots.
@@ -102,6 +117,32 @@ pub enum MappingChange {
     },
 }
 
+/// What a remote op does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RemoteKind {
+    /// Copy the slot's bytes to the remote tier under the page's id.
+    Spill,
+    /// Copy the page's bytes from the remote tier into the slot.
+    Fetch,
+    /// Fill the slot with zeros (a page never written); no remote tier involved.
+    Zero,
+}
+
+/// A move between the host tier and the remote tier, for the driver to start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteTransfer {
+    /// Reported back to [`PoolCore::handle_remote_done`].
+    pub id: TransferId,
+    /// Which way.
+    pub kind: RemoteKind,
+    /// The page.
+    pub page: PageId,
+    /// The host side.
+    pub slot: HostSlot,
+    /// The page's length.
+    pub bytes: u64,
+}
+
 /// Where a page's current contents are, for host reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageLocation {
@@ -150,6 +191,24 @@ pub struct CoreStats {
     pub h2d_bytes_per_s: f64,
     /// Estimated device-to-host bandwidth, bytes/s.
     pub d2h_bytes_per_s: f64,
+    /// Bytes fetched from the remote tier.
+    pub remote_bytes_in: u64,
+    /// Bytes spilled to the remote tier.
+    pub remote_bytes_out: u64,
+    /// Fetches started because an acquire or a host access needed the page.
+    pub remote_demand_fetches: u64,
+    /// Fetches started by the prefetcher.
+    pub remote_prefetches: u64,
+    /// Pages that left the host tier without a copy (the remote tier held the same bytes).
+    pub spills_clean: u64,
+    /// Remote ops that failed.
+    pub remote_errors: u64,
+    /// Pages whose bytes the remote tier holds (or is being sent) now.
+    pub remote_pages: u64,
+    /// Remote pages of the remote budget.
+    pub remote_pages_total: u64,
+    /// Estimated remote tier bandwidth, bytes/s.
+    pub remote_bytes_per_s: f64,
     /// The predictor's counters.
     pub predictor: PredictorStats,
 }
@@ -171,9 +230,33 @@ enum Gpu {
     },
 }
 
+/// Where a page is in the host and remote tiers (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Host {
+    Zero,
+    Remote,
+    Fetching { slot: HostSlot },
+    Slot { slot: HostSlot, clean: bool },
+    Spilling { slot: HostSlot },
+}
+
+impl Host {
+    fn slot(self) -> Option<HostSlot> {
+        match self {
+            Host::Fetching { slot } | Host::Slot { slot, .. } | Host::Spilling { slot } => {
+                Some(slot)
+            }
+            Host::Zero | Host::Remote => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Page {
-    slot: HostSlot,
+    host: Host,
+    /// The remote tier holds bytes for this page (current or stale): it uses remote
+    /// capacity until the buffer is freed or the space is given back.
+    remote_space: bool,
     gpu: Gpu,
     pins: u32,
     host_pins: u32,
@@ -187,6 +270,8 @@ struct Page {
 struct Buffer {
     bytes: u64,
     pages: Vec<Page>,
+    /// Access count at the buffer's last acquire (recency for host-tier victims).
+    last_access: u64,
     shared_holders: u32,
     exclusive: bool,
     freed: bool,
@@ -202,6 +287,14 @@ impl Buffer {
 struct InFlight {
     page: PageId,
     direction: Direction,
+    bytes: u64,
+    issued_at: Duration,
+}
+
+#[derive(Debug)]
+struct RemoteInFlight {
+    page: PageId,
+    kind: RemoteKind,
     bytes: u64,
     issued_at: Duration,
 }
@@ -253,6 +346,19 @@ pub struct PoolCore {
     bandwidth: [Bandwidth; 2],
     stats: CoreStats,
     failed: Option<String>,
+    remote_pages_max: u64,
+    remote_pages: u64,
+    remote_ops: HashMap<TransferId, RemoteInFlight>,
+    remote_out: VecDeque<RemoteTransfer>,
+    remote_in_flight_bytes: [u64; 2],
+    remote_bw: Bandwidth,
+    spilling: u64,
+    /// Pages a host access waits for (they must come into a slot first).
+    host_demand: VecDeque<PageId>,
+    remote_plan: VecDeque<(PageId, u64)>,
+    discards: Vec<PageId>,
+    /// The latest `now` handed in, for calls that take none.
+    last_now: Duration,
 }
 
 impl std::fmt::Debug for PoolCore {
@@ -268,8 +374,20 @@ enum Got {
     Frame(FrameId),
     /// A write-back in flight will free a frame for this load.
     Later,
+    /// A free host slot (for a fetch).
+    Slot(HostSlot),
     /// No frame can be had now.
     Never,
+}
+
+/// What [`PoolCore::spill`] did.
+enum Spilled {
+    /// The page left at once (the remote tier held its bytes); its slot is free.
+    Freed,
+    /// A copy to the remote tier started; the slot comes free when it finishes.
+    Started,
+    /// Nothing: the page cannot leave now (in-flight bound, no remote space).
+    Blocked,
 }
 
 struct View<'a> {
@@ -348,6 +466,20 @@ impl PoolCore {
             bandwidth: [bw; 2],
             stats: CoreStats::default(),
             failed: None,
+            remote_pages_max: cfg.remote_pages(),
+            remote_pages: 0,
+            remote_ops: HashMap::new(),
+            remote_out: VecDeque::new(),
+            remote_in_flight_bytes: [0; 2],
+            remote_bw: Bandwidth {
+                bytes_per_s: 1e9,
+                last_done: Duration::ZERO,
+            },
+            spilling: 0,
+            host_demand: VecDeque::new(),
+            remote_plan: VecDeque::new(),
+            discards: Vec::new(),
+            last_now: Duration::ZERO,
             cfg,
         })
     }
@@ -358,6 +490,17 @@ impl PoolCore {
         for bw in &mut self.bandwidth {
             bw.bytes_per_s = bytes_per_s.max(1e6);
         }
+    }
+
+    /// Replaces the remote tier's bandwidth estimate with a first guess, until remote
+    /// ops are measured.
+    pub fn set_remote_bandwidth_hint(&mut self, bytes_per_s: f64) {
+        self.remote_bw.bytes_per_s = bytes_per_s.max(1e6);
+    }
+
+    /// Whether the pool has a remote tier.
+    pub fn has_remote(&self) -> bool {
+        self.remote_pages_max > 0
     }
 
     /// The configuration.
@@ -414,19 +557,32 @@ impl PoolCore {
                 limit: limits::BUFFERS_MAX,
             });
         }
-        if (self.free_slots.len() as u64) < pages {
+        let total_pages = self.capacity_pages();
+        let free_pages = total_pages.saturating_sub(self.committed_pages());
+        if free_pages < pages {
             return Err(CoreError::PoolFull {
                 requested_bytes: bytes,
                 needed_pages: pages,
-                free_pages: self.free_slots.len() as u64,
-                total_pages: self.cfg.host_slots(),
+                free_pages,
+                total_pages,
             });
         }
         let id = BufferId(self.next_buffer);
         self.next_buffer += 1;
+        let remote = self.has_remote();
         let pages = (0..pages)
             .map(|_| Page {
-                slot: self.free_slots.pop().expect("counted"),
+                // Without a remote tier every page has its slot for life (the driver
+                // zero-fills it); with one, a page gets a slot when it is first needed.
+                host: if remote {
+                    Host::Zero
+                } else {
+                    Host::Slot {
+                        slot: self.free_slots.pop().expect("counted"),
+                        clean: false,
+                    }
+                },
+                remote_space: false,
                 gpu: Gpu::Absent,
                 pins: 0,
                 host_pins: 0,
@@ -439,6 +595,7 @@ impl PoolCore {
             Buffer {
                 bytes,
                 pages,
+                last_access: self.accesses,
                 shared_holders: 0,
                 exclusive: false,
                 freed: false,
@@ -471,6 +628,20 @@ impl PoolCore {
         Ok(())
     }
 
+    /// Pages the pool can hold: the host slots, plus the remote pages less the headroom.
+    fn capacity_pages(&self) -> u64 {
+        if self.has_remote() {
+            self.cfg.host_slots() + self.remote_pages_max - limits::REMOTE_HEADROOM_PAGES
+        } else {
+            self.cfg.host_slots()
+        }
+    }
+
+    /// Pages of buffers not yet given back (freed buffers with copies in flight count).
+    fn committed_pages(&self) -> u64 {
+        self.buffers.values().map(|b| b.pages.len() as u64).sum()
+    }
+
     /// Gives back a freed buffer's slots once no copy uses its pages.
     fn reap(&mut self, id: BufferId) {
         let Some(b) = self.buffers.get(&id) else {
@@ -480,9 +651,18 @@ impl PoolCore {
             return;
         }
         let b = self.buffers.remove(&id).expect("present");
-        for p in b.pages {
+        for (index, p) in b.pages.into_iter().enumerate() {
             debug_assert_eq!(p.gpu, Gpu::Absent);
-            self.free_slots.push(p.slot);
+            if let Some(slot) = p.host.slot() {
+                self.free_slots.push(slot);
+            }
+            if p.remote_space {
+                self.remote_pages -= 1;
+                self.discards.push(PageId {
+                    buffer: id,
+                    index: index as u32,
+                });
+            }
         }
     }
 
@@ -548,6 +728,7 @@ impl PoolCore {
         }
         self.pinned_pages += newly;
         let b = self.buffers.get_mut(&id).expect("live");
+        b.last_access = self.accesses;
         match mode {
             AccessMode::Shared => b.shared_holders += 1,
             AccessMode::Exclusive => b.exclusive = true,
@@ -701,14 +882,31 @@ impl PoolCore {
         if b.pages[first..=last].iter().any(|p| p.in_flight > 0) {
             return Ok(None);
         }
+        let away: Vec<u32> = (first..=last)
+            .filter(|&i| matches!(b.pages[i].host, Host::Zero | Host::Remote))
+            .map(|i| i as u32)
+            .collect();
+        if !away.is_empty() {
+            // Not in the host tier: bring the pages into slots first.
+            for index in away {
+                let pid = PageId { buffer: id, index };
+                if !self.host_demand.contains(&pid) {
+                    self.host_demand.push_back(pid);
+                }
+            }
+            self.pump(self.last_now);
+            return Ok(None);
+        }
         let b = self.buffers.get_mut(&id).expect("live");
         let mut out = Vec::with_capacity(last - first + 1);
         for p in &mut b.pages[first..=last] {
             p.host_pins += 1;
-            out.push(match p.gpu {
-                Gpu::Resident { frame, .. } => PageLocation::Gpu(frame),
-                Gpu::Absent => PageLocation::Host(p.slot),
-                Gpu::Loading { .. } | Gpu::Evicting { .. } => unreachable!("checked not in flight"),
+            out.push(match (p.gpu, p.host) {
+                (Gpu::Resident { frame, .. }, _) => PageLocation::Gpu(frame),
+                (Gpu::Absent, Host::Slot { slot, .. }) => PageLocation::Host(slot),
+                (gpu, host) => {
+                    unreachable!("checked not in flight and in a slot: {gpu:?} {host:?}")
+                }
             });
         }
         Ok(Some(out))
@@ -737,6 +935,9 @@ impl PoolCore {
             if let (true, Gpu::Resident { dirty, .. }) = (wrote, &mut p.gpu) {
                 *dirty = true;
             }
+            if let (true, Host::Slot { clean, .. }) = (wrote, &mut p.host) {
+                *clean = false;
+            }
         }
         self.pump(now);
     }
@@ -749,6 +950,91 @@ impl PoolCore {
     /// The next change to device address ranges, if any.
     pub fn poll_mapping(&mut self) -> Option<MappingChange> {
         self.mappings.pop_front()
+    }
+
+    /// The next remote op (or zero fill) to start, if any.
+    pub fn poll_remote(&mut self) -> Option<RemoteTransfer> {
+        self.remote_out.pop_front()
+    }
+
+    /// Pages whose remote copies are no longer needed (their buffers were freed): the
+    /// driver tells the remote tier to drop them.
+    pub fn take_discards(&mut self) -> Vec<PageId> {
+        std::mem::take(&mut self.discards)
+    }
+
+    /// Records that remote op `id` finished (`Err` with the tier's message if it failed).
+    /// A failed fetch fails the pool (the page cannot be had); a failed spill leaves the
+    /// page in its slot, counted in [`CoreStats::remote_errors`].
+    pub fn handle_remote_done(
+        &mut self,
+        id: TransferId,
+        result: Result<(), String>,
+        now: Duration,
+    ) {
+        let Some(op) = self.remote_ops.remove(&id) else {
+            debug_assert!(false, "completion of unknown remote op {id:?}");
+            return;
+        };
+        let d = usize::from(op.kind == RemoteKind::Spill);
+        self.remote_in_flight_bytes[d] -= op.bytes;
+        if op.kind != RemoteKind::Zero && result.is_ok() {
+            let bw = &mut self.remote_bw;
+            let service = now
+                .saturating_sub(op.issued_at.max(bw.last_done))
+                .as_secs_f64();
+            if service > 0.0 {
+                bw.bytes_per_s += BANDWIDTH_ALPHA * (op.bytes as f64 / service - bw.bytes_per_s);
+            }
+            bw.last_done = now;
+        }
+        let pid = op.page;
+        self.page_mut(pid).in_flight -= 1;
+        let (freed, wanted) = {
+            let b = &self.buffers[&pid.buffer];
+            let p = &b.pages[pid.index as usize];
+            (
+                b.freed,
+                p.pins > 0 || p.host_pins > 0 || self.host_demand.contains(&pid),
+            )
+        };
+        let host = self.page(pid).host;
+        match (op.kind, host, result) {
+            (RemoteKind::Fetch | RemoteKind::Zero, Host::Fetching { slot }, Ok(())) => {
+                if op.kind == RemoteKind::Fetch {
+                    self.stats.remote_bytes_in += op.bytes;
+                }
+                self.page_mut(pid).host = Host::Slot {
+                    slot,
+                    clean: op.kind == RemoteKind::Fetch,
+                };
+            }
+            (RemoteKind::Fetch | RemoteKind::Zero, Host::Fetching { slot }, Err(e)) => {
+                self.stats.remote_errors += 1;
+                self.page_mut(pid).host = Host::Slot { slot, clean: false };
+                self.failed
+                    .get_or_insert(format!("page {pid} could not be fetched: {e}"));
+            }
+            (RemoteKind::Spill, Host::Spilling { slot }, Ok(())) => {
+                self.spilling -= 1;
+                self.stats.remote_bytes_out += op.bytes;
+                if wanted || freed {
+                    self.page_mut(pid).host = Host::Slot { slot, clean: true };
+                } else {
+                    self.page_mut(pid).host = Host::Remote;
+                    self.free_slots.push(slot);
+                }
+            }
+            (RemoteKind::Spill, Host::Spilling { slot }, Err(_)) => {
+                // The driver logged the tier's message; the page stays in its slot.
+                self.spilling -= 1;
+                self.stats.remote_errors += 1;
+                self.page_mut(pid).host = Host::Slot { slot, clean: false };
+            }
+            (kind, state, _) => panic!("completion of {kind:?} for {pid} in state {state:?}"),
+        }
+        self.reap(pid.buffer);
+        self.pump(now);
     }
 
     /// Records that copy `id` finished (`Err` with the device's message if it failed).
@@ -799,6 +1085,9 @@ impl PoolCore {
             }
             (Direction::DeviceToHost, Gpu::Evicting { frame }) => {
                 self.stats.d2h_bytes += t.bytes;
+                if let Host::Slot { clean, .. } = &mut self.page_mut(pid).host {
+                    *clean = false;
+                }
                 self.evicting_frames -= 1;
                 self.page_mut(pid).gpu = Gpu::Resident {
                     frame,
@@ -818,10 +1107,11 @@ impl PoolCore {
     fn new_transfer(&mut self, pid: PageId, direction: Direction, frame: FrameId, now: Duration) {
         let (slot, bytes) = {
             let b = &self.buffers[&pid.buffer];
-            (
-                b.pages[pid.index as usize].slot,
-                self.page_len(b.bytes, pid.index),
-            )
+            let p = &b.pages[pid.index as usize];
+            let Host::Slot { slot, .. } = p.host else {
+                panic!("GPU copy of {pid} whose host state is {:?}", p.host);
+            };
+            (slot, self.page_len(b.bytes, pid.index))
         };
         let id = TransferId(self.next_transfer);
         self.next_transfer += 1;
@@ -944,16 +1234,260 @@ impl PoolCore {
         match self.buffers.get(&pid.buffer) {
             Some(b) if !b.freed => {
                 let p = &b.pages[pid.index as usize];
-                p.gpu == Gpu::Absent && p.host_pins == 0
+                p.gpu == Gpu::Absent && p.host_pins == 0 && matches!(p.host, Host::Slot { .. })
             }
             _ => false,
         }
     }
 
+    /// Whether `pid` must come into a slot (from the remote tier, or zero-filled) before
+    /// it can be loaded or read: its buffer is live and it has no slot.
+    fn needs_fetch(&self, pid: PageId) -> bool {
+        match self.buffers.get(&pid.buffer) {
+            Some(b) if !b.freed => {
+                matches!(b.pages[pid.index as usize].host, Host::Zero | Host::Remote)
+            }
+            _ => false,
+        }
+    }
+
+    /// Next predicted use of `pid`'s buffer (`None`: none predicted).
+    fn next_use_of(&self, buffer: BufferId) -> Option<u64> {
+        self.next_use
+            .get(&buffer)
+            .copied()
+            .filter(|&n| n > self.accesses)
+    }
+
+    fn may_issue_remote(&self, kind: RemoteKind, bytes: u64) -> bool {
+        let d = usize::from(kind == RemoteKind::Spill);
+        self.remote_in_flight_bytes[d] == 0
+            || self.remote_in_flight_bytes[d] + bytes <= self.cfg.remote_bytes_in_flight_max
+    }
+
+    fn new_remote(&mut self, pid: PageId, kind: RemoteKind, slot: HostSlot, now: Duration) {
+        let bytes = self.page_len(self.buffers[&pid.buffer].bytes, pid.index);
+        let id = TransferId(self.next_transfer);
+        self.next_transfer += 1;
+        self.remote_in_flight_bytes[usize::from(kind == RemoteKind::Spill)] += bytes;
+        self.page_mut(pid).in_flight += 1;
+        self.remote_ops.insert(
+            id,
+            RemoteInFlight {
+                page: pid,
+                kind,
+                bytes,
+                issued_at: now,
+            },
+        );
+        self.remote_out.push_back(RemoteTransfer {
+            id,
+            kind,
+            page: pid,
+            slot,
+            bytes,
+        });
+    }
+
+    /// Starts bringing `pid` (Zero or Remote) into `slot`.
+    fn start_fetch(&mut self, pid: PageId, slot: HostSlot, prefetch: bool, now: Duration) {
+        let kind = match self.page(pid).host {
+            Host::Zero => RemoteKind::Zero,
+            Host::Remote => {
+                if prefetch {
+                    self.stats.remote_prefetches += 1;
+                } else {
+                    self.stats.remote_demand_fetches += 1;
+                }
+                RemoteKind::Fetch
+            }
+            other => panic!("fetch of {pid} in host state {other:?}"),
+        };
+        self.page_mut(pid).host = Host::Fetching { slot };
+        self.new_remote(pid, kind, slot, now);
+    }
+
+    /// Whether the page in a slot may leave the host tier now.
+    fn spillable(&self, pid: PageId) -> bool {
+        let p = self.page(pid);
+        matches!(p.host, Host::Slot { .. })
+            && p.gpu == Gpu::Absent
+            && p.pins == 0
+            && p.host_pins == 0
+            && p.in_flight == 0
+    }
+
+    /// The page to take out of the host tier: the furthest next use (or none predicted)
+    /// beyond `bound`, then the least recently used; `None` if no page may leave.
+    fn host_victim(&self, bound: Option<u64>, exclude: PageId) -> Option<PageId> {
+        let mut best: Option<(u64, u64, PageId)> = None;
+        for (&bid, b) in &self.buffers {
+            if b.freed || b.holders() > 0 {
+                continue;
+            }
+            let next = self.next_use_of(bid).unwrap_or(u64::MAX);
+            if bound.is_some_and(|bound| next <= bound) {
+                continue;
+            }
+            // Larger key wins: later next use, then older last access.
+            let key = (next, u64::MAX - b.last_access);
+            if best.is_some_and(|(n, a, _)| (n, a) >= key) {
+                continue;
+            }
+            for index in (0..b.pages.len() as u32).rev() {
+                let pid = PageId { buffer: bid, index };
+                if pid != exclude && self.spillable(pid) {
+                    best = Some((key.0, key.1, pid));
+                    break;
+                }
+            }
+        }
+        best.map(|(_, _, pid)| pid)
+    }
+
+    /// Remote space for a spill of `pid`: its own, a free one, or one taken back from a
+    /// page in a slot (whose remote copy is then dropped). False if none can be had.
+    fn remote_space_for(&mut self, pid: PageId) -> bool {
+        if self.page(pid).remote_space {
+            return true;
+        }
+        if self.remote_pages < self.remote_pages_max {
+            self.remote_pages += 1;
+            self.page_mut(pid).remote_space = true;
+            return true;
+        }
+        let donor = self.buffers.iter().find_map(|(&bid, b)| {
+            b.pages.iter().enumerate().find_map(|(i, p)| {
+                (p.remote_space && matches!(p.host, Host::Slot { .. }) && p.in_flight == 0)
+                    .then_some(PageId {
+                        buffer: bid,
+                        index: i as u32,
+                    })
+            })
+        });
+        let Some(donor) = donor else {
+            return false;
+        };
+        let d = self.page_mut(donor);
+        d.remote_space = false;
+        if let Host::Slot { clean, .. } = &mut d.host {
+            *clean = false;
+        }
+        self.discards.push(donor);
+        self.page_mut(pid).remote_space = true;
+        true
+    }
+
+    /// A slot for a fetch of a page next used at `bound` (`None`: needed now). A clean
+    /// victim leaves at once; a dirty one starts a spill and the slot comes free when it
+    /// finishes.
+    fn slot_for(
+        &mut self,
+        pid: PageId,
+        bound: Option<u64>,
+        waiting: &mut u64,
+        now: Duration,
+    ) -> Got {
+        loop {
+            if let Some(slot) = self.free_slots.pop() {
+                return Got::Slot(slot);
+            }
+            if self.spilling > *waiting {
+                *waiting += 1;
+                return Got::Later;
+            }
+            let Some(victim) = self.host_victim(bound, pid) else {
+                return Got::Never;
+            };
+            match self.spill(victim, now) {
+                Spilled::Freed => {}
+                Spilled::Started => {}
+                Spilled::Blocked => return Got::Never,
+            }
+        }
+    }
+
+    /// Takes `pid` (in a slot, off the GPU) out of the host tier.
+    fn spill(&mut self, pid: PageId, now: Duration) -> Spilled {
+        let Host::Slot { slot, clean } = self.page(pid).host else {
+            return Spilled::Blocked;
+        };
+        if clean && self.page(pid).remote_space {
+            self.stats.spills_clean += 1;
+            self.page_mut(pid).host = Host::Remote;
+            self.free_slots.push(slot);
+            return Spilled::Freed;
+        }
+        let bytes = self.page_len(self.buffers[&pid.buffer].bytes, pid.index);
+        if !self.may_issue_remote(RemoteKind::Spill, bytes) || !self.remote_space_for(pid) {
+            return Spilled::Blocked;
+        }
+        self.spilling += 1;
+        self.page_mut(pid).host = Host::Spilling { slot };
+        self.new_remote(pid, RemoteKind::Spill, slot, now);
+        Spilled::Started
+    }
+
+    /// Starts bringing pages of pending acquires, host accesses and the staging plan into
+    /// slots, as far as slots and the in-flight bound allow.
+    fn pump_remote(&mut self, now: Duration) {
+        let mut waiting = 0u64;
+        // Demand: pages of pending acquires and host accesses.
+        let away = |core: &PoolCore, p: PageId| {
+            core.buffers.get(&p.buffer).is_some_and(|b| {
+                !b.freed && !matches!(b.pages[p.index as usize].host, Host::Slot { .. })
+            })
+        };
+        let host_demand: VecDeque<PageId> = std::mem::take(&mut self.host_demand)
+            .into_iter()
+            .filter(|&p| away(self, p))
+            .collect();
+        self.host_demand = host_demand;
+        let mut demand: Vec<PageId> = self.demand.iter().copied().collect();
+        demand.extend(self.host_demand.iter().copied());
+        for pid in demand {
+            if !self.needs_fetch(pid) || self.page(pid).in_flight > 0 {
+                continue;
+            }
+            if !self.may_issue_remote(RemoteKind::Fetch, self.page_bytes) {
+                return;
+            }
+            match self.slot_for(pid, None, &mut waiting, now) {
+                Got::Slot(slot) => self.start_fetch(pid, slot, false, now),
+                Got::Later | Got::Frame(_) => {}
+                Got::Never => break,
+            }
+        }
+        // Staging: predicted pages, nearest first.
+        let mut i = 0;
+        while i < self.remote_plan.len() {
+            let (pid, next) = self.remote_plan[i];
+            if !self.needs_fetch(pid) || self.page(pid).in_flight > 0 {
+                self.remote_plan.remove(i);
+                continue;
+            }
+            if !self.may_issue_remote(RemoteKind::Fetch, self.page_bytes) {
+                return;
+            }
+            match self.slot_for(pid, Some(next), &mut waiting, now) {
+                Got::Slot(slot) => {
+                    self.remote_plan.remove(i);
+                    self.start_fetch(pid, slot, true, now);
+                }
+                Got::Later | Got::Frame(_) => i += 1,
+                Got::Never => return,
+            }
+        }
+    }
+
     /// Starts every copy that the current state allows: demand loads, then prefetches.
     fn pump(&mut self, now: Duration) {
+        self.last_now = self.last_now.max(now);
         if self.failed.is_some() {
             return;
+        }
+        if self.has_remote() {
+            self.pump_remote(now);
         }
         let mut waiting = 0u64;
         let mut i = 0;
@@ -965,6 +1499,14 @@ impl PoolCore {
                 .is_some_and(|b| !b.freed && b.pages[pid.index as usize].pins > 0);
             if wanted && self.page(pid).host_pins > 0 {
                 // The host is reading or writing it: retried when that ends.
+                i += 1;
+                continue;
+            }
+            if wanted
+                && self.page(pid).gpu == Gpu::Absent
+                && !matches!(self.page(pid).host, Host::Slot { .. })
+            {
+                // Not in a slot yet: a fetch is queued or in flight (pump_remote).
                 i += 1;
                 continue;
             }
@@ -983,13 +1525,27 @@ impl PoolCore {
                 }
                 Got::Later => i += 1,
                 Got::Never => return,
+                Got::Slot(_) => unreachable!("frame_for returns frames"),
             }
         }
         let mut i = 0;
         while i < self.plan.len() {
             let (pid, next) = self.plan[i];
             if !self.needs_load(pid) {
-                self.plan.remove(i);
+                if self.needs_fetch(pid)
+                    || self.buffers.get(&pid.buffer).is_some_and(|b| {
+                        !b.freed
+                            && matches!(
+                                b.pages[pid.index as usize].host,
+                                Host::Fetching { .. } | Host::Spilling { .. }
+                            )
+                    })
+                {
+                    // Being staged from the remote tier: loaded once it is in a slot.
+                    i += 1;
+                } else {
+                    self.plan.remove(i);
+                }
                 continue;
             }
             if !self.may_issue(Direction::HostToDevice, self.page_bytes) {
@@ -1002,6 +1558,7 @@ impl PoolCore {
                 }
                 Got::Later => i += 1,
                 Got::Never => return,
+                Got::Slot(_) => unreachable!("frame_for returns frames"),
             }
         }
     }
@@ -1048,6 +1605,42 @@ impl PoolCore {
                 }
             }
         }
+        self.remote_plan.clear();
+        if !self.has_remote() {
+            return;
+        }
+        // Staging remote→host: the same horizon rule at the remote tier's bandwidth.
+        let rbw = self.remote_bw.bytes_per_s;
+        let mut queued_bytes = 0u64;
+        for u in &upcoming {
+            if u.distance >= MIN_LOOKAHEAD_ACCESSES
+                && u.time_until.as_secs_f64()
+                    > LEAD_FACTOR * queued_bytes as f64 / rbw + JITTER_MARGIN.as_secs_f64()
+            {
+                break;
+            }
+            let Some(b) = self.buffers.get(&u.buffer).filter(|b| !b.freed) else {
+                continue;
+            };
+            let next = self.accesses + 1 + u.distance;
+            for (index, p) in b.pages.iter().enumerate() {
+                let len = self.page_len(b.bytes, index as u32);
+                match p.host {
+                    Host::Zero | Host::Remote => {
+                        self.remote_plan.push_back((
+                            PageId {
+                                buffer: u.buffer,
+                                index: index as u32,
+                            },
+                            next,
+                        ));
+                        queued_bytes += len;
+                    }
+                    Host::Fetching { .. } => queued_bytes += len,
+                    _ => {}
+                }
+            }
+        }
     }
 
     /// Counters and gauges now.
@@ -1060,6 +1653,9 @@ impl PoolCore {
             buffers: self.buffers.values().filter(|b| !b.freed).count() as u64,
             h2d_bytes_per_s: self.bandwidth[0].bytes_per_s,
             d2h_bytes_per_s: self.bandwidth[1].bytes_per_s,
+            remote_pages: self.remote_pages,
+            remote_pages_total: self.remote_pages_max,
+            remote_bytes_per_s: self.remote_bw.bytes_per_s,
             predictor: self.predictor.stats(),
             ..self.stats
         }
@@ -1092,8 +1688,10 @@ impl PoolCore {
         }
         let mut slots = self.free_slots.len() as u64;
         let mut pinned = 0;
+        let mut remote_space = 0;
         for (id, b) in &self.buffers {
-            slots += b.pages.len() as u64;
+            slots += b.pages.iter().filter(|p| p.host.slot().is_some()).count() as u64;
+            remote_space += b.pages.iter().filter(|p| p.remote_space).count() as u64;
             for (index, p) in b.pages.iter().enumerate() {
                 pinned += u64::from(p.pins > 0);
                 if let Gpu::Loading { frame, .. }
@@ -1110,12 +1708,23 @@ impl PoolCore {
                         "{pid} owns its frame"
                     );
                 }
-                let in_flight = matches!(p.gpu, Gpu::Loading { .. } | Gpu::Evicting { .. });
+                let in_flight = matches!(p.gpu, Gpu::Loading { .. } | Gpu::Evicting { .. })
+                    || matches!(p.host, Host::Fetching { .. } | Host::Spilling { .. });
                 assert_eq!(
                     in_flight,
                     p.in_flight > 0,
                     "in-flight count of a page matches its state"
                 );
+                if p.gpu != Gpu::Absent {
+                    assert!(
+                        matches!(p.host, Host::Slot { .. }),
+                        "a page on the GPU keeps its slot: {:?}",
+                        p.host
+                    );
+                }
+                if matches!(p.host, Host::Remote | Host::Spilling { .. }) {
+                    assert!(p.remote_space, "a remote page has remote space");
+                }
             }
         }
         assert_eq!(
@@ -1124,6 +1733,11 @@ impl PoolCore {
             "slots in use + free = host budget"
         );
         assert_eq!(pinned, self.pinned_pages, "pinned page count");
+        assert_eq!(remote_space, self.remote_pages, "remote pages counted");
+        assert!(
+            self.remote_pages <= self.remote_pages_max,
+            "remote pages within the remote budget"
+        );
         assert!(
             self.pinned_pages <= total as u64,
             "pinned pages within the budget"

@@ -1,0 +1,330 @@
+//! The remote tier in the state machine, checked against a model of the bytes: every
+//! frame, slot and remote page holds a (page, version) pair, moved by the copies and remote
+//! ops exactly as a device and a remote tier would move bytes. An acquire must see the
+//! newest version of each of its pages, whatever the tiers did in between: no page is
+//! ever lost or stale.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use spillway_core::{
+    AccessMode, AcquireId, PageLocation, PoolCore, RemoteKind, RemoteTransfer, Transfer,
+};
+use spillway_types::config::{Policy, PoolConfig};
+use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, PageSize};
+
+const PAGE: u64 = 64 << 10;
+
+type Version = (PageId, u64);
+
+/// The core and a model of where each version of each page is.
+struct Model {
+    core: PoolCore,
+    frames: HashMap<FrameId, Version>,
+    slots: HashMap<HostSlot, Version>,
+    remote: HashMap<PageId, u64>,
+    latest: HashMap<PageId, u64>,
+    gpu: VecDeque<Transfer>,
+    net: VecDeque<RemoteTransfer>,
+    now: u64,
+}
+
+impl Model {
+    fn new(gpu_pages: u64, host_pages: u64, remote_pages: u64, policy: Policy) -> Model {
+        let mut cfg = PoolConfig::new(gpu_pages * PAGE, host_pages * PAGE);
+        cfg.page_size = PageSize::new(PAGE).unwrap();
+        cfg.remote_budget_bytes = remote_pages * PAGE;
+        cfg.policy = policy;
+        cfg.h2d_bytes_in_flight_max = 4 * PAGE;
+        cfg.remote_bytes_in_flight_max = 4 * PAGE;
+        Model {
+            core: PoolCore::new(cfg, 1e9).unwrap(),
+            frames: HashMap::new(),
+            slots: HashMap::new(),
+            remote: HashMap::new(),
+            latest: HashMap::new(),
+            gpu: VecDeque::new(),
+            net: VecDeque::new(),
+            now: 0,
+        }
+    }
+
+    fn t(&mut self) -> Duration {
+        self.now += 1;
+        Duration::from_micros(self.now * 100)
+    }
+
+    fn collect(&mut self) {
+        self.gpu
+            .extend(std::iter::from_fn(|| self.core.poll_transfer()));
+        self.net
+            .extend(std::iter::from_fn(|| self.core.poll_remote()));
+        for p in self.core.take_discards() {
+            self.remote.remove(&p);
+        }
+        self.core.check_invariants();
+    }
+
+    /// Finishes the oldest GPU copy; false if none is in flight.
+    fn finish_gpu(&mut self) -> bool {
+        self.collect();
+        let Some(tr) = self.gpu.pop_front() else {
+            return false;
+        };
+        match tr.direction {
+            Direction::HostToDevice => {
+                let v = self.slots[&tr.slot];
+                assert_eq!(v.0, tr.page, "H2D of {} reads its own slot", tr.page);
+                self.frames.insert(tr.frame, v);
+            }
+            Direction::DeviceToHost => {
+                let v = self.frames[&tr.frame];
+                assert_eq!(v.0, tr.page, "D2H of {} reads its own frame", tr.page);
+                self.slots.insert(tr.slot, v);
+            }
+        }
+        let now = self.t();
+        self.core.handle_transfer_done(tr.id, Ok(()), now);
+        self.collect();
+        true
+    }
+
+    /// Finishes the oldest remote op; false if none is in flight.
+    fn finish_net(&mut self) -> bool {
+        self.collect();
+        let Some(op) = self.net.pop_front() else {
+            return false;
+        };
+        match op.kind {
+            RemoteKind::Spill => {
+                let v = self.slots[&op.slot];
+                assert_eq!(v.0, op.page, "spill of {} reads its own slot", op.page);
+                self.remote.insert(op.page, v.1);
+            }
+            RemoteKind::Fetch => {
+                let v = *self
+                    .remote
+                    .get(&op.page)
+                    .unwrap_or_else(|| panic!("fetch of {} that the remote tier lost", op.page));
+                self.slots.insert(op.slot, (op.page, v));
+            }
+            RemoteKind::Zero => {
+                self.slots.insert(op.slot, (op.page, 0));
+            }
+        }
+        let now = self.t();
+        self.core.handle_remote_done(op.id, Ok(()), now);
+        self.collect();
+        true
+    }
+
+    fn settle(&mut self) {
+        while self.finish_gpu() | self.finish_net() {}
+    }
+
+    /// Acquires `b` and waits for it, finishing copies; checks every page is the newest.
+    fn acquire(&mut self, b: BufferId, mode: AccessMode) -> (AcquireId, bool) {
+        let now = self.t();
+        let (h, hit) = self.core.begin_acquire(b, mode, now).unwrap();
+        self.collect();
+        while !self.core.is_ready(h).unwrap() {
+            assert!(
+                self.finish_gpu() | self.finish_net(),
+                "an acquire waits with nothing in flight"
+            );
+        }
+        for (index, frame) in self.core.frames_of(h).into_iter().enumerate() {
+            let pid = PageId {
+                buffer: b,
+                index: index as u32,
+            };
+            let want = self.latest.get(&pid).copied().unwrap_or(0);
+            assert_eq!(
+                self.frames[&frame],
+                (pid, want),
+                "{pid} on the GPU is its newest version"
+            );
+            if mode == AccessMode::Exclusive {
+                self.latest.insert(pid, want + 1);
+                self.frames.insert(frame, (pid, want + 1));
+            }
+        }
+        (h, hit)
+    }
+
+    fn release(&mut self, h: AcquireId) {
+        let now = self.t();
+        self.core.release(h, now);
+        self.collect();
+    }
+
+    /// Reads (and with `write`, writes) page 0 of `b` from the host; false if busy.
+    fn host_access(&mut self, b: BufferId, write: bool) -> bool {
+        let locs = loop {
+            match self.core.begin_host_access(b, 0, 1, write) {
+                Ok(Some(l)) => break l,
+                Ok(None) => assert!(
+                    self.finish_gpu() | self.finish_net(),
+                    "a host access waits with nothing in flight"
+                ),
+                Err(_) => return false,
+            }
+        };
+        let pid = PageId {
+            buffer: b,
+            index: 0,
+        };
+        let want = self.latest.get(&pid).copied().unwrap_or(0);
+        let cell = match locs[0] {
+            PageLocation::Gpu(f) => self.frames.get_mut(&f).unwrap(),
+            PageLocation::Host(s) => self.slots.get_mut(&s).unwrap(),
+        };
+        assert_eq!(*cell, (pid, want), "host sees the newest {pid}");
+        if write {
+            *cell = (pid, want + 1);
+            self.latest.insert(pid, want + 1);
+        }
+        let now = self.t();
+        self.core.end_host_access(b, 0, 1, write, now);
+        self.collect();
+        true
+    }
+}
+
+#[test]
+fn a_working_set_four_times_gpu_plus_host_keeps_every_version() {
+    // 4 GPU pages, 8 host pages, 48 pages of buffers: most live in the remote tier.
+    let mut m = Model::new(4, 8, 44, Policy::Learned);
+    let bufs: Vec<BufferId> = (0..24).map(|_| m.core.alloc(2 * PAGE).unwrap()).collect();
+    let mut hits_late = (0u64, 0u64);
+    for step in 0..6 {
+        for (i, &b) in bufs.iter().enumerate() {
+            let mode = if i % 3 == 0 {
+                AccessMode::Exclusive
+            } else {
+                AccessMode::Shared
+            };
+            let (h, hit) = m.acquire(b, mode);
+            m.release(h);
+            if step >= 2 {
+                hits_late.0 += u64::from(hit);
+                hits_late.1 += 1;
+            }
+            // Time passes between accesses: the copies and remote ops of the plan run.
+            m.settle();
+        }
+        let now = m.t();
+        m.core.step(now);
+        m.collect();
+    }
+    let s = m.core.stats();
+    assert!(s.remote_bytes_out > 0 && s.remote_bytes_in > 0, "{s:?}");
+    assert!(s.remote_prefetches > 0, "the planner stages pages: {s:?}");
+    assert_eq!(
+        hits_late.0, hits_late.1,
+        "with every op finished between accesses, a learned loop always hits: {s:?}"
+    );
+}
+
+#[test]
+fn alloc_is_bounded_by_host_plus_remote_less_headroom() {
+    let mut m = Model::new(2, 4, 8, Policy::Clock);
+    // 4 + 8 - 1 headroom = 11 pages.
+    m.core.alloc(11 * PAGE).unwrap_err(); // larger than the GPU budget: refused
+    for _ in 0..5 {
+        m.core.alloc(2 * PAGE).unwrap();
+    }
+    m.core.alloc(PAGE).unwrap();
+    let e = m.core.alloc(PAGE).unwrap_err();
+    assert!(e.to_string().contains("full"), "{e}");
+}
+
+#[test]
+fn freeing_buffers_drops_their_remote_copies() {
+    let mut m = Model::new(2, 4, 16, Policy::Clock);
+    let bufs: Vec<BufferId> = (0..8).map(|_| m.core.alloc(PAGE).unwrap()).collect();
+    for &b in &bufs {
+        let (h, _) = m.acquire(b, AccessMode::Exclusive);
+        m.release(h);
+    }
+    m.settle();
+    assert!(!m.remote.is_empty(), "some pages went to the remote tier");
+    for &b in &bufs {
+        let now = m.t();
+        m.core.free(b, now).unwrap();
+        m.collect();
+        m.settle();
+    }
+    assert!(m.remote.is_empty(), "remote copies left: {:?}", m.remote);
+    assert_eq!(m.core.stats().remote_pages, 0);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(u64),
+    Acquire(usize, bool),
+    HostAccess(usize, bool),
+    Free(usize),
+    FinishGpu(usize),
+    FinishNet(usize),
+    Step,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1u64..3 * PAGE).prop_map(Op::Alloc),
+        (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::Acquire(i, x)),
+        (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::HostAccess(i, x)),
+        (0usize..16).prop_map(Op::Free),
+        (0usize..4).prop_map(Op::FinishGpu),
+        (0usize..4).prop_map(Op::FinishNet),
+        Just(Op::Step),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    /// Random sequences over a small GPU, a small host tier and a remote tier: every
+    /// acquire and host access sees the newest version of its pages, and no invariant
+    /// breaks.
+    #[test]
+    fn random_sequences_never_lose_a_version(
+        ops in proptest::collection::vec(op(), 1..150),
+        policy in prop_oneof![Just(Policy::Learned), Just(Policy::Clock), Just(Policy::OnDemand)],
+    ) {
+        let mut m = Model::new(4, 6, 24, policy);
+        let mut bufs: Vec<BufferId> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc(bytes) => if let Ok(b) = m.core.alloc(bytes) { bufs.push(b) },
+                Op::Acquire(i, excl) if !bufs.is_empty() => {
+                    let b = bufs[i % bufs.len()];
+                    let mode = if excl { AccessMode::Exclusive } else { AccessMode::Shared };
+                    let (h, _) = m.acquire(b, mode);
+                    m.release(h);
+                }
+                Op::HostAccess(i, write) if !bufs.is_empty() => {
+                    let b = bufs[i % bufs.len()];
+                    prop_assert!(m.host_access(b, write));
+                }
+                Op::Free(i) if !bufs.is_empty() => {
+                    let b = bufs.remove(i % bufs.len());
+                    let now = m.t();
+                    m.core.free(b, now).unwrap();
+                    m.collect();
+                }
+                Op::FinishGpu(n) => for _ in 0..n { m.finish_gpu(); },
+                Op::FinishNet(n) => for _ in 0..n { m.finish_net(); },
+                Op::Step => { let now = m.t(); m.core.step(now); m.collect(); }
+                _ => {}
+            }
+        }
+        m.settle();
+        for &b in &bufs {
+            prop_assert!(m.host_access(b, false));
+        }
+        let s = m.core.stats();
+        prop_assert!(s.slots_in_use <= s.slots_total && s.remote_pages <= s.remote_pages_total);
+    }
+}
