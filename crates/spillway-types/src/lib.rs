@@ -7,10 +7,12 @@
 //! - [`limits`]: every named bound of the pool, with what it costs;
 //! - [`config`]: the pool's configuration in two layers (plain fields, then `validate()`);
 //! - [`wire`]: the frames of the peer page service (fixed header, bincode bodies decoded
-//!   with a size limit, raw page payloads with xxh3 checksums).
+//!   with a size limit, raw page payloads with xxh3 checksums);
+//! - [`local`]: the frames between a client and its node daemon over the Unix socket.
 
 pub mod config;
 pub mod limits;
+pub mod local;
 pub mod pattern;
 pub mod wire;
 
