@@ -91,6 +91,10 @@ impl MemStore {
                     pages_missing: total - deleted,
                 }
             }
+            Request::Raft { .. } | Request::Propose { .. } => Response::Error(ErrorReply::new(
+                ErrorCode::BadRequest,
+                "this store serves pages only, not the metadata group",
+            )),
         }
     }
 }

@@ -1,10 +1,16 @@
 //! Requests and responses as the node sees them (pages as [`Bytes`]), and their mapping to
 //! and from wire frames (descriptors in the body, bytes in the payload).
+//!
+//! Besides pages, two requests carry an opaque blob for the pool's metadata group: a Raft
+//! message ([`Request::Raft`]) and a proposal forwarded to the leader
+//! ([`Request::Propose`], answered by [`Response::Propose`]). The transport checks their
+//! size ([`wire::Kind::payload_bytes_max`]) and checksums like pages; what they hold is
+//! decoded by the node, under the bounds of spillway-meta's codecs.
 
 use bytes::Bytes;
 use spillway_types::wire::{
-    DeletePages, DeletePagesReply, ErrorReply, GetPages, GetPagesReply, Kind, Message, PageDesc,
-    PutPages, PutPagesReply, WireError, page_checksum, page_ranges,
+    self, Blob, DeletePages, DeletePagesReply, ErrorReply, GetPages, GetPagesReply, Kind, Message,
+    PageDesc, PutPages, PutPagesReply, WireError, page_checksum, page_ranges,
 };
 use spillway_types::{PageId, limits};
 
@@ -64,6 +70,17 @@ pub enum Request {
         /// The pages to drop.
         pages: Vec<PageId>,
     },
+    /// Hand this Raft message (raft-rs protobuf bytes) to the node's metadata group.
+    Raft {
+        /// The encoded message, at most [`wire::RAFT_PAYLOAD_BYTES_MAX`] bytes.
+        message: Bytes,
+    },
+    /// Propose this batch (an encoded `spillway_meta::Batch`) to the metadata group: sent
+    /// by a follower to the leader.
+    Propose {
+        /// The encoded batch, at most [`wire::PROPOSAL_PAYLOAD_BYTES_MAX`] bytes.
+        batch: Bytes,
+    },
 }
 
 /// What a node answers.
@@ -88,8 +105,27 @@ pub enum Response {
         /// How many were not held.
         pages_missing: u32,
     },
+    /// Answer to [`Request::Raft`]: the message was handed to Raft (which may still drop
+    /// it; Raft retransmits what matters).
+    RaftAck,
+    /// Answer to [`Request::Propose`]: the outcome, encoded by the node.
+    Propose {
+        /// The encoded outcome, at most [`wire::PROPOSAL_PAYLOAD_BYTES_MAX`] bytes.
+        reply: Bytes,
+    },
     /// The request failed.
     Error(ErrorReply),
+}
+
+/// The frame body and payload chunks of a blob.
+fn describe_blob(data: Bytes) -> (Blob, Vec<Bytes>) {
+    let blob = Blob::describe(&data);
+    let chunk = wire::BLOB_CHUNK_BYTES as usize;
+    let chunks = (0..data.len())
+        .step_by(chunk)
+        .map(|at| data.slice(at..(at + chunk).min(data.len())))
+        .collect();
+    (blob, chunks)
 }
 
 /// Descriptors (with the pages' checksums) and the page bytes in payload order. Refuses a
@@ -137,6 +173,8 @@ impl Request {
             Request::Put { .. } => Kind::PutPages,
             Request::Get { .. } => Kind::GetPages,
             Request::Delete { .. } => Kind::DeletePages,
+            Request::Raft { .. } => Kind::RaftMessage,
+            Request::Propose { .. } => Kind::Propose,
         }
     }
 
@@ -144,6 +182,8 @@ impl Request {
     pub fn payload_bytes(&self) -> u64 {
         match self {
             Request::Put { pages } => pages.iter().map(|p| p.data.len() as u64).sum(),
+            Request::Raft { message } => message.len() as u64,
+            Request::Propose { batch } => batch.len() as u64,
             _ => 0,
         }
     }
@@ -156,6 +196,14 @@ impl Request {
             }
             Request::Get { pages } => (Message::GetPages(GetPages { pages }), Vec::new()),
             Request::Delete { pages } => (Message::DeletePages(DeletePages { pages }), Vec::new()),
+            Request::Raft { message } => {
+                let (blob, data) = describe_blob(message);
+                (Message::RaftMessage(blob), data)
+            }
+            Request::Propose { batch } => {
+                let (blob, data) = describe_blob(batch);
+                (Message::Propose(blob), data)
+            }
         })
     }
 
@@ -168,6 +216,12 @@ impl Request {
             }),
             Message::GetPages(m) => Ok(Request::Get { pages: m.pages }),
             Message::DeletePages(m) => Ok(Request::Delete { pages: m.pages }),
+            Message::RaftMessage(_) => Ok(Request::Raft {
+                message: payload.clone(),
+            }),
+            Message::Propose(_) => Ok(Request::Propose {
+                batch: payload.clone(),
+            }),
             other => Err(other.kind()),
         }
     }
@@ -180,6 +234,8 @@ impl Response {
             Response::Put { .. } => Kind::PutPagesReply,
             Response::Get { .. } => Kind::GetPagesReply,
             Response::Delete { .. } => Kind::DeletePagesReply,
+            Response::RaftAck => Kind::RaftMessageReply,
+            Response::Propose { .. } => Kind::ProposeReply,
             Response::Error(_) => Kind::Error,
         }
     }
@@ -192,6 +248,8 @@ impl Response {
                 | (Kind::PutPages, Kind::PutPagesReply)
                 | (Kind::GetPages, Kind::GetPagesReply)
                 | (Kind::DeletePages, Kind::DeletePagesReply)
+                | (Kind::RaftMessage, Kind::RaftMessageReply)
+                | (Kind::Propose, Kind::ProposeReply)
         )
     }
 
@@ -218,6 +276,11 @@ impl Response {
                 }),
                 Vec::new(),
             ),
+            Response::RaftAck => (Message::RaftMessageReply(Blob::default()), Vec::new()),
+            Response::Propose { reply } => {
+                let (blob, data) = describe_blob(reply);
+                (Message::ProposeReply(blob), data)
+            }
             Response::Error(e) => (Message::Error(e), Vec::new()),
         })
     }
@@ -236,6 +299,10 @@ impl Response {
             Message::DeletePagesReply(m) => Ok(Response::Delete {
                 pages_deleted: m.pages_deleted,
                 pages_missing: m.pages_missing,
+            }),
+            Message::RaftMessageReply(_) => Ok(Response::RaftAck),
+            Message::ProposeReply(_) => Ok(Response::Propose {
+                reply: payload.clone(),
             }),
             Message::Error(e) => Ok(Response::Error(e)),
             other => Err(other.kind()),

@@ -402,3 +402,128 @@ async fn a_reply_sent_as_a_request_gets_an_error_reply_not_a_closed_connection()
     // The connection is still good.
     assert_eq!(conn.put_pages(vec![page(2, 0, 100)]).await.unwrap(), 1);
 }
+
+/// Answers Raft messages with an ack and proposals with their bytes reversed.
+struct BlobEcho;
+
+impl spillway_net::Handler for BlobEcho {
+    async fn handle(
+        &self,
+        _peer: NodeId,
+        request: spillway_net::Request,
+    ) -> spillway_net::Response {
+        match request {
+            spillway_net::Request::Raft { .. } => spillway_net::Response::RaftAck,
+            spillway_net::Request::Propose { batch } => {
+                let mut v = batch.to_vec();
+                v.reverse();
+                spillway_net::Response::Propose { reply: v.into() }
+            }
+            _ => spillway_net::Response::Error(wire::ErrorReply::new(
+                wire::ErrorCode::BadRequest,
+                "blobs only",
+            )),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_and_proposal_blobs_round_trip_and_bad_ones_close_the_connection() {
+    use spillway_net::{Request, Response};
+    let pool = Pool::new("blobs");
+    let server = pool.transport(1);
+    let _serving = server.serve(Arc::new(BlobEcho)).unwrap();
+    let client = pool.transport(2);
+    let conn = client.connect(server.local_addr()).await.unwrap();
+    // A message larger than one blob chunk travels in several, checked each.
+    let big: Vec<u8> = (0..(wire::BLOB_CHUNK_BYTES as usize + 123))
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let reply = conn
+        .request(Request::Raft {
+            message: big.clone().into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply, Response::RaftAck);
+    let reply = conn
+        .request(Request::Propose {
+            batch: vec![1u8, 2, 3].into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        reply,
+        Response::Propose {
+            reply: vec![3u8, 2, 1].into()
+        }
+    );
+    // A proposal over PROPOSAL_PAYLOAD_BYTES_MAX is refused before it is sent.
+    let err = conn
+        .request(Request::Propose {
+            batch: vec![0u8; wire::PROPOSAL_PAYLOAD_BYTES_MAX as usize + 1].into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, NetError::Encode { .. }), "{err}");
+
+    let bad_node = QuicTransport::bind(
+        loopback(),
+        pool.identity(3),
+        QuicConfig {
+            connections_per_peer: 1,
+            ..QuicConfig::default()
+        },
+    )
+    .unwrap();
+    let rejected = || {
+        server
+            .stats()
+            .peer(NodeId(3))
+            .map_or(0, |c| c.frames_rejected)
+    };
+    // 1. A Raft message claiming more than RAFT_PAYLOAD_BYTES_MAX.
+    let bad = bad_node.connect(server.local_addr()).await.unwrap();
+    let header = FrameHeader {
+        kind: Kind::RaftMessage,
+        request_id: 1,
+        body_bytes: 1,
+        payload_bytes: wire::RAFT_PAYLOAD_BYTES_MAX + 1,
+    };
+    send_raw_and_expect_close(&bad, &header.encode()).await;
+    wait_for("the oversized Raft message to be counted", WAIT, || {
+        rejected() == 1
+    })
+    .await;
+    // 2. A proposal whose bytes do not match their checksum.
+    let bad = bad_node.connect(server.local_addr()).await.unwrap();
+    let data = vec![7u8; 100];
+    let mut blob = wire::Blob::describe(&data);
+    blob.chunks[0].checksum ^= 1;
+    let mut frame = wire::encode_frame(1, &wire::Message::Propose(blob)).unwrap();
+    frame.extend_from_slice(&data);
+    send_raw_and_expect_close(&bad, &frame).await;
+    wait_for("the corrupt proposal to be counted", WAIT, || {
+        rejected() == 2
+    })
+    .await;
+    // 3. A Raft message whose body lies about its length.
+    let bad = bad_node.connect(server.local_addr()).await.unwrap();
+    let mut frame =
+        wire::encode_frame(1, &wire::Message::RaftMessage(wire::Blob::describe(&data))).unwrap();
+    frame.extend_from_slice(&data[..50]);
+    send_raw_and_expect_close(&bad, &frame).await;
+    wait_for("the truncated Raft message to be counted", WAIT, || {
+        rejected() == 3
+    })
+    .await;
+    // The good peer is still served.
+    let reply = conn
+        .request(Request::Raft {
+            message: vec![1u8; 10].into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply, Response::RaftAck);
+    assert_eq!(server.stats().peer(NodeId(2)).unwrap().frames_rejected, 0);
+}

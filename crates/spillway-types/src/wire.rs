@@ -36,6 +36,18 @@
 //!
 //! This module does no IO: a transport reads the header, then the body, then the payload,
 //! and calls the matching check after each. [`decode_frame`] does all three on one buffer.
+//!
+//! Besides pages, the payload may carry one opaque **blob** (kinds [`Kind::carries_blob`]:
+//! a Raft message, a forwarded proposal and its reply). The body of such a frame is a
+//! [`Blob`]: the blob cut in chunks of at most [`BLOB_CHUNK_BYTES`], each described like a
+//! page (chunk `i` is named `PageId { buffer: BufferId(0), index: i }`) with its length and
+//! checksum, so the same length and checksum checks cover it. What the blob holds is not
+//! this module's business: the node decodes it with the bound of its own codec, after the
+//! blob passed these checks. A blob frame's payload is bounded per kind
+//! ([`Kind::payload_bytes_max`]): [`RAFT_PAYLOAD_BYTES_MAX`] for Raft messages (a snapshot
+//! travels in one), [`PROPOSAL_PAYLOAD_BYTES_MAX`] for proposals and their replies.
+//!
+//! Version history: 1, pages only; 2, the blob kinds (10 to 13).
 
 use std::ops::Range;
 
@@ -47,7 +59,7 @@ use crate::{NodeId, PageId, PoolId, limits};
 pub const MAGIC: [u8; 4] = *b"SPWY";
 /// The protocol version this build speaks. A frame of any other version is refused
 /// ([`WireError::UnsupportedVersion`]); the [`Hello`] exchange catches a mismatch first.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Size of the fixed frame header.
 pub const HEADER_BYTES: usize = 32;
 
@@ -66,6 +78,22 @@ pub const BODY_DECODE_BYTES_MAX: usize = 64 << 10;
 /// many bytes from its peer's in-flight budget, so the real worst case per peer is that
 /// budget, not this times the streams.
 pub const FRAME_PAYLOAD_BYTES_MAX: u64 = 2 * limits::PAGE_BYTES_MAX;
+/// Largest chunk of a blob: 16 MiB. A blob of `n` bytes takes `ceil(n / 16 MiB)` chunk
+/// descriptors (80 for the largest Raft message), far below [`PAGES_PER_FRAME_MAX`].
+pub const BLOB_CHUNK_BYTES: u64 = 16 << 20;
+/// Largest payload of a [`Kind::RaftMessage`] frame: 1.25 GiB, the bound of
+/// `spillway_meta::limits::RAFT_MESSAGE_BYTES_MAX` (a snapshot of a full directory travels
+/// in one message; spillway-node checks the two agree). The receiver takes the bytes from
+/// the peer's in-flight budget before it allocates them, so this is the most one message
+/// can make a node allocate, not a per-stream multiple.
+pub const RAFT_PAYLOAD_BYTES_MAX: u64 = (1 << 30) + (256 << 20);
+const _: () = assert!(RAFT_PAYLOAD_BYTES_MAX > FRAME_PAYLOAD_BYTES_MAX);
+const _: () = assert!(BLOB_CHUNK_BYTES <= limits::PAGE_BYTES_MAX);
+
+/// Largest payload of a [`Kind::Propose`] or [`Kind::ProposeReply`] frame: 16 MiB, the
+/// decode bound of a command in spillway-meta (`COMMAND_DECODE_BYTES_MAX`); a full batch
+/// of 16384 updates encodes to about 0.7 MiB.
+pub const PROPOSAL_PAYLOAD_BYTES_MAX: u64 = 16 << 20;
 /// Most pages one frame may describe: 1024 (1024 x 32 bytes = 32 KiB of decoded
 /// descriptors, inside [`BODY_DECODE_BYTES_MAX`]).
 pub const PAGES_PER_FRAME_MAX: usize = 1024;
@@ -99,11 +127,19 @@ pub enum Kind {
     DeletePagesReply = 8,
     /// Answer to any request that failed: [`ErrorReply`].
     Error = 9,
+    /// A Raft message (raft-rs protobuf bytes) as the blob of a [`Blob`] body.
+    RaftMessage = 10,
+    /// Answer to [`Kind::RaftMessage`]: an empty [`Blob`] (the message was handed to Raft).
+    RaftMessageReply = 11,
+    /// A proposal forwarded to the leader (an encoded `spillway_meta::Batch`) as the blob.
+    Propose = 12,
+    /// Answer to [`Kind::Propose`]: the outcome (encoded by the node) as the blob.
+    ProposeReply = 13,
 }
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Hello,
         Kind::HelloReply,
         Kind::PutPages,
@@ -113,6 +149,10 @@ impl Kind {
         Kind::DeletePages,
         Kind::DeletePagesReply,
         Kind::Error,
+        Kind::RaftMessage,
+        Kind::RaftMessageReply,
+        Kind::Propose,
+        Kind::ProposeReply,
     ];
 
     /// The kind with wire value `value`, if there is one.
@@ -123,6 +163,26 @@ impl Kind {
     /// Whether frames of this kind may carry a page payload.
     pub fn carries_pages(self) -> bool {
         matches!(self, Kind::PutPages | Kind::GetPagesReply)
+    }
+
+    /// Whether frames of this kind carry a blob (a [`Blob`] body and its bytes as payload).
+    pub fn carries_blob(self) -> bool {
+        matches!(
+            self,
+            Kind::RaftMessage | Kind::RaftMessageReply | Kind::Propose | Kind::ProposeReply
+        )
+    }
+
+    /// Largest payload a frame of this kind may carry: [`FRAME_PAYLOAD_BYTES_MAX`] for
+    /// pages, [`RAFT_PAYLOAD_BYTES_MAX`] or [`PROPOSAL_PAYLOAD_BYTES_MAX`] for blobs, 0 for
+    /// the rest.
+    pub fn payload_bytes_max(self) -> u64 {
+        match self {
+            Kind::PutPages | Kind::GetPagesReply => FRAME_PAYLOAD_BYTES_MAX,
+            Kind::RaftMessage => RAFT_PAYLOAD_BYTES_MAX,
+            Kind::Propose | Kind::ProposeReply => PROPOSAL_PAYLOAD_BYTES_MAX,
+            _ => 0,
+        }
     }
 }
 
@@ -190,13 +250,14 @@ impl FrameHeader {
             });
         }
         let payload_bytes = u64_at(24);
-        if payload_bytes > FRAME_PAYLOAD_BYTES_MAX {
+        let limit_bytes = kind.payload_bytes_max();
+        if payload_bytes > limit_bytes && limit_bytes > 0 {
             return Err(WireError::PayloadTooLarge {
                 payload_bytes,
-                limit_bytes: FRAME_PAYLOAD_BYTES_MAX,
+                limit_bytes,
             });
         }
-        if !kind.carries_pages() && payload_bytes != 0 {
+        if limit_bytes == 0 && payload_bytes != 0 {
             return Err(WireError::PayloadMismatch {
                 kind,
                 payload_bytes,
@@ -301,6 +362,61 @@ pub struct DeletePagesReply {
     pub pages_missing: u32,
 }
 
+/// The body of a blob frame ([`Kind::carries_blob`]): the blob's chunks, in payload order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Encode, Decode)]
+pub struct Blob {
+    /// Chunk `i` is `PageId { buffer: BufferId(0), index: i }`, at most
+    /// [`BLOB_CHUNK_BYTES`] long, with its checksum.
+    pub chunks: Vec<PageDesc>,
+}
+
+impl Blob {
+    /// The descriptors of `data` cut in chunks of [`BLOB_CHUNK_BYTES`] (checksums computed).
+    pub fn describe(data: &[u8]) -> Blob {
+        Blob {
+            chunks: data
+                .chunks(BLOB_CHUNK_BYTES as usize)
+                .enumerate()
+                .map(|(i, c)| PageDesc::for_page(blob_chunk_id(i), c))
+                .collect(),
+        }
+    }
+
+    /// The blob's length in bytes.
+    pub fn len(&self) -> u64 {
+        pages_bytes(&self.chunks)
+    }
+
+    /// Whether the blob is empty.
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Why the chunk list is not one a sender builds, if it is not.
+    fn invalid_reason(&self) -> Option<String> {
+        for (i, c) in self.chunks.iter().enumerate() {
+            if c.page != blob_chunk_id(i) {
+                return Some(format!("blob chunk {i} is named {}", c.page));
+            }
+            if u64::from(c.len) > BLOB_CHUNK_BYTES {
+                return Some(format!(
+                    "blob chunk {i} has {} bytes, more than BLOB_CHUNK_BYTES ({BLOB_CHUNK_BYTES})",
+                    c.len
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// The name of chunk `i` of a blob.
+fn blob_chunk_id(i: usize) -> PageId {
+    PageId {
+        buffer: crate::BufferId(0),
+        index: u32::try_from(i).unwrap_or(u32::MAX),
+    }
+}
+
 /// Why a request failed, as a code a program can act on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Encode, Decode)]
 pub enum ErrorCode {
@@ -363,6 +479,14 @@ pub enum Message {
     DeletePagesReply(DeletePagesReply),
     /// [`Kind::Error`].
     Error(ErrorReply),
+    /// [`Kind::RaftMessage`].
+    RaftMessage(Blob),
+    /// [`Kind::RaftMessageReply`].
+    RaftMessageReply(Blob),
+    /// [`Kind::Propose`].
+    Propose(Blob),
+    /// [`Kind::ProposeReply`].
+    ProposeReply(Blob),
 }
 
 impl Message {
@@ -378,6 +502,10 @@ impl Message {
             Message::DeletePages(_) => Kind::DeletePages,
             Message::DeletePagesReply(_) => Kind::DeletePagesReply,
             Message::Error(_) => Kind::Error,
+            Message::RaftMessage(_) => Kind::RaftMessage,
+            Message::RaftMessageReply(_) => Kind::RaftMessageReply,
+            Message::Propose(_) => Kind::Propose,
+            Message::ProposeReply(_) => Kind::ProposeReply,
         }
     }
 
@@ -386,6 +514,10 @@ impl Message {
         match self {
             Message::PutPages(m) => &m.pages,
             Message::GetPagesReply(m) => &m.pages,
+            Message::RaftMessage(b)
+            | Message::RaftMessageReply(b)
+            | Message::Propose(b)
+            | Message::ProposeReply(b) => &b.chunks,
             _ => &[],
         }
     }
@@ -397,6 +529,10 @@ impl Message {
             Message::GetPages(m) => m.pages.len(),
             Message::GetPagesReply(m) => m.pages.len() + m.missing.len(),
             Message::DeletePages(m) => m.pages.len(),
+            Message::RaftMessage(b)
+            | Message::RaftMessageReply(b)
+            | Message::Propose(b)
+            | Message::ProposeReply(b) => b.chunks.len(),
             _ => 0,
         }
     }
@@ -444,7 +580,7 @@ pub enum WireError {
     },
     /// The payload is longer than [`FRAME_PAYLOAD_BYTES_MAX`].
     #[error(
-        "frame payload of {payload_bytes} bytes exceeds FRAME_PAYLOAD_BYTES_MAX ({limit_bytes} bytes)"
+        "frame payload of {payload_bytes} bytes exceeds the limit of its kind ({limit_bytes} bytes: FRAME_PAYLOAD_BYTES_MAX for pages, RAFT_PAYLOAD_BYTES_MAX or PROPOSAL_PAYLOAD_BYTES_MAX for blobs)"
     )]
     PayloadTooLarge {
         /// The payload length asked for.
@@ -527,10 +663,11 @@ fn body_config() -> impl bincode::config::Config {
 pub fn encode_frame(request_id: u64, message: &Message) -> Result<Vec<u8>, WireError> {
     check_pages(message)?;
     let payload_bytes = pages_bytes(message.page_descs());
-    if payload_bytes > FRAME_PAYLOAD_BYTES_MAX {
+    let limit_bytes = message.kind().payload_bytes_max();
+    if payload_bytes > limit_bytes {
         return Err(WireError::PayloadTooLarge {
             payload_bytes,
-            limit_bytes: FRAME_PAYLOAD_BYTES_MAX,
+            limit_bytes,
         });
     }
     let mut out = vec![0u8; HEADER_BYTES];
@@ -546,6 +683,10 @@ pub fn encode_frame(request_id: u64, message: &Message) -> Result<Vec<u8>, WireE
         Message::DeletePages(m) => bincode::encode_into_std_write(m, &mut out, config),
         Message::DeletePagesReply(m) => bincode::encode_into_std_write(m, &mut out, config),
         Message::Error(m) => bincode::encode_into_std_write(m, &mut out, config),
+        Message::RaftMessage(m)
+        | Message::RaftMessageReply(m)
+        | Message::Propose(m)
+        | Message::ProposeReply(m) => bincode::encode_into_std_write(m, &mut out, config),
     };
     // Encoding plain structs into a Vec cannot fail; keep the error typed all the same.
     encoded.map_err(|e| WireError::UndecodableBody {
@@ -591,6 +732,10 @@ pub fn decode_body(header: &FrameHeader, body: &[u8]) -> Result<Message, WireErr
         Kind::DeletePages => Message::DeletePages(decode_exact(kind, body)?),
         Kind::DeletePagesReply => Message::DeletePagesReply(decode_exact(kind, body)?),
         Kind::Error => Message::Error(decode_exact(kind, body)?),
+        Kind::RaftMessage => Message::RaftMessage(decode_exact(kind, body)?),
+        Kind::RaftMessageReply => Message::RaftMessageReply(decode_exact(kind, body)?),
+        Kind::Propose => Message::Propose(decode_exact(kind, body)?),
+        Kind::ProposeReply => Message::ProposeReply(decode_exact(kind, body)?),
     };
     check_pages(&message)?;
     let pages_bytes = pages_bytes(message.page_descs());
@@ -631,6 +776,17 @@ fn check_pages(message: &Message) -> Result<(), WireError> {
         return Err(WireError::TooManyPages {
             pages: listed,
             limit: PAGES_PER_FRAME_MAX,
+        });
+    }
+    if let Message::RaftMessage(b)
+    | Message::RaftMessageReply(b)
+    | Message::Propose(b)
+    | Message::ProposeReply(b) = message
+        && let Some(reason) = b.invalid_reason()
+    {
+        return Err(WireError::UndecodableBody {
+            kind: message.kind(),
+            reason,
         });
     }
     for d in message.page_descs() {
@@ -892,7 +1048,132 @@ mod tests {
                 pages_missing: 2,
             }),
             Message::Error(ErrorReply::new(ErrorCode::NoCapacity, "host tier full")),
+            Message::RaftMessage(Blob::default()),
+            Message::RaftMessageReply(Blob::default()),
+            Message::Propose(Blob::default()),
+            Message::ProposeReply(Blob::default()),
         ]
+    }
+
+    /// A blob frame of `kind` carrying `data`, with the payload appended.
+    fn blob_frame(kind: Kind, data: &[u8]) -> Vec<u8> {
+        let blob = Blob::describe(data);
+        let message = match kind {
+            Kind::RaftMessage => Message::RaftMessage(blob),
+            Kind::Propose => Message::Propose(blob),
+            Kind::ProposeReply => Message::ProposeReply(blob),
+            _ => Message::RaftMessageReply(blob),
+        };
+        let mut frame = encode_frame(9, &message).unwrap();
+        frame.extend_from_slice(data);
+        frame
+    }
+
+    #[test]
+    fn blobs_round_trip_in_chunks_with_checksums() {
+        let data: Vec<u8> = (0..(BLOB_CHUNK_BYTES as usize + 1000))
+            .map(|i| (i * 7) as u8)
+            .collect();
+        let frame = blob_frame(Kind::RaftMessage, &data);
+        let (f, used) = decode_frame(&frame).unwrap();
+        assert_eq!(used, frame.len());
+        assert_eq!(f.payload, &data[..]);
+        match f.message {
+            Message::RaftMessage(b) => {
+                assert_eq!(b.chunks.len(), 2);
+                assert_eq!(b.len(), data.len() as u64);
+                assert_eq!(u64::from(b.chunks[0].len), BLOB_CHUNK_BYTES);
+            }
+            other => panic!("{other:?}"),
+        }
+        // A flipped byte in the blob fails its chunk's checksum.
+        let mut bad = frame.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let e = decode_frame(&bad).unwrap_err();
+        assert!(
+            matches!(e, WireError::ChecksumMismatch { index: 1, .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn blob_payloads_are_bounded_per_kind() {
+        for (kind, limit) in [
+            (Kind::RaftMessage, RAFT_PAYLOAD_BYTES_MAX),
+            (Kind::Propose, PROPOSAL_PAYLOAD_BYTES_MAX),
+            (Kind::ProposeReply, PROPOSAL_PAYLOAD_BYTES_MAX),
+        ] {
+            assert_eq!(kind.payload_bytes_max(), limit);
+            let h = FrameHeader {
+                kind,
+                request_id: 1,
+                body_bytes: 0,
+                payload_bytes: limit + 1,
+            };
+            assert_eq!(
+                FrameHeader::decode(&h.encode()).unwrap_err(),
+                WireError::PayloadTooLarge {
+                    payload_bytes: limit + 1,
+                    limit_bytes: limit
+                }
+            );
+            let ok = FrameHeader {
+                payload_bytes: limit,
+                ..h
+            };
+            assert_eq!(FrameHeader::decode(&ok.encode()).unwrap(), ok);
+        }
+        // An ack carries nothing.
+        let ack = FrameHeader {
+            kind: Kind::RaftMessageReply,
+            request_id: 1,
+            body_bytes: 0,
+            payload_bytes: 1,
+        };
+        assert!(matches!(
+            FrameHeader::decode(&ack.encode()),
+            Err(WireError::PayloadMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn misnamed_or_oversized_blob_chunks_are_refused() {
+        let data = vec![5u8; 100];
+        let mut blob = Blob::describe(&data);
+        blob.chunks[0].page = page(1, 0);
+        let e = encode_frame(1, &Message::Propose(blob)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                WireError::UndecodableBody {
+                    kind: Kind::Propose,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // The same check on receipt: a hand-built body with a chunk over BLOB_CHUNK_BYTES.
+        let big = Blob {
+            chunks: vec![PageDesc {
+                page: PageId {
+                    buffer: crate::BufferId(0),
+                    index: 0,
+                },
+                len: BLOB_CHUNK_BYTES as u32 + 1,
+                checksum: 0,
+            }],
+        };
+        let mut body = Vec::new();
+        bincode::encode_into_std_write(&big, &mut body, body_config()).unwrap();
+        let h = FrameHeader {
+            kind: Kind::RaftMessage,
+            request_id: 1,
+            body_bytes: body.len() as u32,
+            payload_bytes: BLOB_CHUNK_BYTES + 1,
+        };
+        let e = decode_body(&h, &body).unwrap_err();
+        assert!(e.to_string().contains("BLOB_CHUNK_BYTES"), "{e}");
     }
 
     #[test]
@@ -905,7 +1186,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"SPWY");
-        assert_eq!(&b[4..6], &[1, 0]);
+        assert_eq!(&b[4..6], &[2, 0]);
         assert_eq!(b[6], 6);
         assert_eq!(b[7], 0);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
@@ -955,11 +1236,11 @@ mod tests {
     #[test]
     fn other_versions_are_refused() {
         let mut bytes = encode_frame(1, &every_message()[0]).unwrap();
-        bytes[4..6].copy_from_slice(&2u16.to_le_bytes());
+        bytes[4..6].copy_from_slice(&1u16.to_le_bytes());
         assert_eq!(
             decode_frame(&bytes).unwrap_err(),
             WireError::UnsupportedVersion {
-                found: 2,
+                found: 1,
                 supported: PROTOCOL_VERSION
             }
         );
