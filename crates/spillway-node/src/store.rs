@@ -18,6 +18,10 @@
 //! carries several pages the buffer lives until the last of them is deleted, so the
 //! budget counts page bytes, not allocations.
 //!
+//! Pages are keyed by their origin (the node that put them, as the transport
+//! authenticated it) and their [`PageId`]: two nodes storing pages of the same id never
+//! overwrite each other, and a peer can only read or delete pages it put itself.
+//!
 //! Lock order: one mutex over the map and the byte count, never held across an await.
 
 use std::collections::HashMap;
@@ -95,9 +99,12 @@ pub struct StoreCounters {
     pub checksum_failures: u64,
 }
 
+/// A stored page's key: the node that put it and its id.
+type Key = (NodeId, PageId);
+
 #[derive(Debug, Default)]
 struct Pages {
-    map: HashMap<PageId, Page>,
+    map: HashMap<Key, Page>,
     used_bytes: u64,
 }
 
@@ -134,8 +141,9 @@ impl HostStore {
         self.pages.lock().expect("host store lock poisoned")
     }
 
-    /// Stores `pages` (replacing pages of the same ids), all or none; returns how many.
-    pub fn put(&self, new: Vec<Page>) -> Result<u32, StoreError> {
+    /// Stores `pages` of node `origin` (replacing its pages of the same ids), all or none;
+    /// returns how many.
+    pub fn put(&self, origin: NodeId, new: Vec<Page>) -> Result<u32, StoreError> {
         let page_size_bytes = self.page_size.bytes();
         if let Some(p) = new.iter().find(|p| p.data.len() as u64 > page_size_bytes) {
             return Err(StoreError::PageTooLarge {
@@ -150,9 +158,9 @@ impl HostStore {
         let mut pages = self.lock();
         // Net growth: a page replacing one of the same id frees the old one's bytes. A
         // batch naming one id twice keeps the last; count each id once, at its last size.
-        let mut last: HashMap<PageId, u64> = HashMap::with_capacity(new.len());
+        let mut last: HashMap<Key, u64> = HashMap::with_capacity(new.len());
         for p in &new {
-            last.insert(p.id, p.data.len() as u64);
+            last.insert((origin, p.id), p.data.len() as u64);
         }
         let added: u64 = last.values().sum();
         let freed: u64 = last
@@ -173,7 +181,7 @@ impl HostStore {
         }
         let stored = new.len() as u32;
         for p in new {
-            pages.map.insert(p.id, p);
+            pages.map.insert((origin, p.id), p);
         }
         pages.used_bytes = after;
         debug_assert_eq!(
@@ -186,15 +194,20 @@ impl HostStore {
         Ok(stored)
     }
 
-    /// The pages held of `wanted` (each checked against its checksum), and the ids not held.
-    /// A page that fails its check fails the whole get (and stays, for inspection).
-    pub fn get(&self, wanted: &[PageId]) -> Result<(Vec<Page>, Vec<PageId>), StoreError> {
+    /// The pages of `origin` held of `wanted` (each checked against its checksum), and the
+    /// ids not held. A page that fails its check fails the whole get (and stays, for
+    /// inspection).
+    pub fn get(
+        &self,
+        origin: NodeId,
+        wanted: &[PageId],
+    ) -> Result<(Vec<Page>, Vec<PageId>), StoreError> {
         let mut found = Vec::new();
         let mut missing = Vec::new();
         {
             let pages = self.lock();
             for id in wanted {
-                match pages.map.get(id) {
+                match pages.map.get(&(origin, *id)) {
                     Some(p) => found.push(p.clone()),
                     None => missing.push(*id),
                 }
@@ -220,12 +233,12 @@ impl HostStore {
         Ok((found, missing))
     }
 
-    /// Drops `gone`; returns (deleted, not held).
-    pub fn delete(&self, gone: &[PageId]) -> (u32, u32) {
+    /// Drops the pages `gone` of `origin`; returns (deleted, not held).
+    pub fn delete(&self, origin: NodeId, gone: &[PageId]) -> (u32, u32) {
         let mut pages = self.lock();
         let mut deleted = 0u32;
         for id in gone {
-            if let Some(p) = pages.map.remove(id) {
+            if let Some(p) = pages.map.remove(&(origin, *id)) {
                 pages.used_bytes -= p.data.len() as u64;
                 deleted += 1;
             }
@@ -252,10 +265,20 @@ impl HostStore {
         }
     }
 
+    /// Bytes held for `origin` (a scan: for status pages and tests, not hot paths).
+    pub fn used_bytes_of(&self, origin: NodeId) -> u64 {
+        self.lock()
+            .map
+            .iter()
+            .filter(|((o, _), _)| *o == origin)
+            .map(|(_, p)| p.data.len() as u64)
+            .sum()
+    }
+
     #[cfg(test)]
-    fn corrupt(&self, id: PageId) {
+    fn corrupt(&self, origin: NodeId, id: PageId) {
         let mut pages = self.lock();
-        let p = pages.map.get_mut(&id).expect("page held");
+        let p = pages.map.get_mut(&(origin, id)).expect("page held");
         let mut data = p.data.to_vec();
         data[0] ^= 0xff;
         p.data = data.into();
@@ -266,28 +289,40 @@ fn error_reply(e: &StoreError) -> Response {
     Response::Error(ErrorReply::new(e.code(), e.to_string()))
 }
 
-impl Handler for HostStore {
-    async fn handle(&self, peer: NodeId, request: Request) -> Response {
+impl HostStore {
+    /// Serves a page request of `peer` (the part of the node's peer handler that the host
+    /// tier answers); Raft requests are not the store's and get a `BadRequest`.
+    pub fn handle_pages(&self, peer: NodeId, request: Request) -> Response {
         match request {
-            Request::Put { pages } => match self.put(pages) {
+            Request::Put { pages } => match self.put(peer, pages) {
                 Ok(pages_stored) => Response::Put { pages_stored },
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "put refused");
                     error_reply(&e)
                 }
             },
-            Request::Get { pages } => match self.get(&pages) {
+            Request::Get { pages } => match self.get(peer, &pages) {
                 Ok((pages, missing)) => Response::Get { pages, missing },
                 Err(e) => error_reply(&e),
             },
             Request::Delete { pages } => {
-                let (pages_deleted, pages_missing) = self.delete(&pages);
+                let (pages_deleted, pages_missing) = self.delete(peer, &pages);
                 Response::Delete {
                     pages_deleted,
                     pages_missing,
                 }
             }
+            Request::Raft { .. } | Request::Propose { .. } => Response::Error(ErrorReply::new(
+                ErrorCode::BadRequest,
+                "the host tier serves pages only",
+            )),
         }
+    }
+}
+
+impl Handler for HostStore {
+    async fn handle(&self, peer: NodeId, request: Request) -> Response {
+        self.handle_pages(peer, request)
     }
 }
 
@@ -299,6 +334,8 @@ mod tests {
     use super::*;
 
     const PAGE: u64 = 64 << 10;
+    /// The origin of the pages in most tests.
+    const O: NodeId = NodeId(2);
 
     fn id(buffer: u64, index: u32) -> PageId {
         PageId {
@@ -322,15 +359,15 @@ mod tests {
     fn put_get_delete_keep_the_byte_count() {
         let s = store(4);
         assert_eq!(
-            s.put(vec![page(1, 0, PAGE as usize), page(1, 1, 100)])
+            s.put(O, vec![page(1, 0, PAGE as usize), page(1, 1, 100)])
                 .unwrap(),
             2
         );
         assert_eq!(s.counters().used_bytes, PAGE + 100);
-        let (got, missing) = s.get(&[id(1, 1), id(2, 0), id(1, 0)]).unwrap();
+        let (got, missing) = s.get(O, &[id(1, 1), id(2, 0), id(1, 0)]).unwrap();
         assert_eq!(got, vec![page(1, 1, 100), page(1, 0, PAGE as usize)]);
         assert_eq!(missing, vec![id(2, 0)]);
-        assert_eq!(s.delete(&[id(1, 0), id(3, 3)]), (1, 1));
+        assert_eq!(s.delete(O, &[id(1, 0), id(3, 3)]), (1, 1));
         let c = s.counters();
         assert_eq!((c.pages, c.used_bytes), (1, 100));
         assert_eq!((c.pages_put, c.pages_got, c.pages_missing), (2, 2, 1));
@@ -339,9 +376,9 @@ mod tests {
     #[test]
     fn a_put_over_budget_fails_whole_with_the_numbers() {
         let s = store(2);
-        s.put(vec![page(1, 0, PAGE as usize)]).unwrap();
+        s.put(O, vec![page(1, 0, PAGE as usize)]).unwrap();
         let err = s
-            .put(vec![page(1, 1, PAGE as usize), page(1, 2, 10)])
+            .put(O, vec![page(1, 1, PAGE as usize), page(1, 2, 10)])
             .unwrap_err();
         assert_eq!(
             err,
@@ -356,7 +393,7 @@ mod tests {
         let c = s.counters();
         assert_eq!((c.pages, c.used_bytes, c.puts_refused_full), (1, PAGE, 1));
         assert_eq!(
-            s.get(&[id(1, 0)]).unwrap().0,
+            s.get(O, &[id(1, 0)]).unwrap().0,
             vec![page(1, 0, PAGE as usize)]
         );
     }
@@ -364,22 +401,25 @@ mod tests {
     #[test]
     fn an_overwrite_counts_only_the_growth() {
         let s = store(2);
-        s.put(vec![page(1, 0, PAGE as usize), page(1, 1, PAGE as usize)])
-            .unwrap();
+        s.put(
+            O,
+            vec![page(1, 0, PAGE as usize), page(1, 1, PAGE as usize)],
+        )
+        .unwrap();
         // Full, but replacing a page with one of the same size or smaller fits.
-        s.put(vec![page(1, 0, 10)]).unwrap();
+        s.put(O, vec![page(1, 0, 10)]).unwrap();
         assert_eq!(s.counters().used_bytes, PAGE + 10);
         // The same id twice in one batch counts once, at its last size.
-        s.put(vec![page(1, 0, PAGE as usize), page(1, 0, 20)])
+        s.put(O, vec![page(1, 0, PAGE as usize), page(1, 0, 20)])
             .unwrap();
         assert_eq!(s.counters().used_bytes, PAGE + 20);
-        assert_eq!(s.get(&[id(1, 0)]).unwrap().0[0].data.len(), 20);
+        assert_eq!(s.get(O, &[id(1, 0)]).unwrap().0[0].data.len(), 20);
     }
 
     #[test]
     fn a_page_larger_than_the_page_size_is_refused() {
         let s = store(4);
-        let err = s.put(vec![page(1, 0, PAGE as usize + 1)]).unwrap_err();
+        let err = s.put(O, vec![page(1, 0, PAGE as usize + 1)]).unwrap_err();
         assert!(matches!(err, StoreError::PageTooLarge { .. }), "{err}");
         assert_eq!(s.counters().pages, 0);
     }
@@ -387,16 +427,33 @@ mod tests {
     #[test]
     fn a_corrupted_page_is_reported_not_served() {
         let s = store(4);
-        s.put(vec![page(1, 0, 4096), page(1, 1, 4096)]).unwrap();
-        s.corrupt(id(1, 1));
-        let err = s.get(&[id(1, 0), id(1, 1)]).unwrap_err();
+        s.put(O, vec![page(1, 0, 4096), page(1, 1, 4096)]).unwrap();
+        s.corrupt(O, id(1, 1));
+        let err = s.get(O, &[id(1, 0), id(1, 1)]).unwrap_err();
         assert!(
             matches!(err, StoreError::Corrupt { page, .. } if page == id(1, 1)),
             "{err}"
         );
         assert_eq!(s.counters().checksum_failures, 1);
         // The good page is still served alone.
-        assert_eq!(s.get(&[id(1, 0)]).unwrap().0.len(), 1);
+        assert_eq!(s.get(O, &[id(1, 0)]).unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn pages_of_different_origins_never_collide() {
+        let s = store(4);
+        let (a, b) = (NodeId(2), NodeId(3));
+        s.put(a, vec![page(1, 0, 100)]).unwrap();
+        s.put(b, vec![page(1, 0, 200)]).unwrap();
+        assert_eq!(s.counters().pages, 2);
+        assert_eq!(s.get(a, &[id(1, 0)]).unwrap().0[0].data.len(), 100);
+        assert_eq!(s.get(b, &[id(1, 0)]).unwrap().0[0].data.len(), 200);
+        assert_eq!((s.used_bytes_of(a), s.used_bytes_of(b)), (100, 200));
+        // One origin cannot delete the other's page.
+        assert_eq!(s.delete(NodeId(4), &[id(1, 0)]), (0, 1));
+        assert_eq!(s.delete(a, &[id(1, 0)]), (1, 0));
+        assert_eq!(s.get(b, &[id(1, 0)]).unwrap().0.len(), 1);
+        assert_eq!(s.counters().used_bytes, 200);
     }
 
     #[tokio::test]
