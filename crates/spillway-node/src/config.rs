@@ -3,13 +3,24 @@
 //! [`NodeConfig::validate`] checks ranges and names the first field that is wrong.
 //! [`NodeConfig::load`] does both and names the file in every error.
 //!
-//! A minimal file:
+//! Two fields default from others: `client_socket` from `data_dir`, `lend_bytes` from
+//! `host_tier_bytes`; [`NodeConfig::parse`] and [`NodeConfig::new`] fill them in, so a
+//! loaded config always holds concrete values. [`NodeConfig::field_docs`] lists every
+//! field with its doc and default (for `spillway node --help`).
+//!
+//! A file for the first node of a pool of three:
 //!
 //! ```toml
 //! node_id = 1
 //! pool_dir = "/etc/spillway/pool"
 //! data_dir = "/var/lib/spillway/node-1"
 //! host_tier_bytes = 68719476736   # 64 GiB
+//! listen_addr = "10.0.0.1:7700"
+//! members = [
+//!   { id = 1, addr = "10.0.0.1:7700" },
+//!   { id = 2, addr = "10.0.0.2:7700" },
+//!   { id = 3, addr = "10.0.0.3:7700" },
+//! ]
 //!
 //! [quic]
 //! connections_per_peer = 2
@@ -35,6 +46,220 @@ fn default_listen_addr() -> SocketAddr {
 fn default_metrics_addr() -> SocketAddr {
     METRICS_ADDR_DEFAULT.parse().expect("valid default")
 }
+
+/// Name of the client socket inside `data_dir` when `client_socket` is not set.
+pub const CLIENT_SOCKET_FILE: &str = "spillway.sock";
+/// Default length of one Raft tick: 100 ms (`spillway_meta::limits::TICK_MS_RECOMMENDED`).
+pub const TICK_MS_DEFAULT: u64 = 100;
+/// Shortest tick accepted: 10 ms (shorter ticks cost CPU and fsyncs for nothing).
+pub const TICK_MS_MIN: u64 = 10;
+/// Longest tick accepted: 10 s (fail-over would take minutes).
+pub const TICK_MS_MAX: u64 = 10_000;
+/// Default size of one capacity reservation: 64 MiB (32 pages of 2 MiB). A spill takes a
+/// Raft round trip only once per chunk; a node may leave up to this much reserved and
+/// unused on each peer.
+pub const RESERVE_CHUNK_BYTES_DEFAULT: u64 = 64 << 20;
+/// Largest node id: 4095. The remote tier packs the origin node into the top 12 bits of
+/// a buffer id (see [`crate::remote`]), so ids must fit there.
+pub const NODE_ID_MAX: u64 = (1 << 12) - 1;
+/// Most members in `members`: 1024 (`spillway_meta::limits::MEMBERS_MAX`).
+pub const MEMBERS_MAX: usize = 1024;
+/// `lend_bytes` as read when the file does not set it: replaced by `host_tier_bytes`.
+const LEND_BYTES_UNSET: u64 = u64::MAX;
+
+fn default_tick_ms() -> u64 {
+    TICK_MS_DEFAULT
+}
+fn default_heartbeat_ticks() -> usize {
+    1
+}
+fn default_election_ticks() -> usize {
+    5
+}
+fn default_election_ticks_max() -> usize {
+    8
+}
+fn default_lend_bytes() -> u64 {
+    LEND_BYTES_UNSET
+}
+fn default_reserve_chunk_bytes() -> u64 {
+    RESERVE_CHUNK_BYTES_DEFAULT
+}
+
+/// One member of the pool as the configuration names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberAddr {
+    /// Its node id.
+    pub id: NodeId,
+    /// Where peers reach it (its `listen_addr`, as seen from the others).
+    pub addr: SocketAddr,
+}
+
+/// One documented field of [`NodeConfig`], for help texts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldDoc {
+    /// The TOML key (`quic.` before the fields of the `[quic]` table).
+    pub key: &'static str,
+    /// What it is and what it trades.
+    pub doc: &'static str,
+    /// Its default, or `required`.
+    pub default: &'static str,
+}
+
+/// Every field of [`NodeConfig`] with its doc and default (see [`NodeConfig::field_docs`]).
+const FIELD_DOCS: &[FieldDoc] = &[
+    FieldDoc {
+        key: "node_id",
+        doc: "this node's id in the pool (1..=4095); must match node-<id>.pem in pool_dir",
+        default: "required",
+    },
+    FieldDoc {
+        key: "pool_dir",
+        doc: "the pool's CA certificate and this node's certificate and key",
+        default: "required",
+    },
+    FieldDoc {
+        key: "data_dir",
+        doc: "the node's own directory (Raft log in raft/); on a local disk, its fsync bounds commit latency",
+        default: "required",
+    },
+    FieldDoc {
+        key: "host_tier_bytes",
+        doc: "RAM the host tier may hold in pages (at least one page)",
+        default: "required",
+    },
+    FieldDoc {
+        key: "listen_addr",
+        doc: "where peers reach this node (UDP, QUIC); port 0 picks a free port",
+        default: LISTEN_ADDR_DEFAULT,
+    },
+    FieldDoc {
+        key: "page_size",
+        doc: "largest page stored, bytes (power of two, 64 KiB..64 MiB); must match clients",
+        default: "2097152",
+    },
+    FieldDoc {
+        key: "metrics_addr",
+        doc: "where /metrics and /status listen (TCP); keep it off public interfaces",
+        default: METRICS_ADDR_DEFAULT,
+    },
+    FieldDoc {
+        key: "members",
+        doc: "the initial pool: [{ id, addr }], this node among them; empty means a pool of this node alone",
+        default: "[]",
+    },
+    FieldDoc {
+        key: "client_socket",
+        doc: "the Unix socket this machine's clients connect to",
+        default: "<data_dir>/spillway.sock",
+    },
+    FieldDoc {
+        key: "tick_ms",
+        doc: "length of one Raft tick; every Raft timeout counts ticks",
+        default: "100",
+    },
+    FieldDoc {
+        key: "heartbeat_ticks",
+        doc: "ticks between leader heartbeats (below election_ticks)",
+        default: "1",
+    },
+    FieldDoc {
+        key: "election_ticks",
+        doc: "lower bound of the randomized election timeout, ticks; shorter fails over sooner, too short elects spuriously",
+        default: "5",
+    },
+    FieldDoc {
+        key: "election_ticks_max",
+        doc: "upper bound (exclusive) of the election timeout, ticks; a wider range makes split votes rarer",
+        default: "8",
+    },
+    FieldDoc {
+        key: "lend_bytes",
+        doc: "bytes of the host tier lent to the pool's other nodes (at most host_tier_bytes)",
+        default: "host_tier_bytes",
+    },
+    FieldDoc {
+        key: "reserve_chunk_bytes",
+        doc: "capacity reserved on a peer at a time; larger means fewer Raft rounds, more held idle",
+        default: "67108864",
+    },
+    FieldDoc {
+        key: "quic.loopback_mtu_bytes",
+        doc: "MTU on loopback addresses (no MTU discovery there)",
+        default: "6000",
+    },
+    FieldDoc {
+        key: "quic.initial_mtu_bytes",
+        doc: "initial MTU elsewhere; 1200 works on every path",
+        default: "1200",
+    },
+    FieldDoc {
+        key: "quic.mtu_discovery",
+        doc: "probe for a larger MTU on non-loopback addresses",
+        default: "true",
+    },
+    FieldDoc {
+        key: "quic.socket_buffer_bytes",
+        doc: "SO_SNDBUF and SO_RCVBUF of the UDP socket",
+        default: "4194304",
+    },
+    FieldDoc {
+        key: "quic.gso",
+        doc: "generic segmentation offload (many packets per system call)",
+        default: "true",
+    },
+    FieldDoc {
+        key: "quic.peer_bytes_in_flight_max",
+        doc: "payload bytes in flight per peer and direction",
+        default: "67108864",
+    },
+    FieldDoc {
+        key: "quic.stream_receive_window_bytes",
+        doc: "flow-control window of one stream (one request)",
+        default: "4194304",
+    },
+    FieldDoc {
+        key: "quic.connection_receive_window_bytes",
+        doc: "flow-control window of one connection",
+        default: "16777216",
+    },
+    FieldDoc {
+        key: "quic.send_window_bytes",
+        doc: "bytes a connection may have sent but not acknowledged",
+        default: "16777216",
+    },
+    FieldDoc {
+        key: "quic.streams_per_connection_max",
+        doc: "requests a peer may have open on one connection",
+        default: "64",
+    },
+    FieldDoc {
+        key: "quic.connections_per_peer",
+        doc: "QUIC connections opened to each peer, used in turn",
+        default: "4",
+    },
+    FieldDoc {
+        key: "quic.connections_max",
+        doc: "connections accepted at once",
+        default: "see QuicConfig",
+    },
+    FieldDoc {
+        key: "quic.idle_timeout_ms",
+        doc: "a connection with no traffic for this long is closed",
+        default: "10000",
+    },
+    FieldDoc {
+        key: "quic.keep_alive_interval_ms",
+        doc: "keep-alive ping interval (below idle_timeout_ms)",
+        default: "2000",
+    },
+    FieldDoc {
+        key: "quic.hello_timeout_ms",
+        doc: "time a new connection has for TLS and the hello exchange",
+        default: "see QuicConfig",
+    },
+];
 
 /// One node's configuration, as written in its TOML file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,6 +294,40 @@ pub struct NodeConfig {
     /// interfaces: it lists peers and their traffic.
     #[serde(default = "default_metrics_addr")]
     pub metrics_addr: SocketAddr,
+    /// The pool's first members, each `{ id, addr }` (peer QUIC addresses); this node must
+    /// be one of them. Used only when the Raft log in `data_dir` is empty (a new pool):
+    /// every first node must list the same members. Empty (the default) means a pool of
+    /// this node alone, at `listen_addr`.
+    #[serde(default)]
+    pub members: Vec<MemberAddr>,
+    /// The Unix socket this machine's clients connect to. Default
+    /// `<data_dir>/spillway.sock`. Whoever can connect can spend this node's memory.
+    #[serde(default)]
+    pub client_socket: PathBuf,
+    /// Length of one Raft tick in milliseconds (default 100). Every Raft timeout below is
+    /// counted in ticks; a shorter tick fails over sooner and costs more heartbeats.
+    #[serde(default = "default_tick_ms")]
+    pub tick_ms: u64,
+    /// Ticks between leader heartbeats (default 1; below `election_ticks`).
+    #[serde(default = "default_heartbeat_ticks")]
+    pub heartbeat_ticks: usize,
+    /// Lower bound of the randomized election timeout, in ticks (default 5). Shorter fails
+    /// over sooner; too short elects spuriously when a leader stalls (a slow fsync).
+    #[serde(default = "default_election_ticks")]
+    pub election_ticks: usize,
+    /// Upper bound (exclusive) of the randomized election timeout, in ticks (default 8).
+    /// A wider range makes split votes rarer; a narrower one bounds fail-over tighter.
+    #[serde(default = "default_election_ticks_max")]
+    pub election_ticks_max: usize,
+    /// Bytes of the host tier lent to the pool's other nodes (default: all of
+    /// `host_tier_bytes`). Peers place pages here through the directory; what is lent is
+    /// not available to this node's own clients when peers use it.
+    #[serde(default = "default_lend_bytes")]
+    pub lend_bytes: u64,
+    /// Capacity reserved on a peer at a time when spilling (default 64 MiB, at least one
+    /// page). Larger: fewer Raft rounds per spilled byte, more capacity held idle per peer.
+    #[serde(default = "default_reserve_chunk_bytes")]
+    pub reserve_chunk_bytes: u64,
 }
 
 /// Why a node configuration cannot be used. Every variant names the file (or `<memory>`
@@ -124,7 +383,7 @@ impl NodeConfig {
         data_dir: PathBuf,
         host_tier_bytes: u64,
     ) -> Self {
-        NodeConfig {
+        let mut config = NodeConfig {
             node_id,
             pool_dir,
             listen_addr: default_listen_addr(),
@@ -133,6 +392,43 @@ impl NodeConfig {
             page_size: PageSize::default(),
             quic: QuicConfig::default(),
             metrics_addr: default_metrics_addr(),
+            members: Vec::new(),
+            client_socket: PathBuf::new(),
+            tick_ms: TICK_MS_DEFAULT,
+            heartbeat_ticks: default_heartbeat_ticks(),
+            election_ticks: default_election_ticks(),
+            election_ticks_max: default_election_ticks_max(),
+            lend_bytes: LEND_BYTES_UNSET,
+            reserve_chunk_bytes: RESERVE_CHUNK_BYTES_DEFAULT,
+        };
+        config.fill_defaults();
+        config
+    }
+
+    /// Every field with its doc and default, in file order (for `spillway node --help`).
+    pub fn field_docs() -> &'static [FieldDoc] {
+        FIELD_DOCS
+    }
+
+    /// Fills in the fields whose defaults come from other fields.
+    fn fill_defaults(&mut self) {
+        if self.client_socket.as_os_str().is_empty() {
+            self.client_socket = self.data_dir.join(CLIENT_SOCKET_FILE);
+        }
+        if self.lend_bytes == LEND_BYTES_UNSET {
+            self.lend_bytes = self.host_tier_bytes;
+        }
+    }
+
+    /// The pool's first members: `members`, or this node alone at `listen_addr`.
+    pub fn initial_members(&self) -> Vec<MemberAddr> {
+        if self.members.is_empty() {
+            vec![MemberAddr {
+                id: self.node_id,
+                addr: self.listen_addr,
+            }]
+        } else {
+            self.members.clone()
         }
     }
 
@@ -147,10 +443,11 @@ impl NodeConfig {
 
     /// Parses and validates TOML `text`; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<NodeConfig, NodeConfigError> {
-        let config: NodeConfig = toml::from_str(text).map_err(|e| NodeConfigError::Parse {
+        let mut config: NodeConfig = toml::from_str(text).map_err(|e| NodeConfigError::Parse {
             path: origin.to_path_buf(),
             message: e.to_string(),
         })?;
+        config.fill_defaults();
         config.validate_at(origin)?;
         Ok(config)
     }
@@ -175,6 +472,15 @@ impl NodeConfig {
         };
         if self.node_id.0 == 0 {
             return err("node_id", "is 0, but node ids start at 1".to_string());
+        }
+        if self.node_id.0 > NODE_ID_MAX {
+            return err(
+                "node_id",
+                format!(
+                    "is {} but node ids end at {NODE_ID_MAX} (the remote tier packs them into buffer ids)",
+                    self.node_id.0
+                ),
+            );
         }
         let page = self.page_size.bytes();
         if self.host_tier_bytes < page {
@@ -207,6 +513,101 @@ impl NodeConfig {
         }
         if let Err(e) = self.quic.validate() {
             return err(&format!("quic.{}", e.field), e.problem);
+        }
+        if self.members.len() > MEMBERS_MAX {
+            return err(
+                "members",
+                format!(
+                    "lists {} members, more than {MEMBERS_MAX}",
+                    self.members.len()
+                ),
+            );
+        }
+        for (i, m) in self.members.iter().enumerate() {
+            if m.id.0 == 0 || m.id.0 > NODE_ID_MAX {
+                return err(
+                    "members",
+                    format!("entry {i} has id {}, not in 1..={NODE_ID_MAX}", m.id.0),
+                );
+            }
+            if let Some(dup) = self.members[..i].iter().find(|o| o.id == m.id) {
+                return err("members", format!("lists {} twice", dup.id));
+            }
+            if let Some(dup) = self.members[..i].iter().find(|o| o.addr == m.addr) {
+                return err(
+                    "members",
+                    format!("gives {} to {} and {}", m.addr, dup.id, m.id),
+                );
+            }
+            if m.addr.port() == 0 || m.addr.ip().is_unspecified() {
+                return err(
+                    "members",
+                    format!(
+                        "gives {} the address {}, which peers cannot reach",
+                        m.id, m.addr
+                    ),
+                );
+            }
+        }
+        if !self.members.is_empty() && !self.members.iter().any(|m| m.id == self.node_id) {
+            return err(
+                "members",
+                format!("does not list this node ({})", self.node_id),
+            );
+        }
+        if self.client_socket.as_os_str().is_empty() {
+            return err("client_socket", "is empty".to_string());
+        }
+        if !(TICK_MS_MIN..=TICK_MS_MAX).contains(&self.tick_ms) {
+            return err(
+                "tick_ms",
+                format!(
+                    "is {} but must be from {TICK_MS_MIN} to {TICK_MS_MAX}",
+                    self.tick_ms
+                ),
+            );
+        }
+        if self.heartbeat_ticks == 0 {
+            return err("heartbeat_ticks", "is 0 but must be at least 1".to_string());
+        }
+        if self.election_ticks <= self.heartbeat_ticks {
+            return err(
+                "election_ticks",
+                format!(
+                    "is {} but must be more than heartbeat_ticks ({})",
+                    self.election_ticks, self.heartbeat_ticks
+                ),
+            );
+        }
+        if self.election_ticks_max <= self.election_ticks {
+            return err(
+                "election_ticks_max",
+                format!(
+                    "is {} but must be more than election_ticks ({})",
+                    self.election_ticks_max, self.election_ticks
+                ),
+            );
+        }
+        if self.lend_bytes > self.host_tier_bytes {
+            return err(
+                "lend_bytes",
+                format!(
+                    "is {} but the host tier holds only {} (host_tier_bytes)",
+                    self.lend_bytes, self.host_tier_bytes
+                ),
+            );
+        }
+        if self.reserve_chunk_bytes < page
+            || self.reserve_chunk_bytes > limits::PAGE_BYTES_MAX * 1024
+        {
+            return err(
+                "reserve_chunk_bytes",
+                format!(
+                    "is {} but must be from one page ({page} bytes) to {} bytes",
+                    self.reserve_chunk_bytes,
+                    limits::PAGE_BYTES_MAX * 1024
+                ),
+            );
         }
         Ok(())
     }
@@ -245,6 +646,101 @@ host_tier_bytes = 1073741824
         assert_eq!(c.page_size, PageSize::default());
         assert_eq!(c.quic, QuicConfig::default());
         assert_eq!(c.host_tier_pages(), 512);
+        assert_eq!(c.client_socket, PathBuf::from("/data/spillway.sock"));
+        assert_eq!(c.lend_bytes, 1 << 30);
+        assert_eq!(
+            (
+                c.tick_ms,
+                c.heartbeat_ticks,
+                c.election_ticks,
+                c.election_ticks_max
+            ),
+            (100, 1, 5, 8)
+        );
+        assert_eq!(c.reserve_chunk_bytes, 64 << 20);
+        assert!(c.members.is_empty());
+        assert_eq!(
+            c.initial_members(),
+            vec![MemberAddr {
+                id: NodeId(3),
+                addr: c.listen_addr
+            }]
+        );
+    }
+
+    #[test]
+    fn members_and_raft_timing_parse() {
+        let text = format!(
+            "{MINIMAL}tick_ms = 50\nelection_ticks = 10\nelection_ticks_max = 20\nlend_bytes = 1048576\nclient_socket = \"/run/s.sock\"\nmembers = [{{ id = 3, addr = \"10.0.0.3:7700\" }}, {{ id = 4, addr = \"10.0.0.4:7700\" }}]\n"
+        );
+        let c = parse(&text).unwrap();
+        assert_eq!(c.members.len(), 2);
+        assert_eq!(c.members[1].addr, "10.0.0.4:7700".parse().unwrap());
+        assert_eq!(
+            (c.tick_ms, c.election_ticks, c.election_ticks_max),
+            (50, 10, 20)
+        );
+        assert_eq!(c.lend_bytes, 1 << 20);
+        assert_eq!(c.client_socket, PathBuf::from("/run/s.sock"));
+    }
+
+    #[test]
+    fn new_fields_are_named_when_wrong() {
+        let m = |s: &str| format!("{MINIMAL}members = [{s}]\n");
+        let cases = [
+            (m(r#"{ id = 4, addr = "10.0.0.4:7700" }"#), "members"),
+            (
+                m(r#"{ id = 3, addr = "10.0.0.3:7700" }, { id = 3, addr = "10.0.0.4:7700" }"#),
+                "members",
+            ),
+            (
+                m(r#"{ id = 3, addr = "10.0.0.3:7700" }, { id = 4, addr = "10.0.0.3:7700" }"#),
+                "members",
+            ),
+            (m(r#"{ id = 3, addr = "0.0.0.0:7700" }"#), "members"),
+            (format!("{MINIMAL}tick_ms = 1\n"), "tick_ms"),
+            (format!("{MINIMAL}heartbeat_ticks = 0\n"), "heartbeat_ticks"),
+            (format!("{MINIMAL}election_ticks = 1\n"), "election_ticks"),
+            (
+                format!("{MINIMAL}election_ticks_max = 5\n"),
+                "election_ticks_max",
+            ),
+            (format!("{MINIMAL}lend_bytes = 2147483648\n"), "lend_bytes"),
+            (
+                format!("{MINIMAL}reserve_chunk_bytes = 4096\n"),
+                "reserve_chunk_bytes",
+            ),
+            (MINIMAL.replace("node_id = 3", "node_id = 5000"), "node_id"),
+        ];
+        for (text, field) in cases {
+            let err = parse(&text).unwrap_err();
+            assert_eq!(err.field(), Some(field), "{err}");
+            assert_names(&err, &format!("`{field}`"));
+        }
+        let err = parse(&format!("{MINIMAL}members = [{{ id = 3 }}]\n")).unwrap_err();
+        assert_names(&err, "addr");
+    }
+
+    #[test]
+    fn field_docs_cover_every_serialized_field() {
+        let c = NodeConfig::new(NodeId(1), "/p".into(), "/d".into(), 1 << 30);
+        let value = toml::Value::try_from(&c).unwrap();
+        let table = value.as_table().unwrap();
+        let docs = NodeConfig::field_docs();
+        for (k, v) in table {
+            if let Some(sub) = v.as_table() {
+                for k2 in sub.keys() {
+                    let key = format!("{k}.{k2}");
+                    assert!(docs.iter().any(|d| d.key == key), "{key} has no doc");
+                }
+            } else {
+                assert!(docs.iter().any(|d| d.key == k), "{k} has no doc");
+            }
+        }
+        assert!(
+            docs.iter()
+                .all(|d| !d.doc.is_empty() && !d.default.is_empty())
+        );
     }
 
     #[test]

@@ -16,11 +16,12 @@
 //! [`NodeCounters`]) and the remote tier (spilling to peers when the host tier is full).
 
 pub mod config;
+pub mod local;
 pub mod node;
 pub mod remote;
 pub mod store;
 
-pub use config::{NodeConfig, NodeConfigError};
+pub use config::{FieldDoc, MemberAddr, NodeConfig, NodeConfigError};
 pub use node::{Node, NodeCounters, NodeError, NodeHandle};
 pub use remote::{RemoteCounters, RemoteError, RemoteService};
 pub use store::{HostStore, StoreCounters, StoreError};
