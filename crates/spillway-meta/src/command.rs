@@ -272,6 +272,22 @@ pub struct DecodeError {
     pub source: bincode::error::DecodeError,
 }
 
+impl Batch {
+    /// The batch as a proposal carries it (bincode 2, as in the log), for forwarding a
+    /// proposal from a follower to the leader.
+    pub fn encode(&self) -> Vec<u8> {
+        encode(self)
+    }
+
+    /// A batch from [`Batch::encode`]d bytes, decoded under
+    /// [`limits::COMMAND_DECODE_BYTES_MAX`] (a hostile length is an error, not an
+    /// allocation); trailing bytes are refused. The update count is not checked here:
+    /// [`crate::MetaNode::propose`] refuses more than [`limits::BATCH_UPDATES_MAX`].
+    pub fn decode(bytes: &[u8]) -> Result<Batch, DecodeError> {
+        decode_command("batch", bytes)
+    }
+}
+
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Encoding plain serde data into a Vec cannot fail: no custom serializer, no IO.
     bincode::serde::encode_to_vec(value, bincode::config::standard())
@@ -315,6 +331,19 @@ fn decode_with<T: serde::de::DeserializeOwned, C: bincode::config::Config>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_public_batch_codec_round_trips_and_refuses_garbage() {
+        let mut b = Batch::new(7);
+        b.push(Update::Release {
+            id: ReservationId(3),
+        });
+        assert_eq!(Batch::decode(&b.encode()).unwrap(), b);
+        let mut trailing = b.encode();
+        trailing.push(0);
+        assert!(Batch::decode(&trailing).is_err());
+        assert!(Batch::decode(&[0xff; 12]).is_err());
+    }
 
     #[test]
     fn batch_round_trips() {
