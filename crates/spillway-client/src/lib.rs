@@ -32,11 +32,14 @@
 mod pool;
 pub mod remote;
 
+pub use pool::{
+    Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, make_device,
+    make_device_in,
+};
 pub use remote::{RemoteCompletion, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSink, RemoteTier};
-pub use pool::{Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, make_device};
 pub use spillway_core::{AccessMode, CoreError, CoreStats};
 pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
-pub use spillway_device::{Device, DeviceError, DeviceKind};
+pub use spillway_device::{Device, DeviceError, DeviceKind, HostMemory};
 pub use spillway_types::config::{Policy, PoolConfig};
 pub use spillway_types::{
     BufferId, Direction, FrameId, HostSlot, PageSize, TransferId, fmt_bytes, pattern,

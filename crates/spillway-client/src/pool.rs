@@ -5,14 +5,19 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use spillway_core::{
-    AccessMode, AcquireId, CoreError, CoreStats, MappingChange, PageLocation, PoolCore,
+    AccessMode, AcquireId, CoreError, CoreStats, MappingChange, PageLocation, PoolCore, RemoteKind,
 };
 use spillway_device::sim::SimDevice;
 use spillway_device::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
+    HostMemory,
 };
 use spillway_types::config::{ConfigError, Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, PageSize};
+
+use crate::remote::{
+    RemoteCompletion, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSink, RemoteTier,
+};
 
 /// Errors of the pool's API.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +48,9 @@ pub enum PoolError {
     /// Writing through a guard that was acquired shared.
     #[error("the buffer was acquired shared; use acquire_mut to write")]
     NotExclusive,
+    /// The remote tier could not be set up.
+    #[error("the remote tier is unavailable: {0}")]
+    Remote(String),
 }
 
 /// Which GPU tier backend to use.
@@ -72,14 +80,29 @@ impl std::str::FromStr for DeviceChoice {
 }
 
 /// Builds a [`Pool`]. The two budgets are required.
-#[derive(Debug, Clone, Default)]
+#[derive(Default)]
 pub struct PoolBuilder {
     gpu_budget_bytes: Option<u64>,
     host_budget_bytes: Option<u64>,
+    remote_budget_bytes: Option<u64>,
     page_size: Option<PageSize>,
     policy: Option<Policy>,
     device: DeviceChoice,
     config: Option<PoolConfig>,
+    host_memory: Option<HostMemory>,
+    remote: Option<RemoteFactory>,
+}
+
+impl std::fmt::Debug for PoolBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolBuilder")
+            .field("gpu_budget_bytes", &self.gpu_budget_bytes)
+            .field("host_budget_bytes", &self.host_budget_bytes)
+            .field("remote_budget_bytes", &self.remote_budget_bytes)
+            .field("device", &self.device)
+            .field("remote", &self.remote.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl PoolBuilder {
@@ -95,6 +118,22 @@ impl PoolBuilder {
     /// Bytes of host memory for the host tier (required); it must hold every buffer.
     pub fn host_budget_bytes(mut self, bytes: u64) -> Self {
         self.host_budget_bytes = Some(bytes);
+        self
+    }
+    /// Bytes of the remote tier the pool may use (required with [`PoolBuilder::remote`]).
+    pub fn remote_budget_bytes(mut self, bytes: u64) -> Self {
+        self.remote_budget_bytes = Some(bytes);
+        self
+    }
+    /// The remote tier below the host tier, made once the device exists.
+    pub fn remote(mut self, factory: RemoteFactory) -> Self {
+        self.remote = Some(factory);
+        self
+    }
+    /// Host slots in memory made elsewhere (shared with the node daemon) instead of the
+    /// device's own; it must hold the host budget's pages.
+    pub fn host_memory(mut self, memory: HostMemory) -> Self {
+        self.host_memory = Some(memory);
         self
     }
     /// The page size (default 2 MiB).
@@ -133,6 +172,14 @@ impl PoolBuilder {
         let mut cfg = self.config.unwrap_or_else(|| PoolConfig::new(gpu, host));
         cfg.gpu_budget_bytes = gpu;
         cfg.host_budget_bytes = host;
+        if let Some(r) = self.remote_budget_bytes {
+            cfg.remote_budget_bytes = r;
+        }
+        match (&self.remote, cfg.remote_budget_bytes) {
+            (Some(_), 0) => return Err(PoolError::Missing("remote_budget_bytes")),
+            (None, r) if r > 0 => return Err(PoolError::Missing("remote")),
+            _ => {}
+        }
         if let Some(p) = self.page_size {
             cfg.page_size = p;
         }
@@ -140,7 +187,7 @@ impl PoolBuilder {
             cfg.policy = p;
         }
         cfg.validate()?;
-        Pool::new(cfg, self.device)
+        Pool::new(cfg, self.device, self.host_memory, self.remote)
     }
 }
 
@@ -189,6 +236,7 @@ struct Shared {
     state: Mutex<State>,
     cond: Condvar,
     device: OnceLock<Arc<dyn Device>>,
+    remote: OnceLock<Arc<dyn RemoteTier>>,
     epoch: Instant,
 }
 
@@ -231,6 +279,68 @@ impl Shared {
                 bytes: t.bytes,
             });
         }
+        // Remote ops, and zero fills of pages never written (done here: a memset).
+        loop {
+            let mut zeroed = Vec::new();
+            while let Some(op) = state.core.poll_remote() {
+                let kind = match op.kind {
+                    RemoteKind::Zero => {
+                        let zeros = vec![0u8; op.bytes as usize];
+                        let r = device
+                            .write_host(op.slot, 0, &zeros)
+                            .map_err(|e| e.to_string());
+                        zeroed.push((op.id, r));
+                        continue;
+                    }
+                    RemoteKind::Spill => RemoteOpKind::Spill,
+                    RemoteKind::Fetch => RemoteOpKind::Fetch,
+                };
+                match self.remote.get() {
+                    Some(remote) => remote.submit(RemoteOp {
+                        id: op.id,
+                        kind,
+                        page: op.page,
+                        slot: op.slot,
+                        bytes: op.bytes,
+                    }),
+                    None => zeroed.push((op.id, Err("the pool has no remote tier".to_string()))),
+                }
+            }
+            if zeroed.is_empty() {
+                break;
+            }
+            let now = self.now();
+            for (id, r) in zeroed {
+                state.core.handle_remote_done(id, r, now);
+            }
+            while let Some(t) = state.core.poll_transfer() {
+                device.submit(CopyOp {
+                    id: t.id,
+                    direction: t.direction,
+                    frame: t.frame,
+                    slot: t.slot,
+                    bytes: t.bytes,
+                });
+            }
+        }
+        let discards = state.core.take_discards();
+        if !discards.is_empty()
+            && let Some(remote) = self.remote.get()
+        {
+            remote.discard(discards);
+        }
+    }
+
+    fn on_remote_completion(&self, c: RemoteCompletion) {
+        let mut state = self.lock();
+        let now = self.now();
+        if let Err(e) = &c.result {
+            tracing::error!(error = %e, "remote tier op failed");
+        }
+        state.core.handle_remote_done(c.id, c.result, now);
+        self.drive(&mut state);
+        drop(state);
+        self.cond.notify_all();
     }
 
     fn on_completion(&self, c: Completion) {
@@ -268,28 +378,46 @@ pub fn make_device(
     config: DeviceConfig,
     sink: CompletionSink,
 ) -> Result<Arc<dyn Device>, PoolError> {
+    make_device_in(choice, config, None, sink)
+}
+
+/// [`make_device`] with the host slots in `host` when given.
+pub fn make_device_in(
+    choice: DeviceChoice,
+    config: DeviceConfig,
+    host: Option<HostMemory>,
+    sink: CompletionSink,
+) -> Result<Arc<dyn Device>, PoolError> {
     match choice {
-        DeviceChoice::Sim => Ok(Arc::new(SimDevice::new(config, sink)?)),
-        DeviceChoice::Cuda => cuda_device(config, sink),
-        DeviceChoice::Auto => match cuda_device(config, sink.clone()) {
+        DeviceChoice::Sim => Ok(Arc::new(SimDevice::with_host_memory(config, host, sink)?)),
+        DeviceChoice::Cuda => cuda_device(config, host, sink),
+        DeviceChoice::Auto => match cuda_device(config, host.clone(), sink.clone()) {
             Ok(d) => Ok(d),
             Err(e) => {
                 tracing::debug!(reason = %e, "no GPU: using the sim device");
-                Ok(Arc::new(SimDevice::new(config, sink)?))
+                Ok(Arc::new(SimDevice::with_host_memory(config, host, sink)?))
             }
         },
     }
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_device(config: DeviceConfig, sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
-    Ok(Arc::new(spillway_device::cuda::CudaDevice::new(
-        config, sink, 0,
-    )?))
+fn cuda_device(
+    config: DeviceConfig,
+    host: Option<HostMemory>,
+    sink: CompletionSink,
+) -> Result<Arc<dyn Device>, PoolError> {
+    Ok(Arc::new(
+        spillway_device::cuda::CudaDevice::with_host_memory(config, host, sink, 0)?,
+    ))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_device(_config: DeviceConfig, _sink: CompletionSink) -> Result<Arc<dyn Device>, PoolError> {
+fn cuda_device(
+    _config: DeviceConfig,
+    _host: Option<HostMemory>,
+    _sink: CompletionSink,
+) -> Result<Arc<dyn Device>, PoolError> {
     Err(DeviceError::Unavailable {
         backend: "cuda",
         reason: "this build has no CUDA support: rebuild with `--features cuda`".into(),
@@ -298,7 +426,12 @@ fn cuda_device(_config: DeviceConfig, _sink: CompletionSink) -> Result<Arc<dyn D
 }
 
 impl Pool {
-    fn new(cfg: PoolConfig, choice: DeviceChoice) -> Result<Pool, PoolError> {
+    fn new(
+        cfg: PoolConfig,
+        choice: DeviceChoice,
+        host_memory: Option<HostMemory>,
+        remote: Option<RemoteFactory>,
+    ) -> Result<Pool, PoolError> {
         let device_config = DeviceConfig {
             frames: cfg.gpu_frames() as u32,
             host_slots: cfg.host_slots() as u32,
@@ -314,6 +447,7 @@ impl Pool {
             }),
             cond: Condvar::new(),
             device: OnceLock::new(),
+            remote: OnceLock::new(),
             epoch: Instant::now(),
         });
         let weak: Weak<Shared> = Arc::downgrade(&shared);
@@ -322,10 +456,24 @@ impl Pool {
                 shared.on_completion(c);
             }
         });
-        let device = make_device(choice, device_config, sink)?;
+        let device = make_device_in(choice, device_config, host_memory, sink)?;
         let hint = device.bandwidth_hint_bytes_per_s(Direction::HostToDevice);
         shared.lock().core.set_bandwidth_hint(hint);
-        let _ = shared.device.set(device);
+        let _ = shared.device.set(device.clone());
+        if let Some(factory) = remote {
+            let weak: Weak<Shared> = Arc::downgrade(&shared);
+            let sink: RemoteSink = Arc::new(move |c| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.on_remote_completion(c);
+                }
+            });
+            let tier = factory(device, sink).map_err(PoolError::Remote)?;
+            shared
+                .lock()
+                .core
+                .set_remote_bandwidth_hint(tier.bandwidth_hint_bytes_per_s());
+            let _ = shared.remote.set(tier);
+        }
         Ok(Pool { shared })
     }
 
@@ -365,6 +513,8 @@ impl Pool {
         };
         let name: Arc<str> = name.into();
         state.names.insert(id, name.clone());
+        // With a remote tier the core zero-fills each page when it first needs a slot.
+        let core_zeroes = state.core.has_remote();
         drop(state);
         let buffer = Buffer {
             id,
@@ -372,6 +522,9 @@ impl Pool {
             name,
             range,
         };
+        if core_zeroes {
+            return Ok(buffer);
+        }
         // Slots may hold a freed buffer's bytes: a new buffer reads as zeros.
         let zeros = vec![0u8; (bytes.min(self.config().page_size.bytes())) as usize];
         let mut offset = 0;
@@ -405,6 +558,15 @@ impl Pool {
     ) -> Result<(), PoolError> {
         let mut state = self.shared.lock();
         let locations = loop {
+            if let Some(l) = state
+                .core
+                .begin_host_access(buffer.id, offset, len, write)?
+            {
+                break l;
+            }
+            // Pages may have to come from the remote tier first: start what the core asked
+            // (zero fills finish inside `drive`, so look again before waiting).
+            self.shared.drive(&mut state);
             if let Some(l) = state
                 .core
                 .begin_host_access(buffer.id, offset, len, write)?

@@ -1661,9 +1661,9 @@ impl PoolCore {
         }
     }
 
-    /// Number of copies in flight.
+    /// Number of copies and remote ops in flight.
     pub fn transfers_in_flight(&self) -> usize {
-        self.transfers.len()
+        self.transfers.len() + self.remote_ops.len()
     }
 
     /// Checks every invariant of the module docs; panics with a description if one fails.
