@@ -76,9 +76,8 @@ pub trait RemoteTier: Send + Sync {
 
 /// Makes a pool's remote tier once the pool's device exists (the tier reads and writes
 /// host slots through it) and its completion sink is known.
-pub type RemoteFactory = Box<
-    dyn FnOnce(Arc<dyn Device>, RemoteSink) -> Result<Arc<dyn RemoteTier>, String> + Send,
->;
+pub type RemoteFactory =
+    Box<dyn FnOnce(Arc<dyn Device>, RemoteSink) -> Result<Arc<dyn RemoteTier>, String> + Send>;
 
 /// A remote tier in this process's memory, for tests: ops run in order on a thread of
 /// its own (so completions never arrive inside `submit`).
