@@ -1,0 +1,1190 @@
+//! The local client socket: processes on this machine ("daemon mode" clients) reach the
+//! node over a Unix socket, with their host tier in shared memory the node creates.
+//!
+//! Protocol: [`spillway_types::local`]. Per client:
+//! 1. The client sends `Hello { version, page_bytes, host_bytes }`. The node checks it
+//!    (version, page size, `host_bytes` a whole number of pages within
+//!    [`LocalServerConfig::client_host_bytes_max`], fewer than
+//!    [`LocalServerConfig::clients_max`] clients) and answers `Refused` with the reason,
+//!    or creates a `memfd` of `host_bytes`, seals its size, maps it and sends `Welcome`
+//!    with the fd attached (SCM_RIGHTS). The client maps it too: that is its host tier.
+//! 2. `Spill { id, page, slot, bytes }`: the node copies the slot's bytes out of the
+//!    mapping and hands them to the [`ClientPages`] backend; `Fetch`: the backend's bytes
+//!    are copied into the slot; each is answered by `Done { id, result }` once the bytes
+//!    moved. Up to [`LocalServerConfig::ops_in_flight_per_client_max`] ops of a client run
+//!    at once, each its own task, so answers may come in any order.
+//! 3. `Discard { pages }` is done before the client's next frame is read: an op sent
+//!    after a discard never races it.
+//! 4. When the client goes (or breaks the protocol), its ops in flight finish, the pages it
+//!    spilled and did not discard are discarded from the backend, and its mapping goes
+//!    with the last op that used it.
+//!
+//! Invariants:
+//! - A malformed or oversized frame closes only its client's connection and is counted
+//!   ([`LocalCounters::frames_rejected`]); nothing a client sends can panic the node. An
+//!   op naming a slot outside its memory is answered with `BadRequest`.
+//! - The memfd is sealed against shrinking before it is sent, so a client cannot make
+//!   the node's mapping fault (SIGBUS) by truncating it.
+//! - The socket file is created with mode 0600 (bound under a temporary name, chmod,
+//!   then renamed into place, so no other user can connect in between) in a parent
+//!   directory created 0700 when missing. A stale socket (nobody listening) is removed;
+//!   a live one is an error.
+//!
+//! Limits and the memory they imply: clients at most [`LocalServerConfig::clients_max`]
+//! (<= [`CLIENTS_MAX`]); each holds a shared mapping of at most `client_host_bytes_max`
+//! (page cache of the memfd, charged as pages are touched), one frame body (at most
+//! [`FRAME_BODY_BYTES_MAX`]) and at most `ops_in_flight_per_client_max` page copies (so
+//! `64 x 2 MiB = 128 MiB` by default with 2 MiB pages). Handshakes in progress at most
+//! [`HANDSHAKES_IN_FLIGHT_MAX`], each bounded by [`HELLO_TIMEOUT`].
+//!
+//! Tasks: one accept task; per client one task reading frames and one writing answers
+//! (fed by a bounded channel of `ops_in_flight_per_client_max`), plus a task per op.
+//! Shutdown ([`LocalServer::shutdown`]) cancels them all, waits for them, and removes the
+//! socket file. The only `unsafe` is in [`shm`].
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use spillway_types::local::{
+    self, CLIENTS_MAX, ClientMessage, Done, FRAME_BODY_BYTES_MAX, FrameHeader, HEADER_BYTES, Hello,
+    LocalWireError, NodeMessage, OpError, OpErrorCode, PageOp, Refused, RefusedCode, Welcome,
+};
+use spillway_types::{PageId, PageSize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::remote::{CLIENT_BUFFER_BITS, RemoteService};
+
+/// Default bound on one client's ops in flight: 64 (128 MiB of page copies at 2 MiB).
+pub const OPS_IN_FLIGHT_PER_CLIENT_DEFAULT: usize = 64;
+/// Most ops in flight one client may be allowed: 1024.
+pub const OPS_IN_FLIGHT_PER_CLIENT_MAX: usize = 1024;
+/// Connections between accept and the answer to their `Hello`: 16. More wait in the
+/// socket's backlog, so a flood of silent connections cannot use up memory or tasks.
+pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 16;
+/// How long a new connection has to send its `Hello`: 5 s.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause after a failed accept (out of file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// Largest client number: 2^24 - 1. [`RemoteService`] keys a client's pages on peers by
+/// `client << 40 | buffer` in a `u64`, so client numbers have 24 bits.
+pub const CLIENT_ID_MAX: u32 = (1 << 24) - 1;
+
+/// Where a node's local clients' pages go when they leave the clients' host tiers: the
+/// remote tier. The server calls it from its tasks, many calls at once.
+///
+/// Contract: `spill` stores the pages under `(client, page)`, replacing what was there;
+/// `fetch` returns the bytes last spilled for each page, in the order asked, or an
+/// error naming a page it does not hold; `discard` forgets pages and ignores those it
+/// does not hold. Clients are independent namespaces. Errors are text for the client.
+pub trait ClientPages: Send + Sync + 'static {
+    /// Stores `pages` of `client`.
+    fn spill(
+        &self,
+        client: u32,
+        pages: Vec<(PageId, Bytes)>,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+    /// The bytes of `pages` of `client`, in order.
+    fn fetch(
+        &self,
+        client: u32,
+        pages: Vec<PageId>,
+    ) -> impl Future<Output = Result<Vec<Bytes>, String>> + Send;
+    /// Forgets `pages` of `client`.
+    fn discard(
+        &self,
+        client: u32,
+        pages: Vec<PageId>,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+    /// Bytes of pages the clients may keep in the tier (told to each client at `Welcome`).
+    fn capacity_bytes(&self) -> u64;
+    /// A first guess of the tier's bandwidth per direction, told to each client. The
+    /// default is what QUIC reaches on loopback on a small machine (1.2 GB/s).
+    fn bandwidth_hint_bytes_per_s(&self) -> u64 {
+        1_200_000_000
+    }
+}
+
+/// Checks that `page` fits [`RemoteService`]'s key scheme (buffer ids below 2^40).
+fn check_remote_key(page: PageId) -> Result<(), String> {
+    if page.buffer.0 >> CLIENT_BUFFER_BITS != 0 {
+        Err(format!(
+            "page {page}: buffer ids of local clients must be below 2^{CLIENT_BUFFER_BITS}"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+impl ClientPages for RemoteService {
+    async fn spill(&self, client: u32, pages: Vec<(PageId, Bytes)>) -> Result<(), String> {
+        for (page, _) in &pages {
+            check_remote_key(*page)?;
+        }
+        RemoteService::spill(self, client, pages)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, String> {
+        for page in &pages {
+            check_remote_key(*page)?;
+        }
+        RemoteService::fetch(self, client, pages)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn discard(&self, client: u32, pages: Vec<PageId>) -> Result<(), String> {
+        // Pages outside the key scheme were never stored: nothing to forget.
+        let pages = pages
+            .into_iter()
+            .filter(|p| check_remote_key(*p).is_ok())
+            .collect();
+        RemoteService::discard(self, client, pages)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        RemoteService::capacity_bytes(self)
+    }
+}
+
+/// A [`ClientPages`] in this process's memory: the backend of tests.
+#[derive(Debug)]
+pub struct MemClientPages {
+    capacity_bytes: u64,
+    pages: Mutex<std::collections::HashMap<(u32, PageId), Bytes>>,
+}
+
+impl MemClientPages {
+    /// A tier holding at most `capacity_bytes`.
+    pub fn new(capacity_bytes: u64) -> MemClientPages {
+        MemClientPages {
+            capacity_bytes,
+            pages: Mutex::new(Default::default()),
+        }
+    }
+
+    /// Pages of `client` held now.
+    pub fn pages_of(&self, client: u32) -> usize {
+        let pages = self.pages.lock().expect("mem pages lock");
+        pages.keys().filter(|(c, _)| *c == client).count()
+    }
+
+    /// The bytes held for `page` of `client`.
+    pub fn get(&self, client: u32, page: PageId) -> Option<Bytes> {
+        let pages = self.pages.lock().expect("mem pages lock");
+        pages.get(&(client, page)).cloned()
+    }
+}
+
+impl ClientPages for MemClientPages {
+    async fn spill(&self, client: u32, pages: Vec<(PageId, Bytes)>) -> Result<(), String> {
+        let mut held = self.pages.lock().expect("mem pages lock");
+        let used: u64 = held.values().map(|b| b.len() as u64).sum();
+        let replaced: u64 = pages
+            .iter()
+            .filter_map(|(p, _)| held.get(&(client, *p)))
+            .map(|b| b.len() as u64)
+            .sum();
+        let adding: u64 = pages.iter().map(|(_, b)| b.len() as u64).sum();
+        if used - replaced + adding > self.capacity_bytes {
+            return Err(format!(
+                "no room for {adding} bytes: {} of {} bytes used",
+                used - replaced,
+                self.capacity_bytes
+            ));
+        }
+        for (page, data) in pages {
+            held.insert((client, page), data);
+        }
+        Ok(())
+    }
+
+    async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, String> {
+        let held = self.pages.lock().expect("mem pages lock");
+        pages
+            .into_iter()
+            .map(|p| {
+                held.get(&(client, p))
+                    .cloned()
+                    .ok_or_else(|| format!("page {p} of client {client} is not held"))
+            })
+            .collect()
+    }
+
+    async fn discard(&self, client: u32, pages: Vec<PageId>) -> Result<(), String> {
+        let mut held = self.pages.lock().expect("mem pages lock");
+        for p in pages {
+            held.remove(&(client, p));
+        }
+        Ok(())
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+}
+
+/// Settings of the local socket server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalServerConfig {
+    /// The socket's path. Its parent directory is created (0700) when missing.
+    pub socket_path: PathBuf,
+    /// The page size clients must use (the node's).
+    pub page_size: PageSize,
+    /// Most host memory one client may ask for. This much shared memory may be touched
+    /// per client, charged to whoever touches it first.
+    pub client_host_bytes_max: u64,
+    /// Most clients at once (at most [`CLIENTS_MAX`]).
+    pub clients_max: usize,
+    /// Most ops in flight per client (1 to [`OPS_IN_FLIGHT_PER_CLIENT_MAX`]); each holds
+    /// one page copy. More keeps a slow remote tier busier.
+    pub ops_in_flight_per_client_max: usize,
+}
+
+impl LocalServerConfig {
+    /// Settings with every bound at its default.
+    pub fn new(
+        socket_path: PathBuf,
+        page_size: PageSize,
+        client_host_bytes_max: u64,
+    ) -> LocalServerConfig {
+        LocalServerConfig {
+            socket_path,
+            page_size,
+            client_host_bytes_max,
+            clients_max: CLIENTS_MAX,
+            ops_in_flight_per_client_max: OPS_IN_FLIGHT_PER_CLIENT_DEFAULT,
+        }
+    }
+
+    /// Checks the ranges; the error names the field.
+    pub fn validate(&self) -> Result<(), LocalServerError> {
+        let bad =
+            |field: &'static str, problem: String| Err(LocalServerError::Config { field, problem });
+        if self.clients_max == 0 || self.clients_max > CLIENTS_MAX {
+            return bad(
+                "clients_max",
+                format!("is {} but must be 1 to {CLIENTS_MAX}", self.clients_max),
+            );
+        }
+        if self.ops_in_flight_per_client_max == 0
+            || self.ops_in_flight_per_client_max > OPS_IN_FLIGHT_PER_CLIENT_MAX
+        {
+            return bad(
+                "ops_in_flight_per_client_max",
+                format!(
+                    "is {} but must be 1 to {OPS_IN_FLIGHT_PER_CLIENT_MAX}",
+                    self.ops_in_flight_per_client_max
+                ),
+            );
+        }
+        if self.client_host_bytes_max < self.page_size.bytes() {
+            return bad(
+                "client_host_bytes_max",
+                format!(
+                    "is {} but must hold at least one page of {} bytes",
+                    self.client_host_bytes_max,
+                    self.page_size.bytes()
+                ),
+            );
+        }
+        if self.socket_path.file_name().is_none() {
+            return bad(
+                "socket_path",
+                format!("{} names no file", self.socket_path.display()),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Why the local socket server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalServerError {
+    /// A setting is out of range.
+    #[error("invalid local socket setting `{field}`: {problem}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The socket's directory could not be created.
+    #[error("cannot create the socket directory {}: {source}", path.display())]
+    SocketDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Another node listens on the socket.
+    #[error("the client socket {} is in use by a running node", path.display())]
+    InUse {
+        /// The socket.
+        path: PathBuf,
+    },
+    /// Something that is not a socket is in the way.
+    #[error("{} exists and is not a socket; remove it or choose another client_socket", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Binding, chmod or renaming failed.
+    #[error("cannot {step} the client socket {}: {source}", path.display())]
+    Bind {
+        /// `remove the stale`, `bind`, `chmod` or `rename into place`.
+        step: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Counters of the local socket server: what `/metrics` exports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalCounters {
+    /// Clients welcomed and still connected (a gauge).
+    pub clients_connected: u64,
+    /// Clients welcomed since start.
+    pub clients_accepted: u64,
+    /// Hellos refused (any [`RefusedCode`]).
+    pub clients_refused: u64,
+    /// Connections closed for a malformed, oversized or unexpected frame, or a missing
+    /// `Hello` within [`HELLO_TIMEOUT`].
+    pub frames_rejected: u64,
+    /// Spills answered successfully.
+    pub spills: u64,
+    /// Fetches answered successfully.
+    pub fetches: u64,
+    /// Ops answered with an error.
+    pub ops_failed: u64,
+    /// Pages discarded because their client went away.
+    pub pages_discarded_on_disconnect: u64,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    /// Woken on every change, for [`LocalServer::wait_until`].
+    changed: tokio::sync::Notify,
+    clients_connected: AtomicU64,
+    clients_accepted: AtomicU64,
+    clients_refused: AtomicU64,
+    frames_rejected: AtomicU64,
+    spills: AtomicU64,
+    fetches: AtomicU64,
+    ops_failed: AtomicU64,
+    pages_discarded_on_disconnect: AtomicU64,
+}
+
+impl Stats {
+    fn add(&self, pick: impl Fn(&Stats) -> &AtomicU64, n: u64) {
+        pick(self).fetch_add(n, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    fn bump(&self, pick: impl Fn(&Stats) -> &AtomicU64) {
+        self.add(pick, 1);
+    }
+
+    fn snapshot(&self) -> LocalCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        LocalCounters {
+            clients_connected: get(&self.clients_connected),
+            clients_accepted: get(&self.clients_accepted),
+            clients_refused: get(&self.clients_refused),
+            frames_rejected: get(&self.frames_rejected),
+            spills: get(&self.spills),
+            fetches: get(&self.fetches),
+            ops_failed: get(&self.ops_failed),
+            pages_discarded_on_disconnect: get(&self.pages_discarded_on_disconnect),
+        }
+    }
+}
+
+struct Shared<B> {
+    config: LocalServerConfig,
+    backend: Arc<B>,
+    stats: Arc<Stats>,
+    /// Clients welcomed and not yet gone (the gauge, used for the limit).
+    clients: AtomicUsize,
+    next_client: AtomicU32,
+    /// Wakes every connection task at shutdown.
+    cancel: CancellationToken,
+}
+
+/// A running local socket server (from [`LocalServer::start`]). Dropping it cancels its
+/// tasks without waiting; [`LocalServer::shutdown`] waits and removes the socket file.
+#[derive(Debug)]
+pub struct LocalServer {
+    socket_path: PathBuf,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl LocalServer {
+    /// Validates `config`, creates the socket (see the module docs) and serves clients
+    /// with `backend`. Must be called inside a tokio runtime.
+    pub fn start<B: ClientPages>(
+        config: LocalServerConfig,
+        backend: Arc<B>,
+    ) -> Result<LocalServer, LocalServerError> {
+        config.validate()?;
+        let listener = bind_socket(&config.socket_path)?;
+        let stats = Arc::new(Stats::default());
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let socket_path = config.socket_path.clone();
+        tracing::info!(socket = %socket_path.display(), "serving local clients");
+        let shared = Arc::new(Shared {
+            config,
+            backend,
+            stats: stats.clone(),
+            clients: AtomicUsize::new(0),
+            next_client: AtomicU32::new(1),
+            cancel: cancel.clone(),
+        });
+        tasks.spawn(accept_loop(listener, shared, tasks.clone()));
+        Ok(LocalServer {
+            socket_path,
+            stats,
+            cancel,
+            tasks,
+        })
+    }
+
+    /// The socket's path.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> LocalCounters {
+        self.stats.snapshot()
+    }
+
+    /// Waits until `condition` holds for the counters (checked at once and after every
+    /// change). Callers bound the wait with a timeout of their own.
+    pub async fn wait_until(&self, condition: impl Fn(&LocalCounters) -> bool) -> LocalCounters {
+        loop {
+            let changed = self.stats.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let now = self.stats.snapshot();
+            if condition(&now) {
+                return now;
+            }
+            changed.await;
+        }
+    }
+
+    /// Stops accepting, closes every client's connection (ops in flight are abandoned and
+    /// the clients' pages discarded), waits for every task, and removes the socket file.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        match std::fs::remove_file(&self.socket_path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!(socket = %self.socket_path.display(), error = %e, "cannot remove the client socket");
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Creates the socket at `path`: parent dir (0700 if created), stale socket removed,
+/// bound under a temporary name, chmod 0600, renamed into place.
+fn bind_socket(path: &Path) -> Result<UnixListener, LocalServerError> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(parent)
+        .map_err(|source| LocalServerError::SocketDir {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    let bind_err = |step: &'static str, p: &Path| {
+        let path = p.to_path_buf();
+        move |source| LocalServerError::Bind { step, path, source }
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(LocalServerError::InUse {
+                    path: path.to_path_buf(),
+                });
+            }
+            tracing::info!(socket = %path.display(), "removing a stale client socket");
+            std::fs::remove_file(path).map_err(bind_err("remove the stale", path))?;
+        }
+        Ok(_) => {
+            return Err(LocalServerError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(_) => {}
+    }
+    let mut temp = path.as_os_str().to_owned();
+    temp.push(format!(".{}.tmp", std::process::id()));
+    let temp = PathBuf::from(temp);
+    let _ = std::fs::remove_file(&temp);
+    let listener = UnixListener::bind(&temp).map_err(bind_err("bind", &temp))?;
+    let placed = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600))
+        .map_err(bind_err("chmod", &temp))
+        .and_then(|()| std::fs::rename(&temp, path).map_err(bind_err("rename into place", path)));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
+async fn accept_loop<B: ClientPages>(
+    listener: UnixListener,
+    shared: Arc<Shared<B>>,
+    tasks: TaskTracker,
+) {
+    let handshakes = Arc::new(Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
+    loop {
+        let permit = tokio::select! {
+            _ = shared.cancel.cancelled() => return,
+            p = handshakes.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = shared.cancel.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                tasks.spawn(serve_connection(stream, shared.clone(), permit));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a local client failed");
+                tokio::select! {
+                    _ = shared.cancel.cancelled() => return,
+                    _ = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Why reading a frame stopped.
+#[derive(Debug)]
+enum ReadError {
+    /// The peer closed the connection between frames.
+    Closed,
+    /// The socket failed (or closed inside a frame).
+    Io(io::Error),
+    /// The frame is malformed.
+    Wire(LocalWireError),
+}
+
+/// Reads one frame: the header is checked before the body is read.
+async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R) -> Result<ClientMessage, ReadError> {
+    let mut header = [0u8; HEADER_BYTES];
+    let mut got = 0;
+    while got < HEADER_BYTES {
+        match reader.read(&mut header[got..]).await {
+            Ok(0) if got == 0 => return Err(ReadError::Closed),
+            Ok(0) => return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => got += n,
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+    let header = FrameHeader::decode(&header).map_err(ReadError::Wire)?;
+    header.check_version().map_err(ReadError::Wire)?;
+    debug_assert!(header.body_bytes <= FRAME_BODY_BYTES_MAX);
+    let mut body = vec![0u8; header.body_bytes as usize];
+    reader.read_exact(&mut body).await.map_err(ReadError::Io)?;
+    local::decode_body(&body).map_err(ReadError::Wire)
+}
+
+async fn write_message(writer: &mut OwnedWriteHalf, message: &NodeMessage) -> io::Result<()> {
+    let frame = local::encode_frame(message).map_err(io::Error::other)?;
+    writer.write_all(&frame).await
+}
+
+/// Counts a welcomed client while it lives.
+struct ClientSlot<'a> {
+    clients: &'a AtomicUsize,
+    stats: &'a Stats,
+}
+
+impl Drop for ClientSlot<'_> {
+    fn drop(&mut self) {
+        self.clients.fetch_sub(1, Ordering::AcqRel);
+        self.stats.clients_connected.fetch_sub(1, Ordering::Relaxed);
+        self.stats.changed.notify_waiters();
+    }
+}
+
+async fn serve_connection<B: ClientPages>(
+    mut stream: UnixStream,
+    shared: Arc<Shared<B>>,
+    handshake_permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let stats = &shared.stats;
+    let hello = tokio::select! {
+        _ = shared.cancel.cancelled() => return,
+        r = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut stream)) => r,
+    };
+    let hello = match hello {
+        Err(_) => {
+            tracing::warn!("a local client sent no hello within {HELLO_TIMEOUT:?}");
+            stats.bump(|s| &s.frames_rejected);
+            return;
+        }
+        Ok(Ok(ClientMessage::Hello(h))) => h,
+        Ok(Err(ReadError::Wire(LocalWireError::UnsupportedVersion { found, supported }))) => {
+            let refused = Refused::new(
+                RefusedCode::VersionMismatch,
+                format!("the client speaks local protocol version {found}, this node {supported}"),
+            );
+            refuse(&mut stream, &shared, refused).await;
+            return;
+        }
+        Ok(Ok(other)) => {
+            tracing::warn!(?other, "a local client's first frame is not a hello");
+            stats.bump(|s| &s.frames_rejected);
+            return;
+        }
+        Ok(Err(ReadError::Wire(e))) => {
+            tracing::warn!(error = %e, "malformed hello from a local client");
+            stats.bump(|s| &s.frames_rejected);
+            return;
+        }
+        Ok(Err(ReadError::Closed | ReadError::Io(_))) => return,
+    };
+    let Some((client, region, slot)) = welcome(&mut stream, &shared, hello).await else {
+        return;
+    };
+    drop(handshake_permit);
+    tracing::info!(
+        client,
+        host_bytes = hello.host_bytes,
+        "local client connected"
+    );
+    serve_ops(stream, &shared, client, Arc::new(region)).await;
+    drop(slot);
+    tracing::info!(client, "local client gone");
+}
+
+async fn refuse<B>(stream: &mut UnixStream, shared: &Shared<B>, refused: Refused) {
+    tracing::info!(code = ?refused.code, reason = %refused.message, "refusing a local client");
+    shared.stats.bump(|s| &s.clients_refused);
+    if let Ok(frame) = local::encode_frame(&NodeMessage::Refused(refused)) {
+        // The client may be gone already; nothing more to tell it.
+        let _ = stream.write_all(&frame).await;
+        let _ = stream.shutdown().await;
+    }
+}
+
+/// Checks the hello, reserves a client slot, creates and sends the shared memory.
+async fn welcome<'a, B: ClientPages>(
+    stream: &mut UnixStream,
+    shared: &'a Shared<B>,
+    hello: Hello,
+) -> Option<(u32, shm::SharedRegion, ClientSlot<'a>)> {
+    let config = &shared.config;
+    let page = config.page_size.bytes();
+    let refusal = if hello.version != local::PROTOCOL_VERSION {
+        Some(Refused::new(
+            RefusedCode::VersionMismatch,
+            format!(
+                "the client speaks local protocol version {}, this node {}",
+                hello.version,
+                local::PROTOCOL_VERSION
+            ),
+        ))
+    } else if hello.page_bytes != page {
+        Some(Refused::new(
+            RefusedCode::PageSizeMismatch,
+            format!(
+                "the client's pages are {} bytes, this node's {page}",
+                hello.page_bytes
+            ),
+        ))
+    } else if hello.host_bytes == 0 || hello.host_bytes % page != 0 {
+        Some(Refused::new(
+            RefusedCode::BadHostBytes,
+            format!(
+                "host_bytes {} is not a positive multiple of the page size {page}",
+                hello.host_bytes
+            ),
+        ))
+    } else if hello.host_bytes > config.client_host_bytes_max {
+        Some(Refused::new(
+            RefusedCode::HostBytesTooLarge,
+            format!(
+                "host_bytes {} exceeds this node's limit per client of {}",
+                hello.host_bytes, config.client_host_bytes_max
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some(r) = refusal {
+        refuse(stream, shared, r).await;
+        return None;
+    }
+    let reserved = shared
+        .clients
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < config.clients_max).then_some(n + 1)
+        });
+    if reserved.is_err() {
+        let r = Refused::new(
+            RefusedCode::TooManyClients,
+            format!("this node serves {} clients, its limit", config.clients_max),
+        );
+        refuse(stream, shared, r).await;
+        return None;
+    }
+    shared.stats.bump(|s| &s.clients_connected);
+    let slot = ClientSlot {
+        clients: &shared.clients,
+        stats: &shared.stats,
+    };
+    let client = shared
+        .next_client
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n <= CLIENT_ID_MAX).then_some(n + 1)
+        });
+    let Ok(client) = client else {
+        let r = Refused::new(
+            RefusedCode::Unavailable,
+            "this node ran out of client numbers",
+        );
+        refuse(stream, shared, r).await;
+        return None;
+    };
+    let (fd, region) = match shm::SharedRegion::create(client, hello.host_bytes) {
+        Ok(made) => made,
+        Err(e) => {
+            let r = Refused::new(
+                RefusedCode::Unavailable,
+                format!(
+                    "cannot create {} bytes of shared memory: {e}",
+                    hello.host_bytes
+                ),
+            );
+            refuse(stream, shared, r).await;
+            return None;
+        }
+    };
+    let message = NodeMessage::Welcome(Welcome {
+        client,
+        host_bytes: hello.host_bytes,
+        remote_capacity_bytes: shared.backend.capacity_bytes(),
+        bandwidth_hint_bytes_per_s: shared.backend.bandwidth_hint_bytes_per_s(),
+    });
+    let frame = local::encode_frame(&message).ok()?;
+    // Counted before the client can see the welcome, so a client that saw it sees the count.
+    shared.stats.bump(|s| &s.clients_accepted);
+    if let Err(e) = send_with_fd(stream, &frame, &fd).await {
+        tracing::warn!(client, error = %e, "cannot send the welcome to a local client");
+        return None;
+    }
+    Some((client, region, slot))
+}
+
+/// Sends `frame` with `fd` attached to its first bytes.
+async fn send_with_fd(
+    stream: &mut UnixStream,
+    frame: &[u8],
+    fd: &std::os::fd::OwnedFd,
+) -> io::Result<()> {
+    let sent = stream
+        .async_io(tokio::io::Interest::WRITABLE, || {
+            shm::send_with_fd(stream.as_fd(), frame, fd.as_fd())
+        })
+        .await?;
+    // The fd went with the first byte; the rest (in practice nothing) follows plainly.
+    stream.write_all(&frame[sent..]).await
+}
+
+/// Serves one welcomed client until it goes, breaks the protocol, or the server stops.
+async fn serve_ops<B: ClientPages>(
+    stream: UnixStream,
+    shared: &Shared<B>,
+    client: u32,
+    region: Arc<shm::SharedRegion>,
+) {
+    let stats = &shared.stats;
+    let ops_max = shared.config.ops_in_flight_per_client_max;
+    let (mut reader, mut writer) = stream.into_split();
+    let (done_tx, mut done_rx) = mpsc::channel::<Done>(ops_max);
+    let writer_task = tokio::spawn(async move {
+        while let Some(done) = done_rx.recv().await {
+            if let Err(e) = write_message(&mut writer, &NodeMessage::Done(done)).await {
+                tracing::debug!(client, error = %e, "cannot answer a local client");
+                return;
+            }
+        }
+    });
+    // Pages spilled and not discarded: discarded from the backend when the client goes.
+    let held: Arc<Mutex<HashSet<PageId>>> = Arc::default();
+    let mut ops = JoinSet::new();
+    let cancelled = loop {
+        while ops.try_join_next().is_some() {}
+        if ops.len() >= ops_max {
+            tokio::select! {
+                _ = shared.cancel.cancelled() => break true,
+                _ = ops.join_next() => continue,
+            }
+        }
+        let frame = tokio::select! {
+            _ = shared.cancel.cancelled() => break true,
+            f = read_frame(&mut reader) => f,
+        };
+        match frame {
+            Ok(ClientMessage::Spill(op)) => {
+                let ctx = OpContext::new(shared, client, &region, &done_tx, &held);
+                ops.spawn(ctx.spill(op));
+            }
+            Ok(ClientMessage::Fetch(op)) => {
+                let ctx = OpContext::new(shared, client, &region, &done_tx, &held);
+                ops.spawn(ctx.fetch(op));
+            }
+            Ok(ClientMessage::Discard(d)) => {
+                {
+                    let mut held = held.lock().expect("held pages lock");
+                    for p in &d.pages {
+                        held.remove(p);
+                    }
+                }
+                if let Err(e) = shared.backend.discard(client, d.pages).await {
+                    tracing::warn!(client, error = %e, "discarding a local client's pages failed");
+                }
+            }
+            Ok(ClientMessage::Hello(_)) => {
+                tracing::warn!(client, "a local client sent a second hello");
+                stats.bump(|s| &s.frames_rejected);
+                break false;
+            }
+            Err(ReadError::Wire(e)) => {
+                tracing::warn!(client, error = %e, "malformed frame from a local client");
+                stats.bump(|s| &s.frames_rejected);
+                break false;
+            }
+            Err(ReadError::Closed) => break false,
+            Err(ReadError::Io(e)) => {
+                tracing::debug!(client, error = %e, "a local client's socket failed");
+                break false;
+            }
+        }
+    };
+    if cancelled {
+        ops.shutdown().await;
+    } else {
+        while ops.join_next().await.is_some() {}
+    }
+    drop(done_tx);
+    if cancelled {
+        writer_task.abort();
+    }
+    let _ = writer_task.await;
+    let pages: Vec<PageId> = held.lock().expect("held pages lock").drain().collect();
+    if !pages.is_empty() {
+        let n = pages.len() as u64;
+        match shared.backend.discard(client, pages).await {
+            Ok(()) => {
+                stats.add(|s| &s.pages_discarded_on_disconnect, n);
+            }
+            Err(e) => {
+                tracing::warn!(client, error = %e, "discarding a gone client's pages failed")
+            }
+        }
+    }
+}
+
+/// What one op task needs.
+struct OpContext<B> {
+    backend: Arc<B>,
+    stats: Arc<Stats>,
+    client: u32,
+    page_bytes: u64,
+    region: Arc<shm::SharedRegion>,
+    done: mpsc::Sender<Done>,
+    held: Arc<Mutex<HashSet<PageId>>>,
+}
+
+impl<B: ClientPages> OpContext<B> {
+    fn new(
+        shared: &Shared<B>,
+        client: u32,
+        region: &Arc<shm::SharedRegion>,
+        done: &mpsc::Sender<Done>,
+        held: &Arc<Mutex<HashSet<PageId>>>,
+    ) -> Self {
+        OpContext {
+            backend: shared.backend.clone(),
+            stats: shared.stats.clone(),
+            client,
+            page_bytes: shared.config.page_size.bytes(),
+            region: region.clone(),
+            done: done.clone(),
+            held: held.clone(),
+        }
+    }
+
+    /// The op's byte offset in the region, if its slot and length fit.
+    fn offset(&self, op: &PageOp) -> Result<u64, OpError> {
+        let offset = u64::from(op.slot) * self.page_bytes;
+        let fits =
+            op.bytes > 0 && op.bytes <= self.page_bytes && offset + op.bytes <= self.region.len();
+        if fits {
+            Ok(offset)
+        } else {
+            Err(OpError::new(
+                OpErrorCode::BadRequest,
+                format!(
+                    "slot {} with {} bytes is outside {} bytes of host memory in pages of {}",
+                    op.slot,
+                    op.bytes,
+                    self.region.len(),
+                    self.page_bytes
+                ),
+            ))
+        }
+    }
+
+    async fn spill(self, op: PageOp) {
+        let result = match self.offset(&op) {
+            Ok(offset) => {
+                let mut data = vec![0u8; op.bytes as usize];
+                self.region.read(offset, &mut data);
+                match self
+                    .backend
+                    .spill(self.client, vec![(op.page, Bytes::from(data))])
+                    .await
+                {
+                    Ok(()) => {
+                        self.held.lock().expect("held pages lock").insert(op.page);
+                        self.stats.bump(|s| &s.spills);
+                        Ok(())
+                    }
+                    Err(e) => Err(OpError::new(OpErrorCode::Remote, e)),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        self.finish(op.id, result).await;
+    }
+
+    async fn fetch(self, op: PageOp) {
+        let result = match self.offset(&op) {
+            Ok(offset) => match self.backend.fetch(self.client, vec![op.page]).await {
+                Ok(pages) => match pages.as_slice() {
+                    [data] if data.len() as u64 == op.bytes => {
+                        self.region.write(offset, data);
+                        self.stats.bump(|s| &s.fetches);
+                        Ok(())
+                    }
+                    [data] => Err(OpError::new(
+                        OpErrorCode::Remote,
+                        format!(
+                            "page {} has {} bytes in the remote tier, {} asked",
+                            op.page,
+                            data.len(),
+                            op.bytes
+                        ),
+                    )),
+                    other => Err(OpError::new(
+                        OpErrorCode::Remote,
+                        format!("the remote tier returned {} pages for one", other.len()),
+                    )),
+                },
+                Err(e) => Err(OpError::new(OpErrorCode::Remote, e)),
+            },
+            Err(e) => Err(e),
+        };
+        self.finish(op.id, result).await;
+    }
+
+    async fn finish(self, id: u64, result: Result<(), OpError>) {
+        if result.is_err() {
+            self.stats.bump(|s| &s.ops_failed);
+        }
+        // The writer is gone only when the client is: nobody to tell.
+        let _ = self.done.send(Done { id, result }).await;
+    }
+}
+
+/// The node's side of the shared memory and of passing its fd: every `unsafe` of the
+/// local socket server.
+mod shm {
+    use std::ffi::c_void;
+    use std::io;
+    use std::os::fd::{BorrowedFd, OwnedFd};
+    use std::ptr::NonNull;
+
+    use rustix::fs::{MemfdFlags, SealFlags};
+    use rustix::mm::{MapFlags, ProtFlags};
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+
+    /// A client's host tier as the node maps it.
+    ///
+    /// Invariants: `ptr..ptr + len` is a shared read-write mapping of a memfd whose size
+    /// is sealed at `len` (so no access inside it can fault), unmapped only in `drop`.
+    /// The node never creates a Rust reference into it: the client writes it at any time
+    /// (the pool's contract says not to a slot with an op in flight, but the node does
+    /// not trust that), so every access is a raw byte copy, for which any bytes are valid.
+    pub(super) struct SharedRegion {
+        ptr: NonNull<u8>,
+        len: u64,
+    }
+
+    // SAFETY: the region is plain bytes reached only through raw copies (see above);
+    // nothing in it is tied to a thread.
+    unsafe impl Send for SharedRegion {}
+    // SAFETY: as above; concurrent copies touch only bytes, never Rust values.
+    unsafe impl Sync for SharedRegion {}
+
+    impl SharedRegion {
+        /// Creates a memfd of `len` bytes (`len` > 0), seals its size, and maps it.
+        pub(super) fn create(client: u32, len: u64) -> io::Result<(OwnedFd, SharedRegion)> {
+            let size = usize::try_from(len).map_err(io::Error::other)?;
+            let fd = rustix::fs::memfd_create(
+                format!("spillway-client-{client}"),
+                MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+            )?;
+            rustix::fs::ftruncate(&fd, len)?;
+            // Without these, the client could shrink the file and make the node's reads
+            // fault; SEAL keeps it from adding seals of its own.
+            rustix::fs::fcntl_add_seals(
+                &fd,
+                SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+            )?;
+            // SAFETY: a fresh shared mapping chosen by the kernel (null hint), overlapping
+            // nothing of ours; `size` > 0 bytes of a file of exactly that size.
+            let ptr = unsafe {
+                rustix::mm::mmap(
+                    std::ptr::null_mut(),
+                    size,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::SHARED,
+                    &fd,
+                    0,
+                )
+            }?;
+            let ptr = NonNull::new(ptr.cast::<u8>())
+                .ok_or_else(|| io::Error::other("mmap returned null"))?;
+            Ok((fd, SharedRegion { ptr, len }))
+        }
+
+        pub(super) fn len(&self) -> u64 {
+            self.len
+        }
+
+        /// Copies `out.len()` bytes at `offset` out of the region.
+        ///
+        /// # Panics
+        /// If the range is outside the region (callers check first).
+        pub(super) fn read(&self, offset: u64, out: &mut [u8]) {
+            assert!(
+                offset
+                    .checked_add(out.len() as u64)
+                    .is_some_and(|end| end <= self.len)
+            );
+            // SAFETY: the range is inside the mapping (asserted), which stays mapped while
+            // `self` lives; `out` is our own memory, so they do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.ptr.as_ptr().add(offset as usize),
+                    out.as_mut_ptr(),
+                    out.len(),
+                )
+            };
+        }
+
+        /// Copies `data` into the region at `offset`.
+        ///
+        /// # Panics
+        /// If the range is outside the region (callers check first).
+        pub(super) fn write(&self, offset: u64, data: &[u8]) {
+            assert!(
+                offset
+                    .checked_add(data.len() as u64)
+                    .is_some_and(|end| end <= self.len)
+            );
+            // SAFETY: as in `read`, the other way.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    self.ptr.as_ptr().add(offset as usize),
+                    data.len(),
+                )
+            };
+        }
+    }
+
+    impl Drop for SharedRegion {
+        fn drop(&mut self) {
+            // SAFETY: mapped in `create` with this length, unmapped only here; no
+            // reference into it exists (only raw copies, none running: we are dropped).
+            if let Err(e) =
+                unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len as usize) }
+            {
+                tracing::warn!(error = %e, "cannot unmap a client's host memory");
+            }
+        }
+    }
+
+    /// Sends `bytes` on the socket with `fd` attached (SCM_RIGHTS); returns the bytes
+    /// sent. No `unsafe`: rustix checks the buffers.
+    pub(super) fn send_with_fd(
+        socket: BorrowedFd<'_>,
+        bytes: &[u8],
+        fd: BorrowedFd<'_>,
+    ) -> io::Result<usize> {
+        let fds = [fd];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(io::Error::other("no room for the fd in the control buffer"));
+        }
+        let sent = rustix::net::sendmsg(
+            socket,
+            &[io::IoSlice::new(bytes)],
+            &mut control,
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        )?;
+        Ok(sent)
+    }
+}
