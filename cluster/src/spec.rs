@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use spillway_net::certs;
 use spillway_node::NodeConfig;
+use spillway_node::config::MemberAddr;
 use spillway_types::{NodeId, PoolId};
 
 use crate::error::{ClusterError, io_at};
@@ -40,6 +41,18 @@ pub const SPEC_FILE: &str = "cluster.json";
 pub const CERTS_DIR: &str = "pool";
 /// Largest `cluster.json` read: 1 MiB (64 nodes take about 30 KiB).
 const SPEC_BYTES_MAX: u64 = 1 << 20;
+
+/// The pool directory when none is given: `$XDG_RUNTIME_DIR/spillway` if that variable
+/// is set, else `/tmp/spillway-$USER` (`/tmp/spillway` without `USER`).
+pub fn default_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(runtime) => PathBuf::from(runtime).join("spillway"),
+        None => match std::env::var("USER").ok().filter(|u| !u.is_empty()) {
+            Some(user) => PathBuf::from(format!("/tmp/spillway-{user}")),
+            None => PathBuf::from("/tmp/spillway"),
+        },
+    }
+}
 
 /// One node of a pool, as `cluster.json` lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,6 +214,15 @@ pub fn node_config(spec: &ClusterSpec, node: &NodeSpec, host_tier_bytes: u64) ->
     );
     config.listen_addr = node.peer_addr;
     config.metrics_addr = node.metrics_addr;
+    config.client_socket = node.client_socket.clone();
+    config.members = spec
+        .nodes
+        .iter()
+        .map(|n| MemberAddr {
+            id: NodeId(n.id),
+            addr: n.peer_addr,
+        })
+        .collect();
     config
 }
 
@@ -347,6 +369,12 @@ mod tests {
             assert_eq!(config.listen_addr, node.peer_addr);
             assert_eq!(config.metrics_addr, node.metrics_addr);
             assert_eq!(config.host_tier_bytes, 64 << 20);
+            assert_eq!(config.client_socket, node.client_socket);
+            let members: Vec<(u64, SocketAddr)> =
+                config.members.iter().map(|m| (m.id.0, m.addr)).collect();
+            let expected: Vec<(u64, SocketAddr)> =
+                spec.nodes.iter().map(|n| (n.id, n.peer_addr)).collect();
+            assert_eq!(members, expected);
             assert!(config.data_dir.starts_with(&spec.dir));
             spillway_net::certs::NodeIdentity::load(&spec.certs_dir, NodeId(node.id)).unwrap();
         }

@@ -1,0 +1,153 @@
+//! `spillway node --config node.toml`: one node daemon ([`spillway_node::Node`]) in a
+//! tokio runtime until SIGINT or SIGTERM, then a graceful [`NodeHandle::shutdown`].
+//!
+//! The help lists every field of the node config with its doc and default, from
+//! [`NodeConfig::field_docs`]; a field that table lacks is still listed, with the default
+//! of a serialized [`NodeConfig`], so the help never omits one.
+//!
+//! [`NodeHandle::shutdown`]: spillway_node::NodeHandle::shutdown
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use spillway_node::{Node, NodeConfig};
+use spillway_types::NodeId;
+
+/// Arguments of `spillway node`.
+#[derive(Debug, Args)]
+#[command(after_help = config_help())]
+pub struct NodeArgs {
+    /// The node's configuration file (TOML; fields below).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Check the configuration, print it with every default filled in, and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+/// Every field of [`NodeConfig`] as (TOML key, default as TOML), by key. Required
+/// fields carry a placeholder.
+pub(crate) fn config_fields() -> Vec<(String, String)> {
+    let config = NodeConfig::new(NodeId(1), "POOL_DIR".into(), "DATA_DIR".into(), 1 << 30);
+    let value = toml::Value::try_from(&config).expect("a node config serializes");
+    let mut fields = Vec::new();
+    flatten("", &value, &mut fields);
+    fields
+}
+
+fn flatten(prefix: &str, value: &toml::Value, out: &mut Vec<(String, String)>) {
+    match value {
+        toml::Value::Table(table) => {
+            for (k, v) in table {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                if v.is_table() {
+                    flatten(&key, v, out);
+                } else {
+                    out.push((key, v.to_string()));
+                }
+            }
+        }
+        v => out.push((prefix.to_string(), v.to_string())),
+    }
+}
+
+/// The help's list of config fields: [`NodeConfig::field_docs`], with each default
+/// taken from a serialized [`NodeConfig`] where the doc table refers elsewhere for it, and
+/// any field the table lacks listed too.
+fn config_help() -> String {
+    let values = config_fields();
+    let value_of = |key: &str| {
+        values
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    let mut text = String::from("Config fields (TOML; `quic.x` is `x` in the `[quic]` table):\n");
+    for f in NodeConfig::field_docs() {
+        let default = match (f.default, value_of(f.key)) {
+            ("required", _) => "required".to_string(),
+            (d, Some(v)) if d.starts_with("see ") => format!("default {v}"),
+            (d, _) => format!("default {d}"),
+        };
+        text.push_str(&format!("  {:<38} {} [{default}]\n", f.key, f.doc));
+    }
+    for (key, value) in &values {
+        if !NodeConfig::field_docs().iter().any(|f| f.key == key) {
+            text.push_str(&format!("  {key:<38} (undocumented) [default {value}]\n"));
+        }
+    }
+    text.push_str(
+        "\nA bad file exits non-zero with an error naming the file and the field. \
+         SIGINT or SIGTERM shut the node down gracefully. Logs: SPILLWAY_LOG (default info).",
+    );
+    text
+}
+
+/// Runs `spillway node`.
+pub fn run_node(args: NodeArgs) -> Result<()> {
+    let config = NodeConfig::load(&args.config)?;
+    if args.check {
+        print!("{}", toml::to_string(&config)?);
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("spillway-node")
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let config_path = args.config.display().to_string();
+        let node = Node::start(config)
+            .await
+            .with_context(|| format!("starting the node of {config_path}"))?;
+        tracing::info!(
+            node = %node.node_id(),
+            pool = %node.pool_id(),
+            addr = %node.local_addr(),
+            pid = std::process::id(),
+            config = %config_path,
+            "node running; SIGINT or SIGTERM stops it"
+        );
+        let signal = shutdown_signal().await?;
+        tracing::info!(signal, "shutting down");
+        node.shutdown().await;
+        Ok(())
+    })
+}
+
+/// Waits for SIGINT or SIGTERM; returns its name.
+async fn shutdown_signal() -> Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_config_field_is_listed_with_its_default() {
+        let fields = config_fields();
+        assert!(fields.len() >= 20, "{fields:?}");
+        let help = config_help();
+        for (key, _) in &fields {
+            assert!(
+                help.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{key} "))),
+                "help lacks {key}:\n{help}"
+            );
+        }
+        assert!(help.contains("[default 6000]"), "{help}");
+        assert!(help.contains("[required]"), "{help}");
+    }
+}

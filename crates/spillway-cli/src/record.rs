@@ -1,0 +1,26 @@
+//! Appending a measured result to a results file (`bench/RESULTS.md`): a section with the
+//! exact command, the machine, a table and the program's JSON, written by the program so
+//! that no number is typed by hand.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Appends `### {title}, {time}` with the command line of this process, the machine,
+/// `body` (markdown) and `json` to `path`.
+pub(crate) fn append_section(path: &Path, title: &str, body: &str, json: &str) -> Result<()> {
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(
+        f,
+        "\n### {title}, {}\n\nCommand: `{command}`\n\nMachine: {}\n\n{body}\nJSON: `{json}`\n",
+        spillway_bench::report::now_rfc3339(),
+        spillway_bench::report::machine_description(),
+    )
+    .with_context(|| format!("appending to {}", path.display()))
+}

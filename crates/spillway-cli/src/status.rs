@@ -1,0 +1,135 @@
+//! `spillway status`: every node's `/status`, as a table or one JSON document.
+//!
+//! Nodes come from a pool directory (`cluster.json`) or from `--node host:port` (their
+//! status addresses). A node that does not answer is shown as down; the command fails
+//! (exit code 1) only if no node answers.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use spillway_client::fmt_bytes;
+use spillway_cluster::launcher::status_targets;
+use spillway_cluster::{ClusterSpec, PoolReport, query_pool};
+
+use crate::cluster_cmd::DirArg;
+
+/// Arguments of `spillway status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// A node's status address (its metrics_addr), instead of a pool directory; repeat
+    /// for several nodes.
+    #[arg(long = "node", value_name = "HOST:PORT", conflicts_with = "dir")]
+    nodes: Vec<String>,
+    /// Print one JSON document: {answering, leader, term, leader_agreed, members, nodes:
+    /// [{target, expected_id, up, error | status}]}.
+    #[arg(long)]
+    json: bool,
+    /// Milliseconds each node has to answer.
+    #[arg(long, default_value_t = 1000)]
+    timeout_ms: u64,
+}
+
+/// Runs `spillway status`.
+pub fn run_status(args: StatusArgs) -> Result<()> {
+    let targets = if args.nodes.is_empty() {
+        let dir = args.dir.resolve();
+        status_targets(&ClusterSpec::load(&dir)?)
+    } else {
+        args.nodes.iter().map(|n| (n.clone(), None)).collect()
+    };
+    let report = query_pool(&targets, Duration::from_millis(args.timeout_ms));
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report);
+    }
+    if report.answering == 0 {
+        bail!("none of the {} nodes answered", targets.len());
+    }
+    Ok(())
+}
+
+fn print_report(r: &PoolReport) {
+    let leader = match (r.leader, r.leader_agreed) {
+        (Some(l), true) => format!("leader node {l}"),
+        (Some(l), false) => format!("node {l} claims to lead, not every node agrees"),
+        (None, _) => "no leader".to_string(),
+    };
+    println!(
+        "{} of {} nodes answering; {leader}, term {}",
+        r.answering,
+        r.nodes.len(),
+        r.term.map_or("-".to_string(), |t| t.to_string())
+    );
+    println!(
+        "{:>4} {:<21} {:<9} {:>6} {:>5} {:>8} {:>7} {:>21} {:>7} {:>10} {:>10} {:>7}",
+        "node",
+        "status addr",
+        "role",
+        "leader",
+        "term",
+        "commit",
+        "members",
+        "host tier used/budget",
+        "pages",
+        "peer in",
+        "peer out",
+        "clients"
+    );
+    for n in &r.nodes {
+        let id = n
+            .status
+            .as_ref()
+            .map(|s| s.node_id)
+            .or(n.expected_id)
+            .map_or("?".to_string(), |i| i.to_string());
+        match &n.status {
+            Some(s) => println!(
+                "{:>4} {:<21} {:<9} {:>6} {:>5} {:>8} {:>7} {:>21} {:>7} {:>10} {:>10} {:>7}",
+                id,
+                n.target,
+                s.role,
+                s.known_leader().map_or("-".to_string(), |l| l.to_string()),
+                s.term,
+                s.commit_index,
+                s.members.len(),
+                format!(
+                    "{} / {}",
+                    fmt_bytes(s.host_tier.used_bytes),
+                    fmt_bytes(s.host_tier.budget_bytes)
+                ),
+                s.host_tier.pages,
+                fmt_bytes(s.peer_bytes_in),
+                fmt_bytes(s.peer_bytes_out),
+                s.clients
+            ),
+            None => println!(
+                "{:>4} {:<21} DOWN: {}",
+                id,
+                n.target,
+                n.error.as_deref().unwrap_or("no answer")
+            ),
+        }
+    }
+    if !r.members.is_empty() {
+        println!("members:");
+        println!(
+            "{:>4} {:<21} {:<8} {:>12} {:>12} {:>12}",
+            "id", "peer addr", "state", "capacity", "used", "reserved"
+        );
+        for m in &r.members {
+            println!(
+                "{:>4} {:<21} {:<8} {:>12} {:>12} {:>12}",
+                m.id,
+                m.addr,
+                m.state,
+                fmt_bytes(m.capacity_bytes),
+                fmt_bytes(m.used_bytes),
+                fmt_bytes(m.reserved_bytes)
+            );
+        }
+    }
+}
