@@ -42,7 +42,7 @@ impl StepTable {
         }
         if !self.header_done {
             println!(
-                "{:>5} {:>8} {:>8} {:>9} {:>7} {:>10} {:>10} {:>10} {:>7}",
+                "{:>5} {:>8} {:>8} {:>9} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
                 "step",
                 "wall s",
                 "stall s",
@@ -50,13 +50,15 @@ impl StepTable {
                 "hit %",
                 "to GPU",
                 "from GPU",
+                "to peers",
+                "from peers",
                 "verified",
                 "corrupt"
             );
             self.header_done = true;
         }
         println!(
-            "{:>5} {:>8.3} {:>8.3} {:>9} {:>6.1}% {:>10} {:>10} {:>10} {:>7}{}",
+            "{:>5} {:>8.3} {:>8.3} {:>9} {:>6.1}% {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}{}",
             s.step,
             s.wall_s,
             s.stall_s,
@@ -64,6 +66,8 @@ impl StepTable {
             100.0 * s.hit_rate(),
             fmt_bytes(s.h2d_bytes),
             fmt_bytes(s.d2h_bytes),
+            fmt_bytes(s.remote_bytes_out),
+            fmt_bytes(s.remote_bytes_in),
             fmt_bytes(s.verified_bytes),
             s.corrupt_pages,
             if s.diverged { "  (diverged)" } else { "" }

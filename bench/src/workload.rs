@@ -68,6 +68,21 @@ impl TrainConfig {
         }
     }
 
+    /// The host tier budget the pool gets.
+    pub fn pool_builder_host_budget(&self) -> u64 {
+        self.host_budget()
+    }
+
+    /// A builder for this loop's pool: budgets, page size, policy and device.
+    pub fn pool_builder(&self) -> PoolBuilder {
+        PoolBuilder::new()
+            .gpu_budget_bytes(self.gpu_budget_bytes)
+            .host_budget_bytes(self.host_budget())
+            .page_size(self.page_size)
+            .policy(self.policy)
+            .device(self.device)
+    }
+
     /// Bytes of all buffers.
     pub fn working_set_bytes(&self) -> u64 {
         self.layers as u64 * (self.weight_bytes + self.act_bytes)
@@ -107,6 +122,10 @@ pub struct StepReport {
     pub corrupt_pages: u64,
     /// Whether this step diverged (swapped and skipped layers).
     pub diverged: bool,
+    /// Bytes fetched from the remote tier (peers).
+    pub remote_bytes_in: u64,
+    /// Bytes spilled to the remote tier (peers).
+    pub remote_bytes_out: u64,
 }
 
 impl StepReport {
@@ -123,6 +142,8 @@ impl StepReport {
             verified_bytes: 0,
             corrupt_pages: 0,
             diverged,
+            remote_bytes_in: 0,
+            remote_bytes_out: 0,
         }
     }
 
@@ -278,14 +299,16 @@ impl Training {
         if cfg.layers < 3 {
             bail!("the demo needs at least 3 layers, got {}", cfg.layers);
         }
-        let pool = PoolBuilder::new()
-            .gpu_budget_bytes(cfg.gpu_budget_bytes)
-            .host_budget_bytes(cfg.host_budget())
-            .page_size(cfg.page_size)
-            .policy(cfg.policy)
-            .device(cfg.device)
-            .build()
-            .context("building the pool")?;
+        let pool = cfg.pool_builder().build().context("building the pool")?;
+        Self::with_pool(cfg, pool)
+    }
+
+    /// Fills every weight with its pattern in `pool`, made for `cfg` (by
+    /// [`TrainConfig::pool_builder`], plus a remote tier or shared host memory).
+    pub fn with_pool(cfg: TrainConfig, pool: Pool) -> Result<Training> {
+        if cfg.layers < 3 {
+            bail!("the demo needs at least 3 layers, got {}", cfg.layers);
+        }
         let page = cfg.page_size.bytes() as usize;
         let mut weights = Vec::new();
         let mut acts = Vec::new();
@@ -368,6 +391,8 @@ impl Training {
         c.wall_s = started.elapsed().as_secs_f64();
         c.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
         c.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
+        c.remote_bytes_in = after.remote_bytes_in - before.remote_bytes_in;
+        c.remote_bytes_out = after.remote_bytes_out - before.remote_bytes_out;
         self.sink ^= sink;
         Ok(c)
     }
@@ -395,10 +420,21 @@ impl Training {
 }
 
 /// Runs the whole loop, calling `on_step` after each step.
-pub fn run_training(cfg: TrainConfig, mut on_step: impl FnMut(&StepReport)) -> Result<RunReport> {
+pub fn run_training(cfg: TrainConfig, on_step: impl FnMut(&StepReport)) -> Result<RunReport> {
+    let pool = cfg.pool_builder().build().context("building the pool")?;
+    run_training_in(cfg, pool, on_step)
+}
+
+/// [`run_training`] in a pool the caller made (with a remote tier, or host memory shared
+/// with a node daemon).
+pub fn run_training_in(
+    cfg: TrainConfig,
+    pool: Pool,
+    mut on_step: impl FnMut(&StepReport),
+) -> Result<RunReport> {
     let started = Instant::now();
     let steps = cfg.steps;
-    let mut t = Training::new(cfg)?;
+    let mut t = Training::with_pool(cfg, pool)?;
     let mut reports = Vec::with_capacity(steps);
     for _ in 0..steps {
         let r = t.run_step()?;

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use spillway_bench::offload::{self, OffloadConfig};
 use spillway_bench::report::{StepTable, progress_bar};
-use spillway_bench::workload::{TrainConfig, run_training};
+use spillway_bench::workload::{TrainConfig, run_training_in};
 use spillway_client::{DeviceChoice, PageSize, Policy};
 
 /// The loop's shape, shared by the demo and the offload benchmark.
@@ -83,6 +83,21 @@ pub struct DemoArgs {
     /// Print one JSON object at the end instead of the table.
     #[arg(long)]
     json: bool,
+    /// Nodes of the pool, all in this process on loopback QUIC (1: no remote tier, the
+    /// host tier holds every page). With 2 or more, node 1 serves the loop and the
+    /// others lend their RAM: the working set is 4x the GPU plus host budgets by default,
+    /// so pages travel to peers and back every step.
+    #[arg(long, default_value_t = 3)]
+    nodes: u32,
+    /// Run against the node daemon listening on this Unix socket (`spillway cluster up`
+    /// prints it) instead of a pool in this process: the host tier lives in memory shared
+    /// with the node, the remote tier is the node's peers.
+    #[arg(long, value_name = "SOCKET")]
+    connect: Option<PathBuf>,
+    /// Host tier budget in MiB, with a remote tier (default: a sixth of the working set;
+    /// the GPU budget then defaults to a twelfth).
+    #[arg(long)]
+    host_budget_mib: Option<u64>,
 }
 
 /// `spillway bench ...`.
@@ -140,11 +155,75 @@ pub struct OffloadArgs {
     record: Option<PathBuf>,
 }
 
+/// Where the demo's remote tier is.
+enum Remote {
+    None,
+    InProcess(crate::local_pool::LocalPool),
+}
+
 pub fn run_demo(args: DemoArgs) -> Result<()> {
     let mut cfg = args.shape.train_config()?;
     cfg.policy = args.policy;
     cfg.diverge_steps = args.diverge_step.clone();
     cfg.mark_steps = !args.no_step_marks;
+    if args.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let remote_mode = args.connect.is_some() || args.nodes > 1;
+    let page = cfg.page_size.bytes();
+    if remote_mode {
+        // Working set = 4x (GPU + host) unless told otherwise.
+        let ws_pages = cfg.page_size.pages_for(cfg.working_set_bytes());
+        if args.shape.gpu_budget_mib.is_none() {
+            cfg.gpu_budget_bytes = (ws_pages / 12).max(2) * page;
+        }
+        cfg.host_budget_bytes = Some(match args.host_budget_mib {
+            Some(m) => m << 20,
+            None => (ws_pages / 6).max(cfg.gpu_budget_bytes / page + 2) * page,
+        });
+    }
+    let host_budget = cfg.pool_builder_host_budget();
+    // The remote tier holds what the host tier does not, plus room to swap.
+    let remote_need = (cfg.page_size.pages_for(cfg.working_set_bytes()) * 2 + 8) * page;
+    let remote = if let Some(socket) = &args.connect {
+        bail!(
+            "--connect {}: this build cannot talk to a node daemon yet",
+            socket.display()
+        )
+    } else if args.nodes > 1 {
+        Remote::InProcess(
+            crate::local_pool::LocalPool::start(
+                args.nodes,
+                remote_need,
+                cfg.page_size,
+                remote_need,
+            )
+            .context("starting the in-process pool")?,
+        )
+    } else {
+        Remote::None
+    };
+    let (pool, tier) = match &remote {
+        Remote::None => (cfg.pool_builder().build()?, String::new()),
+        Remote::InProcess(p) => {
+            let describe = format!(
+                "{} in-process nodes over loopback QUIC (node 1 serves this pool)",
+                args.nodes
+            );
+            let pool = cfg
+                .pool_builder()
+                .remote_budget_bytes(remote_need)
+                .remote(crate::service_tier::ServiceTier::factory(
+                    p.service(),
+                    p.handle(),
+                    1,
+                    remote_need,
+                    describe.clone(),
+                ))
+                .build()?;
+            (pool, describe)
+        }
+    };
     let bar = progress_bar(cfg.steps as u64, "steps", args.json);
     let mut table = StepTable::new(!args.json);
     if !args.json {
@@ -157,12 +236,23 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
             cfg.policy.name(),
             spillway_client::fmt_bytes(cfg.page_size.bytes()),
         );
+        if !tier.is_empty() {
+            println!(
+                "remote tier: {tier}; host tier {} ({:.1}x GPU + host in the working set)",
+                spillway_client::fmt_bytes(host_budget),
+                cfg.working_set_bytes() as f64 / (cfg.gpu_budget_bytes + host_budget) as f64,
+            );
+        }
     }
-    let report = run_training(cfg, |s| {
+    let report = run_training_in(cfg, pool, |s| {
         bar.suspend(|| table.row(s));
         bar.inc(1);
-    })?;
+    });
     bar.finish_and_clear();
+    if let Remote::InProcess(p) = remote {
+        p.shutdown();
+    }
+    let report = report?;
     if args.json {
         let mut out = std::io::stdout().lock();
         serde_json::to_writer(&mut out, &report)?;

@@ -29,6 +29,7 @@
 //! the caller computes, without a thread of the pool's own. Lock order: the pool's mutex,
 //! then the device's internal queues; the device never calls back with a lock held.
 
+pub mod daemon;
 mod pool;
 pub mod remote;
 
@@ -42,5 +43,5 @@ pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
 pub use spillway_device::{Device, DeviceError, DeviceKind, HostMemory};
 pub use spillway_types::config::{Policy, PoolConfig};
 pub use spillway_types::{
-    BufferId, Direction, FrameId, HostSlot, PageSize, TransferId, fmt_bytes, pattern,
+    BufferId, Direction, FrameId, HostSlot, PageId, PageSize, TransferId, fmt_bytes, pattern,
 };
