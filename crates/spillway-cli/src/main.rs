@@ -13,9 +13,11 @@
 mod bench_remote;
 mod cluster_cmd;
 mod demo;
+mod local_pool;
 mod node_cmd;
 mod record;
 mod replay;
+mod service_tier;
 mod status;
 
 use anyhow::Result;
