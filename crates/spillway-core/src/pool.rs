@@ -64,6 +64,10 @@ pub const MIN_LOOKAHEAD_ACCESSES: u64 = 8;
 /// copies queued before it will take. Larger hides more jitter but loads mispredicted
 /// pages earlier.
 pub const LEAD_FACTOR: f64 = 8.0;
+/// [`LEAD_FACTOR`] for staging remote→host: larger, because a network's latency varies
+/// more than a copy engine's and a staged page waits in a slot, not on the GPU. Staging
+/// never takes a slot from a page used sooner, so a long horizon costs no hits.
+pub const REMOTE_LEAD_FACTOR: f64 = 16.0;
 /// Time added to the horizon for what bandwidth does not explain: the OS descheduling a
 /// copy thread, driver latency. A few scheduler time slices.
 pub const JITTER_MARGIN: Duration = Duration::from_millis(10);
@@ -1609,13 +1613,14 @@ impl PoolCore {
         if !self.has_remote() {
             return;
         }
-        // Staging remote→host: the same horizon rule at the remote tier's bandwidth.
+        // Staging remote→host: the same horizon rule, at the remote tier's bandwidth and
+        // REMOTE_LEAD_FACTOR.
         let rbw = self.remote_bw.bytes_per_s;
         let mut queued_bytes = 0u64;
         for u in &upcoming {
             if u.distance >= MIN_LOOKAHEAD_ACCESSES
                 && u.time_until.as_secs_f64()
-                    > LEAD_FACTOR * queued_bytes as f64 / rbw + JITTER_MARGIN.as_secs_f64()
+                    > REMOTE_LEAD_FACTOR * queued_bytes as f64 / rbw + JITTER_MARGIN.as_secs_f64()
             {
                 break;
             }
