@@ -38,9 +38,10 @@
 //! [`HANDSHAKES_IN_FLIGHT_MAX`], each bounded by [`HELLO_TIMEOUT`].
 //!
 //! Tasks: one accept task; per client one task reading frames and one writing answers
-//! (fed by a bounded channel of `ops_in_flight_per_client_max`), plus a task per op.
-//! Shutdown ([`LocalServer::shutdown`]) cancels them all, waits for them, and removes the
-//! socket file. The only `unsafe` is in [`shm`].
+//! (fed by a bounded channel of `ops_in_flight_per_client_max`), plus a task per op. The
+//! node runs them on its own tracker and token ([`spawn_in`]); [`LocalServer`] runs them
+//! on its own. Cancelling stops them all (ops in flight are abandoned, the clients'
+//! pages discarded) and removes the socket file. The only `unsafe` is in [`shm`].
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -350,7 +351,7 @@ pub enum LocalServerError {
     /// Binding, chmod or renaming failed.
     #[error("cannot {step} the client socket {}: {source}", path.display())]
     Bind {
-        /// `remove the stale`, `bind`, `chmod` or `rename into place`.
+        /// `remove the stale`, `bind`, `chmod`, `rename into place` or `stat`.
         step: &'static str,
         /// The path.
         path: PathBuf,
@@ -382,11 +383,12 @@ pub struct LocalCounters {
     pub pages_discarded_on_disconnect: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Stats {
     /// Woken on every change, for [`LocalServer::wait_until`].
     changed: tokio::sync::Notify,
-    clients_connected: AtomicU64,
+    /// Shared with the node's own gauge of local clients.
+    clients_connected: Arc<AtomicU64>,
     clients_accepted: AtomicU64,
     clients_refused: AtomicU64,
     frames_rejected: AtomicU64,
@@ -397,6 +399,20 @@ struct Stats {
 }
 
 impl Stats {
+    fn new(clients_connected: Arc<AtomicU64>) -> Stats {
+        Stats {
+            changed: tokio::sync::Notify::new(),
+            clients_connected,
+            clients_accepted: AtomicU64::new(0),
+            clients_refused: AtomicU64::new(0),
+            frames_rejected: AtomicU64::new(0),
+            spills: AtomicU64::new(0),
+            fetches: AtomicU64::new(0),
+            ops_failed: AtomicU64::new(0),
+            pages_discarded_on_disconnect: AtomicU64::new(0),
+        }
+    }
+
     fn add(&self, pick: impl Fn(&Stats) -> &AtomicU64, n: u64) {
         pick(self).fetch_add(n, Ordering::Relaxed);
         self.changed.notify_waiters();
@@ -432,52 +448,14 @@ struct Shared<B> {
     cancel: CancellationToken,
 }
 
-/// A running local socket server (from [`LocalServer::start`]). Dropping it cancels its
-/// tasks without waiting; [`LocalServer::shutdown`] waits and removes the socket file.
-#[derive(Debug)]
-pub struct LocalServer {
-    socket_path: PathBuf,
+/// The counters of a running server, cheap to clone (from [`spawn_in`] or
+/// [`LocalServer::monitor`]).
+#[derive(Clone, Debug)]
+pub struct LocalMonitor {
     stats: Arc<Stats>,
-    cancel: CancellationToken,
-    tasks: TaskTracker,
 }
 
-impl LocalServer {
-    /// Validates `config`, creates the socket (see the module docs) and serves clients
-    /// with `backend`. Must be called inside a tokio runtime.
-    pub fn start<B: ClientPages>(
-        config: LocalServerConfig,
-        backend: Arc<B>,
-    ) -> Result<LocalServer, LocalServerError> {
-        config.validate()?;
-        let listener = bind_socket(&config.socket_path)?;
-        let stats = Arc::new(Stats::default());
-        let cancel = CancellationToken::new();
-        let tasks = TaskTracker::new();
-        let socket_path = config.socket_path.clone();
-        tracing::info!(socket = %socket_path.display(), "serving local clients");
-        let shared = Arc::new(Shared {
-            config,
-            backend,
-            stats: stats.clone(),
-            clients: AtomicUsize::new(0),
-            next_client: AtomicU32::new(1),
-            cancel: cancel.clone(),
-        });
-        tasks.spawn(accept_loop(listener, shared, tasks.clone()));
-        Ok(LocalServer {
-            socket_path,
-            stats,
-            cancel,
-            tasks,
-        })
-    }
-
-    /// The socket's path.
-    pub fn socket_path(&self) -> &Path {
-        &self.socket_path
-    }
-
+impl LocalMonitor {
     /// The counters now.
     pub fn counters(&self) -> LocalCounters {
         self.stats.snapshot()
@@ -497,6 +475,83 @@ impl LocalServer {
             changed.await;
         }
     }
+}
+
+/// Validates `config`, creates the socket (see the module docs) and serves clients with
+/// `backend` on tasks spawned in `tasks`, until `cancel` fires; the socket file is
+/// removed then. `clients_gauge` is kept equal to the number of clients connected. This
+/// is how the node runs the server among its own tasks; [`LocalServer::start`] runs it
+/// on its own. Must be called inside a tokio runtime.
+pub fn spawn_in<B: ClientPages>(
+    config: LocalServerConfig,
+    backend: Arc<B>,
+    clients_gauge: Arc<AtomicU64>,
+    tasks: &TaskTracker,
+    cancel: &CancellationToken,
+) -> Result<LocalMonitor, LocalServerError> {
+    config.validate()?;
+    let (listener, identity) = bind_socket(&config.socket_path)?;
+    let stats = Arc::new(Stats::new(clients_gauge));
+    tracing::info!(socket = %config.socket_path.display(), "serving local clients");
+    let shared = Arc::new(Shared {
+        config,
+        backend,
+        stats: stats.clone(),
+        clients: AtomicUsize::new(0),
+        next_client: AtomicU32::new(1),
+        cancel: cancel.clone(),
+    });
+    tasks.spawn(accept_loop(listener, identity, shared, tasks.clone()));
+    Ok(LocalMonitor { stats })
+}
+
+/// A local socket server on tasks of its own (from [`LocalServer::start`]). Dropping it
+/// cancels its tasks without waiting; [`LocalServer::shutdown`] waits.
+#[derive(Debug)]
+pub struct LocalServer {
+    socket_path: PathBuf,
+    monitor: LocalMonitor,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl LocalServer {
+    /// [`spawn_in`] on a tracker and token of the server's own, with a gauge of its own.
+    pub fn start<B: ClientPages>(
+        config: LocalServerConfig,
+        backend: Arc<B>,
+    ) -> Result<LocalServer, LocalServerError> {
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let socket_path = config.socket_path.clone();
+        let monitor = spawn_in(config, backend, Arc::default(), &tasks, &cancel)?;
+        Ok(LocalServer {
+            socket_path,
+            monitor,
+            cancel,
+            tasks,
+        })
+    }
+
+    /// The socket's path.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// The counters, as a handle that outlives the server.
+    pub fn monitor(&self) -> LocalMonitor {
+        self.monitor.clone()
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> LocalCounters {
+        self.monitor.counters()
+    }
+
+    /// See [`LocalMonitor::wait_until`].
+    pub async fn wait_until(&self, condition: impl Fn(&LocalCounters) -> bool) -> LocalCounters {
+        self.monitor.wait_until(condition).await
+    }
 
     /// Stops accepting, closes every client's connection (ops in flight are abandoned and
     /// the clients' pages discarded), waits for every task, and removes the socket file.
@@ -504,12 +559,6 @@ impl LocalServer {
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
-        match std::fs::remove_file(&self.socket_path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                tracing::warn!(socket = %self.socket_path.display(), error = %e, "cannot remove the client socket");
-            }
-            _ => {}
-        }
     }
 }
 
@@ -520,8 +569,9 @@ impl Drop for LocalServer {
 }
 
 /// Creates the socket at `path`: parent dir (0700 if created), stale socket removed,
-/// bound under a temporary name, chmod 0600, renamed into place.
-fn bind_socket(path: &Path) -> Result<UnixListener, LocalServerError> {
+/// bound under a temporary name, chmod 0600, renamed into place. Returns the listener
+/// and the socket file's identity.
+fn bind_socket(path: &Path) -> Result<(UnixListener, SocketFile), LocalServerError> {
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -567,13 +617,55 @@ fn bind_socket(path: &Path) -> Result<UnixListener, LocalServerError> {
         let _ = std::fs::remove_file(&temp);
         return Err(e);
     }
-    Ok(listener)
+    let identity = SocketFile::of(path).map_err(bind_err("stat", path))?;
+    Ok((listener, identity))
+}
+
+/// The socket file as bound: removed when the server stops, unless another node has
+/// replaced it in the meantime.
+struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    fn of(path: &Path) -> io::Result<SocketFile> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(path)?;
+        Ok(SocketFile {
+            path: path.to_path_buf(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    fn remove(&self) {
+        let ours =
+            SocketFile::of(&self.path).is_ok_and(|now| (now.dev, now.ino) == (self.dev, self.ino));
+        if !ours {
+            return;
+        }
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(socket = %self.path.display(), error = %e, "cannot remove the client socket");
+        }
+    }
 }
 
 async fn accept_loop<B: ClientPages>(
     listener: UnixListener,
+    socket: SocketFile,
     shared: Arc<Shared<B>>,
     tasks: TaskTracker,
+) {
+    accept_until_cancelled(listener, &shared, &tasks).await;
+    socket.remove();
+}
+
+async fn accept_until_cancelled<B: ClientPages>(
+    listener: UnixListener,
+    shared: &Arc<Shared<B>>,
+    tasks: &TaskTracker,
 ) {
     let handshakes = Arc::new(Semaphore::new(HANDSHAKES_IN_FLIGHT_MAX));
     loop {
@@ -775,7 +867,7 @@ async fn welcome<'a, B: ClientPages>(
         refuse(stream, shared, r).await;
         return None;
     }
-    shared.stats.bump(|s| &s.clients_connected);
+    shared.stats.bump(|s| &*s.clients_connected);
     let slot = ClientSlot {
         clients: &shared.clients,
         stats: &shared.stats,
