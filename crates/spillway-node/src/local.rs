@@ -43,13 +43,13 @@
 //! on its own. Cancelling stops them all (ops in flight are abandoned, the clients'
 //! pages discarded) and removes the socket file. The only `unsafe` is in [`shm`].
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,9 +80,11 @@ pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 16;
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause after a failed accept (out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-/// Largest client number: 2^24 - 1. [`RemoteService`] keys a client's pages on peers by
-/// `client << 40 | buffer` in a `u64`, so client numbers have 24 bits.
-pub const CLIENT_ID_MAX: u32 = (1 << 24) - 1;
+/// Largest client number: 4095. The remote tier keys a client's pages on peers with 12
+/// bits of client number; numbers are reused (the lowest free one is given), and at most
+/// [`CLIENTS_MAX`] are in use, so they stay far below.
+pub const CLIENT_ID_MAX: u32 = (1 << 12) - 1;
+const _: () = assert!(CLIENTS_MAX as u32 <= CLIENT_ID_MAX);
 
 /// Where a node's local clients' pages go when they leave the clients' host tiers: the
 /// remote tier. The server calls it from its tasks, many calls at once.
@@ -441,9 +443,9 @@ struct Shared<B> {
     config: LocalServerConfig,
     backend: Arc<B>,
     stats: Arc<Stats>,
-    /// Clients welcomed and not yet gone (the gauge, used for the limit).
-    clients: AtomicUsize,
-    next_client: AtomicU32,
+    /// Numbers of the clients welcomed and not yet gone (their pages discarded): at
+    /// most `clients_max`. A number is given again only once its client is gone.
+    clients: Mutex<BTreeSet<u32>>,
     /// Wakes every connection task at shutdown.
     cancel: CancellationToken,
 }
@@ -497,8 +499,7 @@ pub fn spawn_in<B: ClientPages>(
         config,
         backend,
         stats: stats.clone(),
-        clients: AtomicUsize::new(0),
-        next_client: AtomicU32::new(1),
+        clients: Mutex::default(),
         cancel: cancel.clone(),
     });
     tasks.spawn(accept_loop(listener, identity, shared, tasks.clone()));
@@ -731,15 +732,19 @@ async fn write_message(writer: &mut OwnedWriteHalf, message: &NodeMessage) -> io
     writer.write_all(&frame).await
 }
 
-/// Counts a welcomed client while it lives.
+/// A welcomed client's number, counted while it lives.
 struct ClientSlot<'a> {
-    clients: &'a AtomicUsize,
+    client: u32,
+    clients: &'a Mutex<BTreeSet<u32>>,
     stats: &'a Stats,
 }
 
 impl Drop for ClientSlot<'_> {
     fn drop(&mut self) {
-        self.clients.fetch_sub(1, Ordering::AcqRel);
+        self.clients
+            .lock()
+            .expect("client numbers lock")
+            .remove(&self.client);
         self.stats.clients_connected.fetch_sub(1, Ordering::Relaxed);
         self.stats.changed.notify_waiters();
     }
@@ -854,36 +859,34 @@ async fn welcome<'a, B: ClientPages>(
         refuse(stream, shared, r).await;
         return None;
     }
-    let reserved = shared
-        .clients
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < config.clients_max).then_some(n + 1)
-        });
-    if reserved.is_err() {
+    let client = {
+        let mut clients = shared.clients.lock().expect("client numbers lock");
+        // The lowest number not in use: the first gap in the sorted set.
+        let free = (1..=CLIENT_ID_MAX)
+            .zip(clients.iter().copied().chain(std::iter::once(u32::MAX)))
+            .find(|(want, used)| want != used)
+            .map(|(want, _)| want);
+        match free {
+            Some(n) if clients.len() < config.clients_max => {
+                clients.insert(n);
+                Some(n)
+            }
+            _ => None,
+        }
+    };
+    let Some(client) = client else {
         let r = Refused::new(
             RefusedCode::TooManyClients,
             format!("this node serves {} clients, its limit", config.clients_max),
         );
         refuse(stream, shared, r).await;
         return None;
-    }
+    };
     shared.stats.bump(|s| &*s.clients_connected);
     let slot = ClientSlot {
+        client,
         clients: &shared.clients,
         stats: &shared.stats,
-    };
-    let client = shared
-        .next_client
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            (n <= CLIENT_ID_MAX).then_some(n + 1)
-        });
-    let Ok(client) = client else {
-        let r = Refused::new(
-            RefusedCode::Unavailable,
-            "this node ran out of client numbers",
-        );
-        refuse(stream, shared, r).await;
-        return None;
     };
     let (fd, region) = match shm::SharedRegion::create(client, hello.host_bytes) {
         Ok(made) => made,
@@ -1278,5 +1281,25 @@ mod shm {
             SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
         )?;
         Ok(sent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_types::BufferId;
+
+    #[test]
+    fn pages_outside_the_remote_key_scheme_are_refused() {
+        let page = |buffer| PageId {
+            buffer: BufferId(buffer),
+            index: 3,
+        };
+        assert_eq!(
+            check_remote_key(page((1 << CLIENT_BUFFER_BITS) - 1)),
+            Ok(())
+        );
+        let err = check_remote_key(page(1 << CLIENT_BUFFER_BITS)).unwrap_err();
+        assert!(err.contains("2^40"), "{err}");
     }
 }

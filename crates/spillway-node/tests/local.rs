@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use spillway_node::local::{
-    ClientPages, LocalCounters, LocalServer, LocalServerConfig, LocalServerError, MemClientPages,
+    LocalCounters, LocalServer, LocalServerConfig, LocalServerError, MemClientPages,
 };
 use spillway_types::local::{
     self, ClientMessage, Discard, Done, FRAME_BODY_BYTES_MAX, FrameHeader, HEADER_BYTES, Hello,
@@ -489,10 +489,11 @@ fn refused_hellos_say_why() {
     assert_eq!(counters.clients_refused, 7);
     assert_eq!(counters.clients_accepted, 1);
     assert_eq!(counters.frames_rejected, 0);
-    // When the first goes, there is room again.
+    // When the first goes, there is room again, and its number is given again.
+    assert_eq!(first.welcome.client, 1);
     drop(first);
     h.wait_until(|c| c.clients_connected == 0);
-    connect(&h.path);
+    assert_eq!(connect(&h.path).welcome.client, 1);
 }
 
 #[test]
@@ -504,6 +505,7 @@ fn a_client_that_goes_has_its_pages_discarded() {
 
     let mut c = connect(&h.path);
     let client = c.welcome.client;
+    assert_eq!((other.welcome.client, client), (1, 2));
     for i in 0..3u32 {
         c.write_slot(i, &pattern_bytes(PAGE, u64::from(i)));
         assert_eq!(
@@ -545,35 +547,4 @@ fn shutdown_closes_clients_and_discards_their_pages() {
     assert!(c.closed_by_node());
     assert_eq!(h.backend.pages_of(c.welcome.client), 0);
     assert!(!h.path.exists());
-}
-
-#[test]
-fn the_remote_service_is_a_backend() {
-    // Buffer ids outside the remote service's key scheme are refused, not a panic.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let service = spillway_node::RemoteService::new(PAGE * 4);
-    rt.block_on(async {
-        let data = bytes::Bytes::from(pattern_bytes(PAGE, 3));
-        ClientPages::spill(&service, 1, vec![(page(7, 0), data.clone())])
-            .await
-            .unwrap();
-        let back = ClientPages::fetch(&service, 1, vec![page(7, 0)])
-            .await
-            .unwrap();
-        assert_eq!(back, vec![data.clone()]);
-        let err = ClientPages::spill(&service, 1, vec![(page(1 << 40, 0), data)])
-            .await
-            .unwrap_err();
-        assert!(err.contains("2^40"), "{err}");
-        ClientPages::discard(&service, 1, vec![page(7, 0), page(1 << 41, 0)])
-            .await
-            .unwrap();
-        assert!(
-            ClientPages::fetch(&service, 1, vec![page(7, 0)])
-                .await
-                .is_err()
-        );
-    });
 }
