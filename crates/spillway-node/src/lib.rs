@@ -8,20 +8,29 @@
 //! - [`config`]: [`NodeConfig`], read from TOML and validated; every error names the file
 //!   and the field.
 //! - [`store`]: [`HostStore`], the host tier, and its peer [`Handler`](spillway_net::Handler).
+//! - [`meta`]: the node's member of the metadata group (spillway-meta's Raft node on its
+//!   own thread, messages and forwarded proposals over the peer connections).
+//! - [`service`]: the peer [`Handler`](spillway_net::Handler): pages to the host tier,
+//!   Raft messages and proposals to the metadata group.
+//! - [`remote`]: [`RemoteService`], the remote tier of this node's local clients (pages
+//!   spilled to peers, placed in the replicated directory).
+//! - [`http`]: `/metrics` (Prometheus) and `/status` (JSON) on `metrics_addr`.
+//! - [`local`]: the Unix socket for this machine's clients.
 //! - [`node`]: [`Node::start`] and the [`NodeHandle`] with the counters and the graceful
 //!   shutdown.
-//!
-//! Not yet here: the Raft-coordinated directory (`spillway-meta`), the local client socket
-//! with pages in shared memory, the `/metrics` endpoint (the counters are ready in
-//! [`NodeCounters`]) and the remote tier (spilling to peers when the host tier is full).
 
 pub mod config;
+pub mod http;
 pub mod local;
+pub mod meta;
 pub mod node;
 pub mod remote;
+pub mod service;
 pub mod store;
 
 pub use config::{FieldDoc, MemberAddr, NodeConfig, NodeConfigError};
+pub use http::{HostTierStatus, MemberStatus, NodeStatus, RemoteStatus};
+pub use meta::{MemberView, MetaView, Outcome, ProposeFailure};
 pub use node::{Node, NodeCounters, NodeError, NodeHandle};
-pub use remote::{RemoteCounters, RemoteError, RemoteService};
+pub use remote::{PeerRemoteCounters, RemoteCounters, RemoteError, RemoteService};
 pub use store::{HostStore, StoreCounters, StoreError};

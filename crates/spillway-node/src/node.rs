@@ -1,16 +1,21 @@
-//! A running node: [`Node::start`] loads the identity, binds the QUIC transport and serves
-//! the host tier to peers; the [`NodeHandle`] it returns connects to peers, reads the
-//! counters and shuts the node down.
+//! A running node: [`Node::start`] loads the identity, binds the QUIC transport, opens the
+//! metadata group ([`crate::meta`], a Raft thread over `<data_dir>/raft`), serves the host
+//! tier and the Raft traffic to peers ([`crate::service`]), and starts the remote tier
+//! ([`crate::remote`]) and the metrics endpoint ([`crate::http`]); the [`NodeHandle`] it
+//! returns reads the node's state and counters, proposes updates and shuts it down.
 //!
 //! Shutdown follows mini-redis: one [`CancellationToken`] tells every task of the node to
 //! stop, and a [`TaskTracker`] holds every task the node spawned, so
 //! [`NodeHandle::shutdown`] returns only when all of them are gone. The peer service has
 //! its own token and tracker inside [`Server`]; shutdown stops it first (no new requests),
-//! then the node's own tasks, then closes the endpoint and waits until peers were told.
+//! then the Raft thread (joined), then the node's own tasks (peer senders, forwarded
+//! proposals, the metrics server), then closes the endpoint and waits until peers were
+//! told. Dropping the handle instead tells all of them to stop and waits for none.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use spillway_net::certs::{CertError, NodeIdentity};
 use spillway_net::quic::{QuicConnection, QuicTransport};
@@ -19,8 +24,14 @@ use spillway_types::{NodeId, PoolId};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use spillway_meta::{MetaState, Role, Update};
+
 use crate::config::{NodeConfig, NodeConfigError};
+use crate::meta::{
+    MemberView, MetaDriver, MetaStartError, MetaView, Outcome, Peers, ProposeFailure,
+};
 use crate::remote::RemoteService;
+use crate::service::{NodeService, ServiceCounters};
 use crate::store::{HostStore, StoreCounters};
 
 /// Why a node could not start.
@@ -45,6 +56,21 @@ pub enum NodeError {
     DataDir {
         /// The directory.
         path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The metadata group could not start.
+    #[error(transparent)]
+    Meta(#[from] MetaStartError),
+    /// The local client socket could not be created (`crate::local`).
+    #[error(transparent)]
+    ClientSocket(#[from] crate::local::LocalServerError),
+    /// The metrics endpoint could not be bound.
+    #[error("cannot bind the metrics endpoint on {addr}: {source}")]
+    Metrics {
+        /// The address asked for.
+        addr: SocketAddr,
         /// Why.
         #[source]
         source: std::io::Error,
@@ -75,6 +101,13 @@ pub struct NodeCounters {
     pub peer_bytes_in: u64,
     /// Frame bytes sent to peers.
     pub peer_bytes_out: u64,
+    /// Raft messages and proposals from peers that passed the wire checks but did not
+    /// decode or named another sender (each answered with an error).
+    pub peer_requests_refused: u64,
+    /// Raft messages to peers that could not be delivered.
+    pub raft_messages_undelivered: u64,
+    /// Proposals this node forwarded to the leader.
+    pub proposals_forwarded: u64,
 }
 
 /// Starts nodes.
@@ -101,25 +134,82 @@ impl Node {
         let addr = config.listen_addr;
         let bind_err = |source| NodeError::Bind { addr, source };
         let transport =
-            QuicTransport::bind(addr, identity, config.quic.clone()).map_err(bind_err)?;
+            Arc::new(QuicTransport::bind(addr, identity, config.quic.clone()).map_err(bind_err)?);
         let store = Arc::new(HostStore::new(config.host_tier_bytes, config.page_size));
-        let server = transport.serve(store.clone()).map_err(bind_err)?;
-        tracing::info!(
-            node = %config.node_id,
-            addr = %transport.local_addr(),
-            host_tier_bytes = config.host_tier_bytes,
-            "node serving peers"
-        );
-        let config_remote_bytes = config.host_tier_bytes;
-        Ok(NodeHandle {
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let addrs = config
+            .initial_members()
+            .into_iter()
+            .map(|m| (m.id, m.addr))
+            .collect();
+        let peers = Arc::new(Peers::new(transport.clone(), addrs));
+        let meta = MetaDriver::start(&config, peers.clone(), &tasks, &cancel).await?;
+        let service_counters = Arc::new(ServiceCounters::default());
+        let service = NodeService {
+            store: store.clone(),
+            meta: meta.clone(),
+            counters: service_counters.clone(),
+        };
+        let server = match transport.serve(Arc::new(service)) {
+            Ok(s) => s,
+            Err(e) => {
+                meta.shutdown().await;
+                return Err(bind_err(e));
+            }
+        };
+        let remote = Arc::new(RemoteService::over_pool(
+            &config,
+            meta.clone(),
+            peers.clone(),
+        ));
+        let clients = Arc::new(AtomicU64::new(0));
+        let mut handle = NodeHandle {
             config,
-            transport: Arc::new(transport),
+            transport,
             store,
             server: Some(server),
-            remote: Arc::new(RemoteService::new(config_remote_bytes)),
-            cancel: CancellationToken::new(),
-            tasks: TaskTracker::new(),
-        })
+            meta,
+            peers,
+            remote,
+            service_counters,
+            clients,
+            local: None,
+            metrics_addr: None,
+            cancel,
+            tasks,
+        };
+        match crate::http::serve(&handle).await {
+            Ok(bound) => handle.metrics_addr = Some(bound),
+            Err(source) => {
+                let addr = handle.config.metrics_addr;
+                handle.shutdown_inner().await;
+                return Err(NodeError::Metrics { addr, source });
+            }
+        }
+        // The local client socket (crate::local): this machine's clients, their host tiers
+        // shared with the node, the remote tier behind them; on the node's tasks.
+        let local = crate::local::LocalServerConfig::new(
+            handle.config.client_socket.clone(),
+            handle.config.page_size,
+            handle.config.host_tier_bytes,
+        );
+        let (remote, clients) = (handle.remote.clone(), handle.clients.clone());
+        match crate::local::spawn_in(local, remote, clients, &handle.tasks, &handle.cancel) {
+            Ok(monitor) => handle.local = Some(monitor),
+            Err(e) => {
+                handle.shutdown_inner().await;
+                return Err(NodeError::ClientSocket(e));
+            }
+        }
+        tracing::info!(
+            node = %handle.config.node_id,
+            addr = %handle.transport.local_addr(),
+            host_tier_bytes = handle.config.host_tier_bytes,
+            lend_bytes = handle.config.lend_bytes,
+            "node serving peers"
+        );
+        Ok(handle)
     }
 }
 
@@ -131,8 +221,17 @@ pub struct NodeHandle {
     transport: Arc<QuicTransport>,
     store: Arc<HostStore>,
     server: Option<Server>,
+    meta: Arc<MetaDriver>,
+    peers: Arc<Peers>,
     remote: Arc<RemoteService>,
-    /// Tells the node's own tasks to stop (none yet; Raft and the client socket will be).
+    service_counters: Arc<ServiceCounters>,
+    /// Local clients connected now (set by the client socket server).
+    clients: Arc<AtomicU64>,
+    /// The local client socket's counters (`None` only while starting).
+    local: Option<crate::local::LocalMonitor>,
+    /// Where `/metrics` and `/status` listen (the bound port when the config asked for 0).
+    metrics_addr: Option<SocketAddr>,
+    /// Tells the node's own tasks to stop (peer senders, forwarded proposals, metrics).
     cancel: CancellationToken,
     /// Every task the node spawned besides the peer service's.
     tasks: TaskTracker,
@@ -169,6 +268,93 @@ impl NodeHandle {
         self.remote.clone()
     }
 
+    /// The number of local clients connected now: the client socket server increments
+    /// and decrements it; `/status` and `/metrics` report it.
+    pub fn clients(&self) -> &Arc<AtomicU64> {
+        &self.clients
+    }
+
+    /// The local client socket's counters (frames rejected, ops, clients refused).
+    pub fn local_clients(&self) -> Option<&crate::local::LocalMonitor> {
+        self.local.as_ref()
+    }
+
+    /// Where `/metrics` and `/status` listen.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr.unwrap_or(self.config.metrics_addr)
+    }
+
+    /// The metadata group as this node sees it now.
+    pub fn meta_view(&self) -> MetaView {
+        self.meta.view()
+    }
+
+    /// This node's Raft role.
+    pub fn role(&self) -> Role {
+        self.meta.view().role
+    }
+
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.meta.view().leader
+    }
+
+    /// The current Raft term.
+    pub fn term(&self) -> u64 {
+        self.meta.view().term
+    }
+
+    /// The commit index.
+    pub fn commit_index(&self) -> u64 {
+        self.meta.view().commit_index
+    }
+
+    /// The members with their capacity, used and reserved bytes, as applied here.
+    pub fn members(&self) -> Vec<MemberView> {
+        self.meta.view().members
+    }
+
+    /// Proposes `updates` to the metadata group (forwarded to the leader when this node
+    /// follows); returns each update's outcome once committed. Updates queued at the same
+    /// time go in one Raft entry.
+    pub async fn propose(&self, updates: Vec<Update>) -> Result<Vec<Outcome>, ProposeFailure> {
+        self.meta.propose(updates).await
+    }
+
+    /// Runs `f` on the replicated state as applied on this node (on the Raft thread; keep
+    /// it short) and returns what it returns.
+    pub async fn meta_read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&MetaState) -> T + Send + 'static,
+    ) -> Result<T, ProposeFailure> {
+        self.meta.read(f).await
+    }
+
+    /// The connections to peers (cached, reconnected with backoff).
+    pub fn peers(&self) -> &Arc<Peers> {
+        &self.peers
+    }
+
+    pub(crate) fn meta(&self) -> &Arc<MetaDriver> {
+        &self.meta
+    }
+
+    pub(crate) fn transport(&self) -> &Arc<QuicTransport> {
+        &self.transport
+    }
+
+    pub(crate) fn service_counters(&self) -> &Arc<ServiceCounters> {
+        &self.service_counters
+    }
+
+    pub(crate) fn cancel_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    pub(crate) fn task_tracker(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
     /// The transport's per-peer counters.
     pub fn net_stats(&self) -> &Arc<NetStats> {
         self.transport.stats()
@@ -190,6 +376,25 @@ impl NodeHandle {
             connections_accepted: net.connections_accepted(),
             peer_bytes_in: total.bytes_in,
             peer_bytes_out: total.bytes_out,
+            peer_requests_refused: self
+                .service_counters
+                .peer_requests_refused
+                .load(Ordering::Relaxed)
+                + self
+                    .meta
+                    .counters
+                    .peer_messages_refused
+                    .load(Ordering::Relaxed),
+            raft_messages_undelivered: self
+                .meta
+                .counters
+                .messages_undelivered
+                .load(Ordering::Relaxed),
+            proposals_forwarded: self
+                .meta
+                .counters
+                .proposals_forwarded
+                .load(Ordering::Relaxed),
         }
     }
 
@@ -197,9 +402,14 @@ impl NodeHandle {
     /// connections close), stops the node's tasks and waits for all of them, then closes
     /// the endpoint and waits until peers were told.
     pub async fn shutdown(mut self) {
+        self.shutdown_inner().await;
+    }
+
+    async fn shutdown_inner(&mut self) {
         if let Some(server) = self.server.take() {
             server.shutdown().await;
         }
+        self.meta.shutdown().await;
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
@@ -210,7 +420,9 @@ impl NodeHandle {
 
 impl Drop for NodeHandle {
     fn drop(&mut self) {
-        // Dropping the server cancels it; the node's tasks are told too.
+        // Dropping the server cancels it; the node's tasks and the Raft thread are told
+        // too, and nothing is waited for.
         self.cancel.cancel();
+        self.meta.stop();
     }
 }

@@ -1,27 +1,96 @@
 //! The remote tier as this node's local clients see it: [`RemoteService`] stores their
-//! pages on peers, fetches them back and discards them.
+//! pages on peers, fetches them back and discards them, with the pool's directory (the
+//! metadata group) recording where every spilled page lives.
 //!
-//! Key namespace on peers: a local client's buffer `b` is stored under
-//! `BufferId(client << 40 | b)` ([`peer_page_id`]), so the buffers of different clients of
-//! one node never collide on a peer, and peers key their stores by origin node as well.
-//! A client's buffers are numbered from 1 and below 2^40.
+//! A spill, step by step:
+//! 1. **plan**: the pages are cut into runs of at most [`RUN_PAGES`] pages, and each run
+//!    goes to the up peer with the most room: its capacity left (lent minus used minus
+//!    reserved, as applied here) plus what this node still holds reserved there;
+//! 2. **reserve**: where this node's reservations on a peer do not cover the plan, it
+//!    reserves [`crate::NodeConfig::reserve_chunk_bytes`] at a time (rounded up to cover
+//!    the deficit, down to the peer's free capacity) through the leader, all peers in one
+//!    proposal, before any byte moves. Reservations are then spent locally, page by page,
+//!    so most spills need no Raft round trip for them;
+//! 3. **move**: each peer gets `Put` requests of up to [`PAGES_PER_REQUEST`] pages, with
+//!    up to [`REQUESTS_IN_FLIGHT_PER_PEER`] requests in flight per peer (shared by all
+//!    calls), over the node's cached QUIC connections;
+//! 4. **place**: one `Place` update per extent (pages of one buffer, contiguous, same
+//!    holder and reservation) is proposed; concurrent spills' updates are queued together
+//!    and go in one Raft entry (group commit in [`crate::meta`]). `spill` returns when
+//!    they are committed. A placement refused because its reservation lapsed is proposed
+//!    again, paid from the holder's free capacity.
 //!
-//! This first version keeps the pages in this node's memory; the peer path replaces it.
+//! Key namespace: page `(buffer b, index i)` of local client `c` of node `n` is stored on
+//! peers, and recorded in the directory, as `PageId { buffer: BufferId(n << 52 | c << 40
+//! | b), index: i }` ([`remote_page_id`]): 12 bits of node ([`crate::config::NODE_ID_MAX`]),
+//! 12 bits of client ([`CLIENT_ID_MAX`]), 40 bits of buffer ([`CLIENT_BUFFER_MAX`]; a
+//! client numbers its buffers from 1). Peers key their stores by origin too, so pages of
+//! different nodes never collide there either.
+//!
+//! Fetch reads from the holder this node recorded when it spilled; after a restart (an
+//! empty local map) it asks the replicated directory. Every page's checksum is checked on
+//! arrival by the transport and again against the checksum recorded at spill time.
+//!
+//! In-memory twin: [`RemoteService::new`] makes a service that keeps the pages in this
+//! process, with the same API, checks and counters (for tests of its callers).
+//!
+//! Lock order: `plan` (async, held across the reservation proposal only) before `inner`
+//! (sync, never held across an await).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use spillway_meta::{Epoch, Extent, MemberState, ReservationId, Update};
+use spillway_net::{Page, Request, Response};
+use spillway_types::wire::page_checksum;
 use spillway_types::{BufferId, NodeId, PageId};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
-/// Bits of a peer-side [`BufferId`] that carry the client's own buffer number.
+use crate::config::NodeConfig;
+use crate::meta::{MetaDriver, Outcome, Peers, ProposeFailure};
+
+/// Bits of a remote buffer id that carry the client's own buffer number.
 pub const CLIENT_BUFFER_BITS: u32 = 40;
+/// Largest buffer number of a client: 2^40 - 1.
+pub const CLIENT_BUFFER_MAX: u64 = (1 << CLIENT_BUFFER_BITS) - 1;
+/// Bits of a remote buffer id that carry the client id (above the buffer bits).
+pub const CLIENT_ID_BITS: u32 = 12;
+/// Largest client id: 4095.
+pub const CLIENT_ID_MAX: u32 = (1 << CLIENT_ID_BITS) - 1;
+/// Where the node id starts in a remote buffer id.
+const NODE_SHIFT: u32 = CLIENT_BUFFER_BITS + CLIENT_ID_BITS;
+/// Pages in one `Put` or `Get` request: 8 (16 MiB of 2 MiB pages), within the frame limits
+/// (`wire::FRAME_PAYLOAD_BYTES_MAX`, 128 MiB) for any page size up to 16 MiB; larger pages
+/// go fewer per request.
+pub const PAGES_PER_REQUEST: usize = 8;
+/// Payload bytes of one request at most: 64 MiB.
+pub const REQUEST_BYTES_MAX: u64 = 64 << 20;
+/// Requests in flight to one peer, over all calls: 8 (with 16 MiB requests, 128 MiB of
+/// page bytes per peer; the transport's in-flight budget bounds it again).
+pub const REQUESTS_IN_FLIGHT_PER_PEER: usize = 8;
+/// Longest run of pages placed on one peer before the next run picks again: 16 pages.
+/// Shorter runs spread a spill wider; longer ones make fewer directory extents.
+pub const RUN_PAGES: usize = 16;
+/// Lifetime of a reservation: 10 minutes of group clock. A lapsed one is not spent: its
+/// placements fall back to the holder's free capacity.
+pub const RESERVATION_TTL: Duration = Duration::from_secs(600);
+/// A reservation is no longer spent this long before it lapses: 30 s.
+const RESERVATION_MARGIN: Duration = Duration::from_secs(30);
 
-/// The page id a peer stores page `page` of local client `client` under.
-pub fn peer_page_id(client: u32, page: PageId) -> PageId {
-    debug_assert!(page.buffer.0 < 1 << CLIENT_BUFFER_BITS);
+/// The id page `page` of local client `client` of node `node` has on peers and in the
+/// directory (see the module docs). The caller checks the bounds.
+pub fn remote_page_id(node: NodeId, client: u32, page: PageId) -> PageId {
+    debug_assert!(node.0 <= crate::config::NODE_ID_MAX);
+    debug_assert!(client <= CLIENT_ID_MAX);
+    debug_assert!(page.buffer.0 <= CLIENT_BUFFER_MAX);
     PageId {
-        buffer: BufferId(u64::from(client) << CLIENT_BUFFER_BITS | page.buffer.0),
+        buffer: BufferId(
+            node.0 << NODE_SHIFT | u64::from(client) << CLIENT_BUFFER_BITS | page.buffer.0,
+        ),
         index: page.index,
     }
 }
@@ -29,23 +98,15 @@ pub fn peer_page_id(client: u32, page: PageId) -> PageId {
 /// Why a remote-tier operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
-    /// No peer has room for the pages.
-    #[error("no peer has room for {requested_bytes} bytes ({free_bytes} free in the pool)")]
+    /// The peers together have not enough room for the pages.
+    #[error("no peer has room: {requested_bytes} bytes asked for, {free_bytes} free on peers")]
     NoRoom {
-        /// Bytes asked for.
+        /// Bytes the pages take (whole pages).
         requested_bytes: u64,
-        /// Bytes free on peers.
+        /// Bytes free on peers, this node's reservations included.
         free_bytes: u64,
     },
-    /// A page is not held by the remote tier.
-    #[error("page {page} of client {client} is not in the remote tier")]
-    NotFound {
-        /// The client.
-        client: u32,
-        /// The page.
-        page: PageId,
-    },
-    /// The peer could not be reached.
+    /// A peer could not be reached or lost the connection.
     #[error("peer {peer} unreachable: {reason}")]
     PeerUnreachable {
         /// The peer.
@@ -53,91 +114,1014 @@ pub enum RemoteError {
         /// Why.
         reason: String,
     },
+    /// A peer refused the request (full, or a protocol error).
+    #[error("peer {peer} refused: {reason}")]
+    PeerRefused {
+        /// The peer.
+        peer: NodeId,
+        /// What it said.
+        reason: String,
+    },
+    /// A page is not in the remote tier (never spilled, discarded, or lost with its holder).
+    #[error("page {page} of client {client} is not in the remote tier")]
+    NotFound {
+        /// The client.
+        client: u32,
+        /// The page.
+        page: PageId,
+    },
+    /// A page came back with other bytes than were spilled.
+    #[error(
+        "page {page} of client {client} from {peer} does not match the checksum recorded at spill"
+    )]
+    Corrupt {
+        /// The client.
+        client: u32,
+        /// The page.
+        page: PageId,
+        /// Where it came from.
+        peer: NodeId,
+    },
+    /// The leader refused to reserve capacity on a peer.
+    #[error("the leader refused a reservation of {bytes} bytes on {peer}: {reason}")]
+    ReservationRefused {
+        /// The peer.
+        peer: NodeId,
+        /// Bytes asked for.
+        bytes: u64,
+        /// The state machine's reason.
+        reason: String,
+    },
+    /// The leader refused to record where pages went.
+    #[error("the leader refused to place {extent:?} on {peer}: {reason}")]
+    PlacementRefused {
+        /// The holder.
+        peer: NodeId,
+        /// The pages (in remote ids).
+        extent: Extent,
+        /// The state machine's reason.
+        reason: String,
+    },
+    /// The metadata group did not take a proposal.
+    #[error("metadata group: {0}")]
+    Meta(#[from] ProposeFailure),
+    /// The request names a page the remote tier cannot hold.
+    #[error("page {page} of client {client} cannot be spilled: {reason}")]
+    Invalid {
+        /// The client.
+        client: u32,
+        /// The page.
+        page: PageId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Counters of one peer in [`RemoteCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerRemoteCounters {
+    /// Page bytes spilled to it.
+    pub bytes_spilled: u64,
+    /// Pages spilled to it.
+    pub pages_spilled: u64,
+    /// Page bytes fetched from it.
+    pub bytes_fetched: u64,
+    /// Pages fetched from it.
+    pub pages_fetched: u64,
+    /// Requests to it that failed.
+    pub errors: u64,
 }
 
 /// Counters of the remote tier.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RemoteCounters {
-    /// Bytes sent to peers.
+    /// Page bytes sent to peers.
     pub bytes_out: u64,
-    /// Bytes fetched from peers.
+    /// Page bytes fetched from peers.
     pub bytes_in: u64,
     /// Pages spilled.
     pub pages_spilled: u64,
     /// Pages fetched.
     pub pages_fetched: u64,
-    /// Failed operations.
+    /// Failed operations (spill, fetch or discard calls that returned an error).
     pub errors: u64,
+    /// Per peer.
+    pub per_peer: BTreeMap<NodeId, PeerRemoteCounters>,
 }
 
-/// The remote tier of this node's clients (see the module docs).
+/// Where a spilled page is.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    holder: NodeId,
+    checksum: u64,
+}
+
+/// A reservation this node holds on a peer.
+#[derive(Clone, Copy, Debug)]
+struct HeldReservation {
+    id: ReservationId,
+    remaining_bytes: u64,
+    spend_until_ms: u64,
+}
+
 #[derive(Debug, Default)]
+struct Inner {
+    pages: HashMap<(u32, PageId), Held>,
+    reservations: HashMap<NodeId, Vec<HeldReservation>>,
+    per_peer: BTreeMap<NodeId, PeerRemoteCounters>,
+    errors: u64,
+}
+
+/// Where a [`RemoteService`] keeps pages.
+#[derive(Debug)]
+enum Backend {
+    /// On peers, recorded in the directory (the real thing).
+    Pool {
+        meta: Arc<MetaDriver>,
+        peers: Arc<Peers>,
+    },
+    /// In this process (the in-memory twin), up to `capacity_bytes`.
+    Memory {
+        capacity_bytes: u64,
+        pages: Mutex<HashMap<(u32, PageId), Bytes>>,
+    },
+}
+
+/// The node id the in-memory twin counts its traffic under.
+const MEMORY_PEER: NodeId = NodeId(0);
+
+/// The remote tier of this node's clients (see the module docs).
+#[derive(Debug)]
 pub struct RemoteService {
-    pages: Mutex<HashMap<PageId, Bytes>>,
-    counters: Mutex<RemoteCounters>,
-    capacity_bytes: u64,
+    node: NodeId,
+    page_bytes: u64,
+    reserve_chunk_bytes: u64,
+    backend: Backend,
+    inner: Mutex<Inner>,
+    /// Serializes planning and reserving, so two spills never spend one reservation twice.
+    plan: tokio::sync::Mutex<()>,
+    in_flight: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
+    next_reservation: AtomicU64,
+    next_version: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// One page's place in a spill plan.
+struct Planned {
+    client_page: PageId,
+    remote: PageId,
+    data: Bytes,
+    holder: NodeId,
+    epoch: Epoch,
+    reservation: Option<ReservationId>,
 }
 
 impl RemoteService {
-    /// A remote tier of `capacity_bytes`.
+    /// The in-memory twin: pages kept in this process, up to `capacity_bytes` (page bytes
+    /// as given), with the same checks and counters as the real service.
     pub fn new(capacity_bytes: u64) -> RemoteService {
         RemoteService {
-            capacity_bytes,
-            ..RemoteService::default()
+            node: NodeId(1),
+            page_bytes: spillway_types::limits::PAGE_BYTES_MAX,
+            reserve_chunk_bytes: spillway_types::limits::PAGE_BYTES_MAX,
+            backend: Backend::Memory {
+                capacity_bytes,
+                pages: Mutex::new(HashMap::new()),
+            },
+            inner: Mutex::new(Inner::default()),
+            plan: tokio::sync::Mutex::new(()),
+            in_flight: Mutex::new(HashMap::new()),
+            next_reservation: AtomicU64::new(1),
+            next_version: AtomicU64::new(1),
         }
     }
 
-    /// Stores pages of local client `client` on peers.
-    pub async fn spill(&self, client: u32, pages: Vec<(PageId, Bytes)>) -> Result<(), RemoteError> {
-        let mut map = self.pages.lock().expect("remote lock");
-        let mut c = self.counters.lock().expect("remote lock");
-        for (id, data) in pages {
-            c.bytes_out += data.len() as u64;
-            c.pages_spilled += 1;
-            map.insert(peer_page_id(client, id), data);
+    /// The service of a running node: pages on peers, placed in the directory.
+    pub(crate) fn over_pool(config: &NodeConfig, meta: Arc<MetaDriver>, peers: Arc<Peers>) -> Self {
+        let start = now_ms();
+        RemoteService {
+            node: config.node_id,
+            page_bytes: config.page_size.bytes(),
+            reserve_chunk_bytes: config.reserve_chunk_bytes,
+            backend: Backend::Pool { meta, peers },
+            inner: Mutex::new(Inner::default()),
+            plan: tokio::sync::Mutex::new(()),
+            in_flight: Mutex::new(HashMap::new()),
+            // Ids and versions from the clock, so a restarted node never reuses one.
+            next_reservation: AtomicU64::new(config.node_id.0 << 52 | (start & ((1 << 52) - 1))),
+            next_version: AtomicU64::new(start << 10),
+        }
+    }
+
+    fn pool(&self) -> (&Arc<MetaDriver>, &Arc<Peers>) {
+        match &self.backend {
+            Backend::Pool { meta, peers } => (meta, peers),
+            Backend::Memory { .. } => unreachable!("pool paths run only over a pool"),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("remote tier lock")
+    }
+
+    fn slots(&self, peer: NodeId) -> Arc<Semaphore> {
+        self.in_flight
+            .lock()
+            .expect("remote in-flight lock")
+            .entry(peer)
+            .or_insert_with(|| Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_PER_PEER)))
+            .clone()
+    }
+
+    fn failed<T>(&self, e: RemoteError) -> Result<T, RemoteError> {
+        self.lock().errors += 1;
+        tracing::debug!(error = %e, "remote tier operation failed");
+        Err(e)
+    }
+
+    fn check(&self, client: u32, page: PageId, len: Option<usize>) -> Result<(), RemoteError> {
+        let invalid = |reason: String| {
+            Err(RemoteError::Invalid {
+                client,
+                page,
+                reason,
+            })
+        };
+        if client > CLIENT_ID_MAX {
+            return invalid(format!("client ids end at {CLIENT_ID_MAX}"));
+        }
+        if page.buffer.0 > CLIENT_BUFFER_MAX {
+            return invalid("buffer numbers must be below 2^40".to_string());
+        }
+        if u64::from(page.index) >= spillway_types::limits::PAGES_PER_BUFFER_MAX {
+            return invalid("page index past the largest of a buffer".into());
+        }
+        if let Some(len) = len
+            && len as u64 > self.page_bytes
+        {
+            return invalid(format!(
+                "{len} bytes, more than the page size of {}",
+                self.page_bytes
+            ));
         }
         Ok(())
     }
 
-    /// The pages' bytes back, in the order asked.
-    pub async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, RemoteError> {
-        let map = self.pages.lock().expect("remote lock");
-        let mut c = self.counters.lock().expect("remote lock");
-        let mut out = Vec::with_capacity(pages.len());
-        for page in pages {
-            let data = map
-                .get(&peer_page_id(client, page))
-                .ok_or(RemoteError::NotFound { client, page })?;
-            c.bytes_in += data.len() as u64;
-            c.pages_fetched += 1;
-            out.push(data.clone());
+    /// Stores pages of local client `client` on peers (chosen by free capacity), with a
+    /// reservation accepted by the leader before bytes move; returns when the peers hold
+    /// them and the directory entries are committed.
+    pub async fn spill(&self, client: u32, pages: Vec<(PageId, Bytes)>) -> Result<(), RemoteError> {
+        match self.spill_inner(client, pages).await {
+            Ok(()) => Ok(()),
+            Err(e) => self.failed(e),
+        }
+    }
+
+    async fn spill_inner(
+        &self,
+        client: u32,
+        mut pages: Vec<(PageId, Bytes)>,
+    ) -> Result<(), RemoteError> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        for (id, data) in &pages {
+            self.check(client, *id, Some(data.len()))?;
+        }
+        if let Backend::Memory {
+            capacity_bytes,
+            pages: held,
+        } = &self.backend
+        {
+            let mut held = held.lock().expect("memory twin lock");
+            let used: u64 = held
+                .iter()
+                .filter(|(k, _)| !pages.iter().any(|(id, _)| *k == &(client, *id)))
+                .map(|(_, b)| b.len() as u64)
+                .sum();
+            let requested_bytes: u64 = pages.iter().map(|(_, b)| b.len() as u64).sum();
+            if used + requested_bytes > *capacity_bytes {
+                return Err(RemoteError::NoRoom {
+                    requested_bytes,
+                    free_bytes: capacity_bytes.saturating_sub(used),
+                });
+            }
+            let mut inner = self.lock();
+            let c = inner.per_peer.entry(MEMORY_PEER).or_default();
+            for (id, data) in pages {
+                c.bytes_spilled += data.len() as u64;
+                c.pages_spilled += 1;
+                held.insert((client, id), data);
+            }
+            return Ok(());
+        }
+        pages.sort_by_key(|(id, _)| *id);
+        pages.dedup_by_key(|(id, _)| *id);
+        let plan = self.plan_and_reserve(client, pages).await?;
+        self.move_pages(&plan).await?;
+        self.place(&plan).await?;
+        // Record, and drop copies a re-spill left on another holder.
+        let mut stale: HashMap<NodeId, Vec<PageId>> = HashMap::new();
+        {
+            let mut inner = self.lock();
+            for p in &plan {
+                let held = Held {
+                    holder: p.holder,
+                    checksum: page_checksum(&p.data),
+                };
+                if let Some(old) = inner.pages.insert((client, p.client_page), held)
+                    && old.holder != p.holder
+                {
+                    stale.entry(old.holder).or_default().push(p.remote);
+                }
+            }
+        }
+        for (peer, ids) in stale {
+            let _ = self.delete_on(peer, ids).await;
+        }
+        Ok(())
+    }
+
+    /// Chooses a holder for every page and makes sure reservations cover them.
+    async fn plan_and_reserve(
+        &self,
+        client: u32,
+        pages: Vec<(PageId, Bytes)>,
+    ) -> Result<Vec<Planned>, RemoteError> {
+        let _plan = self.plan.lock().await;
+        let (meta, _) = self.pool();
+        let view = meta.view();
+        let now = now_ms();
+        let spend_limit = now + RESERVATION_MARGIN.as_millis() as u64;
+        // Room per peer: free capacity plus what we hold reserved there.
+        let mut room: BTreeMap<NodeId, (u64, u64, Epoch)> = BTreeMap::new(); // (free, reserved by us, epoch)
+        {
+            let inner = self.lock();
+            for m in &view.members {
+                if m.id == self.node || m.state != MemberState::Up {
+                    continue;
+                }
+                let ours: u64 = inner
+                    .reservations
+                    .get(&m.id)
+                    .map(|rs| {
+                        rs.iter()
+                            .filter(|r| r.spend_until_ms > spend_limit)
+                            .map(|r| r.remaining_bytes)
+                            .sum()
+                    })
+                    .unwrap_or(0);
+                room.insert(m.id, (m.free_bytes(), ours, m.epoch));
+            }
+        }
+        let needed_bytes = pages.len() as u64 * self.page_bytes;
+        let total_room: u64 = room.values().map(|(f, o, _)| f + o).sum();
+        if needed_bytes > total_room {
+            return Err(RemoteError::NoRoom {
+                requested_bytes: needed_bytes,
+                free_bytes: total_room,
+            });
+        }
+        // Runs of pages to the peer with the most room left.
+        let mut left: BTreeMap<NodeId, u64> =
+            room.iter().map(|(p, (f, o, _))| (*p, f + o)).collect();
+        let mut assigned: Vec<NodeId> = Vec::with_capacity(pages.len());
+        for run in pages.chunks(RUN_PAGES) {
+            let run_bytes = run.len() as u64 * self.page_bytes;
+            let best = left
+                .iter()
+                .filter(|(_, l)| **l >= run_bytes)
+                .max_by_key(|(p, l)| (**l, std::cmp::Reverse(**p)))
+                .map(|(p, _)| *p);
+            match best {
+                Some(peer) => {
+                    *left.get_mut(&peer).expect("peer in room") -= run_bytes;
+                    assigned.extend(std::iter::repeat_n(peer, run.len()));
+                }
+                None => {
+                    // No single peer takes the whole run: page by page.
+                    for _ in run {
+                        let peer = left
+                            .iter()
+                            .filter(|(_, l)| **l >= self.page_bytes)
+                            .max_by_key(|(p, l)| (**l, std::cmp::Reverse(**p)))
+                            .map(|(p, _)| *p)
+                            .ok_or(RemoteError::NoRoom {
+                                requested_bytes: needed_bytes,
+                                free_bytes: total_room,
+                            })?;
+                        *left.get_mut(&peer).expect("peer in room") -= self.page_bytes;
+                        assigned.push(peer);
+                    }
+                }
+            }
+        }
+        // Reserve where our reservations fall short, all peers in one proposal.
+        let mut need_per_peer: BTreeMap<NodeId, u64> = BTreeMap::new();
+        for peer in &assigned {
+            *need_per_peer.entry(*peer).or_default() += self.page_bytes;
+        }
+        let mut reserves = Vec::new();
+        for (peer, need) in &need_per_peer {
+            let (free, ours, _) = room[peer];
+            if *need > ours {
+                let deficit = need - ours;
+                let chunk = self.reserve_chunk_bytes.max(self.page_bytes);
+                let want = deficit.div_ceil(chunk) * chunk;
+                let bytes = want
+                    .min(free / self.page_bytes * self.page_bytes)
+                    .max(deficit);
+                let id = ReservationId(self.next_reservation.fetch_add(1, Ordering::Relaxed));
+                reserves.push((
+                    *peer,
+                    id,
+                    bytes,
+                    Update::Reserve {
+                        id,
+                        node: *peer,
+                        bytes,
+                        expires_at_ms: now + RESERVATION_TTL.as_millis() as u64,
+                    },
+                ));
+            }
+        }
+        if !reserves.is_empty() {
+            let outcomes = meta
+                .propose(reserves.iter().map(|r| r.3.clone()).collect())
+                .await?;
+            let mut inner = self.lock();
+            let mut refused = None;
+            for ((peer, id, bytes, _), outcome) in reserves.iter().zip(&outcomes) {
+                match outcome {
+                    Outcome::Accepted => {
+                        inner
+                            .reservations
+                            .entry(*peer)
+                            .or_default()
+                            .push(HeldReservation {
+                                id: *id,
+                                remaining_bytes: *bytes,
+                                spend_until_ms: now
+                                    + (RESERVATION_TTL - RESERVATION_MARGIN).as_millis() as u64,
+                            })
+                    }
+                    Outcome::Rejected { reason } => {
+                        refused.get_or_insert(RemoteError::ReservationRefused {
+                            peer: *peer,
+                            bytes: *bytes,
+                            reason: reason.clone(),
+                        });
+                    }
+                }
+            }
+            if let Some(e) = refused {
+                return Err(e);
+            }
+        }
+        // Spend reservations page by page.
+        let mut inner = self.lock();
+        let mut plan = Vec::with_capacity(pages.len());
+        for ((client_page, data), holder) in pages.into_iter().zip(assigned) {
+            let reservation = inner.reservations.get_mut(&holder).and_then(|rs| {
+                rs.retain(|r| r.remaining_bytes >= self.page_bytes && r.spend_until_ms > now);
+                rs.iter_mut()
+                    .find(|r| r.spend_until_ms > spend_limit)
+                    .map(|r| {
+                        r.remaining_bytes -= self.page_bytes;
+                        r.id
+                    })
+            });
+            plan.push(Planned {
+                client_page,
+                remote: remote_page_id(self.node, client, client_page),
+                data,
+                holder,
+                epoch: room[&holder].2,
+                reservation,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Puts the planned pages on their holders, several requests in flight per peer.
+    async fn move_pages(&self, plan: &[Planned]) -> Result<(), RemoteError> {
+        let mut by_peer: BTreeMap<NodeId, Vec<Page>> = BTreeMap::new();
+        for p in plan {
+            by_peer
+                .entry(p.holder)
+                .or_default()
+                .push(Page::new(p.remote, p.data.clone()));
+        }
+        let mut set = JoinSet::new();
+        for (peer, pages) in by_peer {
+            for batch in batches(pages, self.page_bytes) {
+                let peers = self.pool().1.clone();
+                let slots = self.slots(peer);
+                set.spawn(async move {
+                    let _slot = slots.acquire_owned().await.expect("never closed");
+                    let bytes: u64 = batch.iter().map(|p| p.data.len() as u64).sum();
+                    let n = batch.len() as u64;
+                    let r = peers.request(peer, Request::Put { pages: batch }).await;
+                    (peer, bytes, n, r)
+                });
+            }
+        }
+        let mut first_error = None;
+        while let Some(joined) = set.join_next().await {
+            let Ok((peer, bytes, n, result)) = joined else {
+                continue;
+            };
+            let mut inner = self.lock();
+            let c = inner.per_peer.entry(peer).or_default();
+            match result {
+                Ok(Response::Put { .. }) => {
+                    c.bytes_spilled += bytes;
+                    c.pages_spilled += n;
+                }
+                Ok(Response::Error(e)) => {
+                    c.errors += 1;
+                    first_error.get_or_insert(RemoteError::PeerRefused {
+                        peer,
+                        reason: e.message,
+                    });
+                }
+                Ok(other) => {
+                    c.errors += 1;
+                    first_error.get_or_insert(RemoteError::PeerRefused {
+                        peer,
+                        reason: format!("answered a put with {:?}", other.kind()),
+                    });
+                }
+                Err(e) => {
+                    c.errors += 1;
+                    first_error.get_or_insert(RemoteError::PeerUnreachable {
+                        peer,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Records the planned pages in the directory (one `Place` per extent).
+    async fn place(&self, plan: &[Planned]) -> Result<(), RemoteError> {
+        let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+        let mut extents: Vec<(Extent, NodeId, Epoch, Option<ReservationId>)> = Vec::new();
+        for p in plan {
+            if let Some((e, holder, _, res)) = extents.last_mut()
+                && e.buffer == p.remote.buffer
+                && e.end_page() == u64::from(p.remote.index)
+                && *holder == p.holder
+                && *res == p.reservation
+            {
+                e.page_count += 1;
+                continue;
+            }
+            extents.push((
+                Extent::new(p.remote.buffer, p.remote.index, 1),
+                p.holder,
+                p.epoch,
+                p.reservation,
+            ));
+        }
+        let updates: Vec<Update> = extents
+            .iter()
+            .map(|(extent, holder, epoch, reservation)| Update::Place {
+                extent: *extent,
+                holder: *holder,
+                epoch: *epoch,
+                version,
+                reservation: *reservation,
+            })
+            .collect();
+        let meta = self.pool().0;
+        let outcomes = meta.propose(updates).await?;
+        // Refused placements: once more from free capacity (a lapsed reservation).
+        let retry: Vec<usize> = outcomes
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| !o.is_accepted())
+            .map(|(i, _)| i)
+            .collect();
+        if retry.is_empty() {
+            return Ok(());
+        }
+        let updates: Vec<Update> = retry
+            .iter()
+            .map(|&i| {
+                let (extent, holder, epoch, _) = extents[i];
+                Update::Place {
+                    extent,
+                    holder,
+                    epoch,
+                    version: self.next_version.fetch_add(1, Ordering::Relaxed),
+                    reservation: None,
+                }
+            })
+            .collect();
+        let again = meta.propose(updates).await?;
+        for (k, o) in again.iter().enumerate() {
+            if let Outcome::Rejected { reason } = o {
+                let (extent, holder, _, _) = extents[retry[k]];
+                return Err(RemoteError::PlacementRefused {
+                    peer: holder,
+                    extent,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Where `pages` of `client` are: the local record, else the replicated directory.
+    async fn locate(
+        &self,
+        client: u32,
+        pages: &[PageId],
+    ) -> Result<Vec<Option<Held>>, RemoteError> {
+        let mut out: Vec<Option<Held>> = {
+            let inner = self.lock();
+            pages
+                .iter()
+                .map(|p| inner.pages.get(&(client, *p)).copied())
+                .collect()
+        };
+        let unknown: Vec<(usize, PageId)> = out
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.is_none())
+            .map(|(i, _)| (i, remote_page_id(self.node, client, pages[i])))
+            .collect();
+        if !unknown.is_empty() {
+            let ids: Vec<PageId> = unknown.iter().map(|(_, id)| *id).collect();
+            let holders = self
+                .pool()
+                .0
+                .read(move |s| {
+                    ids.iter()
+                        .map(|id| s.holder_of(*id).map(|(_, h)| h.node))
+                        .collect::<Vec<_>>()
+                })
+                .await?;
+            for ((i, _), holder) in unknown.into_iter().zip(holders) {
+                // The checksum is not known here; 0 means "trust the transport's check".
+                out[i] = holder.map(|holder| Held {
+                    holder,
+                    checksum: 0,
+                });
+            }
         }
         Ok(out)
     }
 
-    /// Drops the pages; unknown pages are ignored.
-    pub async fn discard(&self, client: u32, pages: Vec<PageId>) -> Result<(), RemoteError> {
-        let mut map = self.pages.lock().expect("remote lock");
-        for page in pages {
-            map.remove(&peer_page_id(client, page));
+    /// The pages' bytes back (checksums verified), in the order asked.
+    pub async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, RemoteError> {
+        match self.fetch_inner(client, pages).await {
+            Ok(v) => Ok(v),
+            Err(e) => self.failed(e),
+        }
+    }
+
+    async fn fetch_inner(
+        &self,
+        client: u32,
+        pages: Vec<PageId>,
+    ) -> Result<Vec<Bytes>, RemoteError> {
+        for p in &pages {
+            self.check(client, *p, None)?;
+        }
+        if let Backend::Memory { pages: held, .. } = &self.backend {
+            let held = held.lock().expect("memory twin lock");
+            let mut out = Vec::with_capacity(pages.len());
+            for page in pages {
+                let data = held
+                    .get(&(client, page))
+                    .ok_or(RemoteError::NotFound { client, page })?;
+                out.push(data.clone());
+            }
+            let mut inner = self.lock();
+            let c = inner.per_peer.entry(MEMORY_PEER).or_default();
+            c.pages_fetched += out.len() as u64;
+            c.bytes_fetched += out.iter().map(|b| b.len() as u64).sum::<u64>();
+            return Ok(out);
+        }
+        let held = self.locate(client, &pages).await?;
+        let mut by_peer: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
+        for (i, h) in held.iter().enumerate() {
+            match h {
+                Some(h) => by_peer.entry(h.holder).or_default().push(i),
+                None => {
+                    return Err(RemoteError::NotFound {
+                        client,
+                        page: pages[i],
+                    });
+                }
+            }
+        }
+        let per_request =
+            (REQUEST_BYTES_MAX / self.page_bytes).clamp(1, PAGES_PER_REQUEST as u64) as usize;
+        let mut set = JoinSet::new();
+        for (peer, idx) in by_peer {
+            for chunk in idx.chunks(per_request) {
+                let chunk = chunk.to_vec();
+                let ids: Vec<PageId> = chunk
+                    .iter()
+                    .map(|&i| remote_page_id(self.node, client, pages[i]))
+                    .collect();
+                let peers = self.pool().1.clone();
+                let slots = self.slots(peer);
+                set.spawn(async move {
+                    let _slot = slots.acquire_owned().await.expect("never closed");
+                    let r = peers.request(peer, Request::Get { pages: ids }).await;
+                    (peer, chunk, r)
+                });
+            }
+        }
+        let mut out: Vec<Option<Bytes>> = vec![None; pages.len()];
+        let mut first_error = None;
+        while let Some(joined) = set.join_next().await {
+            let Ok((peer, chunk, result)) = joined else {
+                continue;
+            };
+            match result {
+                Ok(Response::Get { pages: got, .. }) => {
+                    let mut bytes = 0u64;
+                    let mut n = 0u64;
+                    let by_id: HashMap<PageId, Page> = got.into_iter().map(|p| (p.id, p)).collect();
+                    for i in chunk {
+                        let id = remote_page_id(self.node, client, pages[i]);
+                        match by_id.get(&id) {
+                            Some(p) => {
+                                let expected = held[i].map_or(0, |h| h.checksum);
+                                if expected != 0 && p.checksum != expected {
+                                    first_error.get_or_insert(RemoteError::Corrupt {
+                                        client,
+                                        page: pages[i],
+                                        peer,
+                                    });
+                                    continue;
+                                }
+                                bytes += p.data.len() as u64;
+                                n += 1;
+                                out[i] = Some(p.data.clone());
+                            }
+                            None => {
+                                first_error.get_or_insert(RemoteError::NotFound {
+                                    client,
+                                    page: pages[i],
+                                });
+                            }
+                        }
+                    }
+                    let mut inner = self.lock();
+                    let c = inner.per_peer.entry(peer).or_default();
+                    c.bytes_fetched += bytes;
+                    c.pages_fetched += n;
+                }
+                Ok(other) => {
+                    self.lock().per_peer.entry(peer).or_default().errors += 1;
+                    let reason = match other {
+                        Response::Error(e) => e.message,
+                        o => format!("answered a get with {:?}", o.kind()),
+                    };
+                    first_error.get_or_insert(RemoteError::PeerRefused { peer, reason });
+                }
+                Err(e) => {
+                    self.lock().per_peer.entry(peer).or_default().errors += 1;
+                    first_error.get_or_insert(RemoteError::PeerUnreachable {
+                        peer,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(out.into_iter().map(|b| b.unwrap_or_default()).collect())
+    }
+
+    async fn delete_on(&self, peer: NodeId, ids: Vec<PageId>) -> Result<(), RemoteError> {
+        for chunk in ids.chunks(spillway_types::wire::PAGES_PER_FRAME_MAX) {
+            match self
+                .pool()
+                .1
+                .request(
+                    peer,
+                    Request::Delete {
+                        pages: chunk.to_vec(),
+                    },
+                )
+                .await
+            {
+                Ok(Response::Delete { .. }) => {}
+                Ok(other) => {
+                    let reason = match other {
+                        Response::Error(e) => e.message,
+                        o => format!("answered a delete with {:?}", o.kind()),
+                    };
+                    return Err(RemoteError::PeerRefused { peer, reason });
+                }
+                Err(e) => {
+                    return Err(RemoteError::PeerUnreachable {
+                        peer,
+                        reason: e.to_string(),
+                    });
+                }
+            }
         }
         Ok(())
     }
 
-    /// Bytes this node's clients may keep on peers now.
-    pub fn capacity_bytes(&self) -> u64 {
-        let used: u64 = self
-            .pages
-            .lock()
-            .expect("remote lock")
-            .values()
-            .map(|b| b.len() as u64)
-            .sum();
-        self.capacity_bytes.saturating_sub(used)
+    /// Drops the peers' copies and the directory entries; unknown pages are ignored.
+    pub async fn discard(&self, client: u32, pages: Vec<PageId>) -> Result<(), RemoteError> {
+        match self.discard_inner(client, pages).await {
+            Ok(()) => Ok(()),
+            Err(e) => self.failed(e),
+        }
     }
 
-    /// Counters.
+    async fn discard_inner(&self, client: u32, mut pages: Vec<PageId>) -> Result<(), RemoteError> {
+        pages.retain(|p| self.check(client, *p, None).is_ok());
+        pages.sort();
+        pages.dedup();
+        if let Backend::Memory { pages: held, .. } = &self.backend {
+            let mut held = held.lock().expect("memory twin lock");
+            for p in pages {
+                held.remove(&(client, p));
+            }
+            return Ok(());
+        }
+        let held = self.locate(client, &pages).await?;
+        let mut by_peer: BTreeMap<NodeId, Vec<PageId>> = BTreeMap::new();
+        let mut removes: Vec<Update> = Vec::new();
+        let mut current: Option<Extent> = None;
+        for (p, h) in pages.iter().zip(&held) {
+            let Some(h) = h else { continue };
+            let remote = remote_page_id(self.node, client, *p);
+            by_peer.entry(h.holder).or_default().push(remote);
+            match &mut current {
+                Some(e) if e.buffer == remote.buffer && e.end_page() == u64::from(remote.index) => {
+                    e.page_count += 1
+                }
+                _ => {
+                    if let Some(e) = current.take() {
+                        removes.push(Update::Remove { extent: e });
+                    }
+                    current = Some(Extent::new(remote.buffer, remote.index, 1));
+                }
+            }
+        }
+        if let Some(e) = current {
+            removes.push(Update::Remove { extent: e });
+        }
+        if removes.is_empty() {
+            return Ok(());
+        }
+        // The directory first: once no record names the copies, nobody reads them.
+        self.pool().0.propose(removes).await?;
+        {
+            let mut inner = self.lock();
+            for p in &pages {
+                inner.pages.remove(&(client, *p));
+            }
+        }
+        let mut first_error = None;
+        for (peer, ids) in by_peer {
+            if let Err(e) = self.delete_on(peer, ids).await {
+                self.lock().per_peer.entry(peer).or_default().errors += 1;
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes this node's clients may keep on peers now: the up peers' lent capacity not
+    /// used or reserved, plus what this node holds reserved and has not spent.
+    pub fn capacity_bytes(&self) -> u64 {
+        let meta = match &self.backend {
+            Backend::Pool { meta, .. } => meta,
+            Backend::Memory {
+                capacity_bytes,
+                pages,
+            } => {
+                let used: u64 = pages
+                    .lock()
+                    .expect("memory twin lock")
+                    .values()
+                    .map(|b| b.len() as u64)
+                    .sum();
+                return capacity_bytes.saturating_sub(used);
+            }
+        };
+        let view = meta.view();
+        let now = now_ms();
+        let inner = self.lock();
+        view.members
+            .iter()
+            .filter(|m| m.id != self.node && m.state == MemberState::Up)
+            .map(|m| {
+                let ours: u64 = inner
+                    .reservations
+                    .get(&m.id)
+                    .map(|rs| {
+                        rs.iter()
+                            .filter(|r| r.spend_until_ms > now)
+                            .map(|r| r.remaining_bytes)
+                            .sum()
+                    })
+                    .unwrap_or(0);
+                m.free_bytes() + ours
+            })
+            .sum()
+    }
+
+    /// Counters: bytes and pages spilled/fetched per peer, errors.
     pub fn counters(&self) -> RemoteCounters {
-        self.counters.lock().expect("remote lock").clone()
+        let inner = self.lock();
+        let mut c = RemoteCounters {
+            errors: inner.errors,
+            per_peer: inner.per_peer.clone(),
+            ..RemoteCounters::default()
+        };
+        for p in inner.per_peer.values() {
+            c.bytes_out += p.bytes_spilled;
+            c.bytes_in += p.bytes_fetched;
+            c.pages_spilled += p.pages_spilled;
+            c.pages_fetched += p.pages_fetched;
+        }
+        c
+    }
+}
+
+/// Cuts `pages` into requests of at most [`PAGES_PER_REQUEST`] pages and
+/// [`REQUEST_BYTES_MAX`] bytes.
+fn batches(pages: Vec<Page>, page_bytes: u64) -> Vec<Vec<Page>> {
+    let per = (REQUEST_BYTES_MAX / page_bytes.max(1)).clamp(1, PAGES_PER_REQUEST as u64) as usize;
+    let mut out = Vec::new();
+    let mut it = pages.into_iter().peekable();
+    while it.peek().is_some() {
+        out.push(it.by_ref().take(per).collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_ids_pack_node_client_and_buffer_apart() {
+        let page = PageId {
+            buffer: BufferId(5),
+            index: 9,
+        };
+        let a = remote_page_id(NodeId(1), 2, page);
+        let b = remote_page_id(NodeId(2), 2, page);
+        let c = remote_page_id(NodeId(1), 3, page);
+        assert_eq!(a.buffer.0, 1 << 52 | 2 << 40 | 5);
+        assert_eq!(a.index, 9);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        let max = remote_page_id(
+            NodeId(crate::config::NODE_ID_MAX),
+            CLIENT_ID_MAX,
+            PageId {
+                buffer: BufferId(CLIENT_BUFFER_MAX),
+                index: 0,
+            },
+        );
+        assert_eq!(max.buffer.0, u64::MAX);
+    }
+
+    #[test]
+    fn batches_respect_the_page_and_byte_bounds() {
+        let pages: Vec<Page> = (0..20)
+            .map(|i| {
+                Page::new(
+                    PageId {
+                        buffer: BufferId(1),
+                        index: i,
+                    },
+                    Bytes::from_static(b"x"),
+                )
+            })
+            .collect();
+        let b = batches(pages.clone(), 2 << 20);
+        assert_eq!(b.iter().map(Vec::len).collect::<Vec<_>>(), vec![8, 8, 4]);
+        let b = batches(pages, 64 << 20);
+        assert_eq!(b.len(), 20);
     }
 }

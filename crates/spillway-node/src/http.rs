@@ -1,0 +1,536 @@
+//! The node's metrics endpoint: `GET /metrics` (Prometheus text format, built with
+//! `prometheus-client`) and `GET /status` ([`NodeStatus`] as JSON), served on
+//! `metrics_addr` by a minimal HTTP/1.1 responder on tokio.
+//!
+//! The responder answers one request per connection and closes it: it reads at most
+//! [`REQUEST_BYTES_MAX`] bytes of request head within [`REQUEST_TIMEOUT`], serves `GET`
+//! of the two paths, answers 404 for other paths, 405 for other methods and 400 for a
+//! head that is malformed or too large. At most [`CONNECTIONS_MAX`] connections are
+//! served at once; more wait in the kernel's backlog. A scraper is trusted no more than
+//! any other client: nothing it sends is kept.
+//!
+//! A crate (hyper, axum) would bring a whole HTTP stack for two read-only GETs; this is
+//! ~100 lines with explicit bounds.
+//!
+//! Both documents are built from [`StatusSources`], shared handles to the node's parts,
+//! at request time: nothing is cached, so they are as fresh as the counters.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use spillway_meta::{MemberState, Role};
+use spillway_net::Transport;
+use spillway_net::quic::QuicTransport;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use crate::meta::MetaDriver;
+use crate::node::NodeHandle;
+use crate::remote::RemoteService;
+use crate::service::ServiceCounters;
+use crate::store::HostStore;
+
+/// Largest request head read: 8 KiB (request line and headers; a body is never read).
+pub const REQUEST_BYTES_MAX: usize = 8 << 10;
+/// Time a client has to send its request head: 5 s.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once: 32 (each holds at most one 8 KiB head and one document).
+pub const CONNECTIONS_MAX: usize = 32;
+
+/// `/status`: the node's identity, Raft state, members, tiers and traffic. Other tools
+/// parse it (`spillway status`): field names are an interface.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// This node.
+    pub node_id: u64,
+    /// The pool, as 16 hex digits.
+    pub pool_id: String,
+    /// Where peers reach it.
+    pub addr: String,
+    /// Where this endpoint listens.
+    pub metrics_addr: String,
+    /// `leader`, `follower`, `candidate` or `precandidate`.
+    pub role: String,
+    /// The leader it knows of, if any.
+    pub leader: Option<u64>,
+    /// The Raft term.
+    pub term: u64,
+    /// The Raft commit index.
+    pub commit_index: u64,
+    /// The members as applied here.
+    pub members: Vec<MemberStatus>,
+    /// The host tier.
+    pub host_tier: HostTierStatus,
+    /// The remote tier of this node's clients.
+    pub remote: RemoteStatus,
+    /// Frame bytes received from peers.
+    pub peer_bytes_in: u64,
+    /// Frame bytes sent to peers.
+    pub peer_bytes_out: u64,
+    /// Frames from peers that failed the wire checks.
+    pub frames_rejected: u64,
+    /// Local clients connected.
+    pub clients: u64,
+}
+
+/// One member in [`NodeStatus`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    /// Its id.
+    pub id: u64,
+    /// Its peer address.
+    pub addr: String,
+    /// `up`, `down` or `leaving`.
+    pub state: String,
+    /// Bytes it lends.
+    pub capacity_bytes: u64,
+    /// Bytes of placed pages it holds.
+    pub used_bytes: u64,
+    /// Bytes reserved on it.
+    pub reserved_bytes: u64,
+}
+
+/// The host tier in [`NodeStatus`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostTierStatus {
+    /// Its budget.
+    pub budget_bytes: u64,
+    /// Bytes held.
+    pub used_bytes: u64,
+    /// Pages held.
+    pub pages: u64,
+}
+
+/// The remote tier in [`NodeStatus`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteStatus {
+    /// Page bytes sent to peers.
+    pub bytes_out: u64,
+    /// Page bytes fetched from peers.
+    pub bytes_in: u64,
+    /// Pages spilled.
+    pub pages_spilled: u64,
+    /// Pages fetched.
+    pub pages_fetched: u64,
+}
+
+/// Shared handles to what the documents are built from.
+#[derive(Clone, Debug)]
+pub(crate) struct StatusSources {
+    pub node_id: u64,
+    pub addr: SocketAddr,
+    pub transport: Arc<QuicTransport>,
+    pub store: Arc<HostStore>,
+    pub meta: Arc<MetaDriver>,
+    pub remote: Arc<RemoteService>,
+    pub service: Arc<ServiceCounters>,
+    pub clients: Arc<AtomicU64>,
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::PreCandidate => "precandidate",
+    }
+}
+
+fn state_name(state: MemberState) -> &'static str {
+    match state {
+        MemberState::Up => "up",
+        MemberState::Down => "down",
+        MemberState::Leaving => "leaving",
+    }
+}
+
+impl StatusSources {
+    /// The `/status` document now.
+    pub fn status(&self, metrics_addr: SocketAddr) -> NodeStatus {
+        let view = self.meta.view();
+        let store = self.store.counters();
+        let remote = self.remote.counters();
+        let net = self.transport.stats().total();
+        NodeStatus {
+            node_id: self.node_id,
+            pool_id: format!("{:016x}", self.transport.pool_id().0),
+            addr: self.addr.to_string(),
+            metrics_addr: metrics_addr.to_string(),
+            role: role_name(view.role).to_string(),
+            leader: view.leader.map(|l| l.0),
+            term: view.term,
+            commit_index: view.commit_index,
+            members: view
+                .members
+                .iter()
+                .map(|m| MemberStatus {
+                    id: m.id.0,
+                    addr: m.addr.clone(),
+                    state: state_name(m.state).to_string(),
+                    capacity_bytes: m.capacity_bytes,
+                    used_bytes: m.used_bytes,
+                    reserved_bytes: m.reserved_bytes,
+                })
+                .collect(),
+            host_tier: HostTierStatus {
+                budget_bytes: store.budget_bytes,
+                used_bytes: store.used_bytes,
+                pages: store.pages,
+            },
+            remote: RemoteStatus {
+                bytes_out: remote.bytes_out,
+                bytes_in: remote.bytes_in,
+                pages_spilled: remote.pages_spilled,
+                pages_fetched: remote.pages_fetched,
+            },
+            peer_bytes_in: net.bytes_in,
+            peer_bytes_out: net.bytes_out,
+            frames_rejected: net.frames_rejected,
+            clients: self.clients.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The `/metrics` document now (Prometheus text format).
+    pub fn metrics(&self) -> String {
+        let mut registry = Registry::with_prefix("spillway");
+        let view = self.meta.view();
+        let store = self.store.counters();
+        let remote = self.remote.counters();
+        let gauge = |registry: &mut Registry, name: &str, help: &str, v: u64| {
+            let g: Gauge<i64> = Gauge::default();
+            g.set(i64::try_from(v).unwrap_or(i64::MAX));
+            registry.register(name, help, g);
+        };
+        let counter = |registry: &mut Registry, name: &str, help: &str, v: u64| {
+            let c: Counter<u64> = Counter::default();
+            c.inc_by(v);
+            registry.register(name, help, c);
+        };
+        gauge(&mut registry, "raft_term", "Current Raft term", view.term);
+        gauge(
+            &mut registry,
+            "raft_commit_index",
+            "Raft commit index",
+            view.commit_index,
+        );
+        gauge(
+            &mut registry,
+            "raft_applied_index",
+            "Raft index applied here",
+            view.applied_index,
+        );
+        gauge(
+            &mut registry,
+            "raft_leader",
+            "Node id of the known leader (0: none)",
+            view.leader.map_or(0, |l| l.0),
+        );
+        gauge(
+            &mut registry,
+            "raft_is_leader",
+            "1 if this node leads",
+            u64::from(view.role == Role::Leader),
+        );
+        gauge(
+            &mut registry,
+            "members",
+            "Members of the pool",
+            view.members.len() as u64,
+        );
+        gauge(
+            &mut registry,
+            "host_tier_budget_bytes",
+            "Host tier budget",
+            store.budget_bytes,
+        );
+        gauge(
+            &mut registry,
+            "host_tier_used_bytes",
+            "Host tier bytes held",
+            store.used_bytes,
+        );
+        gauge(
+            &mut registry,
+            "host_tier_pages",
+            "Host tier pages held",
+            store.pages,
+        );
+        counter(
+            &mut registry,
+            "host_tier_pages_put",
+            "Pages stored by peers",
+            store.pages_put,
+        );
+        counter(
+            &mut registry,
+            "host_tier_hits",
+            "Pages served to peers (hits)",
+            store.pages_got,
+        );
+        counter(
+            &mut registry,
+            "host_tier_misses",
+            "Pages asked for and not held (misses)",
+            store.pages_missing,
+        );
+        counter(
+            &mut registry,
+            "host_tier_puts_refused_full",
+            "Puts refused at the budget",
+            store.puts_refused_full,
+        );
+        counter(
+            &mut registry,
+            "host_tier_checksum_failures",
+            "Stored pages that failed their checksum",
+            store.checksum_failures,
+        );
+        gauge(
+            &mut registry,
+            "remote_capacity_bytes",
+            "Bytes this node's clients may place on peers now",
+            self.remote.capacity_bytes(),
+        );
+        counter(
+            &mut registry,
+            "remote_errors",
+            "Failed remote tier operations",
+            remote.errors,
+        );
+        counter(
+            &mut registry,
+            "clients_connected_now",
+            "Local clients connected",
+            self.clients.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut registry,
+            "peer_requests_refused",
+            "Raft messages or proposals refused after decoding",
+            self.service.peer_requests_refused.load(Ordering::Relaxed),
+        );
+        let members: Family<Vec<(String, String)>, Gauge<i64>> = Family::default();
+        for m in &view.members {
+            let id = m.id.0.to_string();
+            for (what, v) in [
+                ("capacity", m.capacity_bytes),
+                ("used", m.used_bytes),
+                ("reserved", m.reserved_bytes),
+            ] {
+                members
+                    .get_or_create(&vec![
+                        ("member".into(), id.clone()),
+                        ("kind".into(), what.into()),
+                    ])
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+        }
+        registry.register(
+            "member_bytes",
+            "Members' capacity, used and reserved bytes",
+            members,
+        );
+        let peer_bytes: Family<Vec<(String, String)>, Counter<u64>> = Family::default();
+        let frames: Family<Vec<(String, String)>, Counter<u64>> = Family::default();
+        for (peer, c) in self.transport.stats().peers() {
+            let p = peer.0.to_string();
+            peer_bytes
+                .get_or_create(&vec![
+                    ("peer".into(), p.clone()),
+                    ("direction".into(), "in".into()),
+                ])
+                .inc_by(c.bytes_in);
+            peer_bytes
+                .get_or_create(&vec![
+                    ("peer".into(), p.clone()),
+                    ("direction".into(), "out".into()),
+                ])
+                .inc_by(c.bytes_out);
+            frames
+                .get_or_create(&vec![("peer".into(), p)])
+                .inc_by(c.frames_rejected);
+        }
+        registry.register(
+            "peer_bytes",
+            "Frame bytes moved per peer and direction",
+            peer_bytes,
+        );
+        registry.register(
+            "peer_frames_rejected",
+            "Frames that failed the wire checks, per peer",
+            frames,
+        );
+        let remote_bytes: Family<Vec<(String, String)>, Counter<u64>> = Family::default();
+        let remote_pages: Family<Vec<(String, String)>, Counter<u64>> = Family::default();
+        for (peer, c) in &remote.per_peer {
+            let p = peer.0.to_string();
+            for (dir, bytes, pages) in [
+                ("spilled", c.bytes_spilled, c.pages_spilled),
+                ("fetched", c.bytes_fetched, c.pages_fetched),
+            ] {
+                let labels = vec![("peer".into(), p.clone()), ("direction".into(), dir.into())];
+                remote_bytes.get_or_create(&labels).inc_by(bytes);
+                remote_pages.get_or_create(&labels).inc_by(pages);
+            }
+        }
+        registry.register(
+            "remote_bytes",
+            "Page bytes of this node's clients moved per peer",
+            remote_bytes,
+        );
+        registry.register(
+            "remote_pages",
+            "Pages of this node's clients moved per peer",
+            remote_pages,
+        );
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+}
+
+impl NodeHandle {
+    pub(crate) fn status_sources(&self) -> StatusSources {
+        StatusSources {
+            node_id: self.node_id().0,
+            addr: self.local_addr(),
+            transport: self.transport().clone(),
+            store: self.store().clone(),
+            meta: self.meta().clone(),
+            remote: self.remote(),
+            service: self.service_counters().clone(),
+            clients: self.clients().clone(),
+        }
+    }
+
+    /// The `/status` document now.
+    pub fn status(&self) -> NodeStatus {
+        self.status_sources().status(self.metrics_addr())
+    }
+
+    /// The `/metrics` document now.
+    pub fn metrics_text(&self) -> String {
+        self.status_sources().metrics()
+    }
+}
+
+/// Binds `metrics_addr` and serves it on the node's tasks until its token is cancelled.
+pub(crate) async fn serve(handle: &NodeHandle) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(handle.config().metrics_addr).await?;
+    let bound = listener.local_addr()?;
+    let sources = handle.status_sources();
+    let cancel = handle.cancel_token().clone();
+    let tasks = handle.task_tracker().clone();
+    let tasks2 = tasks.clone();
+    tasks.spawn(async move {
+        let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+        loop {
+            let permit = tokio::select! {
+                _ = cancel.cancelled() => return,
+                p = slots.clone().acquire_owned() => p.expect("never closed"),
+            };
+            let stream = tokio::select! {
+                _ = cancel.cancelled() => return,
+                s = listener.accept() => match s {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "metrics accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+            };
+            let sources = sources.clone();
+            let cancel = cancel.clone();
+            tasks2.spawn(async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = answer(stream, &sources, bound) => {}
+                }
+                drop(permit);
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// Reads one request head (bounded in size and time) and answers it.
+async fn answer(mut stream: TcpStream, sources: &StatusSources, bound: SocketAddr) {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        loop {
+            if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                return true;
+            }
+            if head.len() >= REQUEST_BYTES_MAX {
+                return false;
+            }
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => head.extend_from_slice(&buf[..n.min(REQUEST_BYTES_MAX - head.len())]),
+            }
+        }
+    })
+    .await;
+    let (status, content_type, body) = match read {
+        Ok(true) => route(&head, sources, bound),
+        _ => (400, "text/plain", "bad request\n".to_string()),
+    };
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Bad Request",
+    };
+    let mut response = String::with_capacity(body.len() + 128);
+    let _ = write!(
+        response,
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    response.push_str(&body);
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+fn route(head: &[u8], sources: &StatusSources, bound: SocketAddr) -> (u16, &'static str, String) {
+    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split(' ');
+    let (method, target, version) = (parts.next(), parts.next(), parts.next());
+    let (Some(method), Some(target), Some(version)) = (method, target, version) else {
+        return (400, "text/plain", "bad request\n".into());
+    };
+    if !version.starts_with("HTTP/1.") {
+        return (400, "text/plain", "bad request\n".into());
+    }
+    if method != "GET" {
+        return (405, "text/plain", "only GET\n".into());
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    match path {
+        "/metrics" => (
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            sources.metrics(),
+        ),
+        "/status" => (
+            200,
+            "application/json",
+            serde_json::to_string(&sources.status(bound)).unwrap_or_else(|_| "{}".into()),
+        ),
+        _ => (404, "text/plain", "not found\n".into()),
+    }
+}
