@@ -19,7 +19,7 @@ use spillway_client::{
 use spillway_node::local::{
     ClientPages, LocalCounters, LocalServer, LocalServerConfig, MemClientPages,
 };
-use spillway_types::local::RefusedCode;
+use spillway_types::local::{DISCARD_PAGES_MAX, RefusedCode};
 use spillway_types::{BufferId, PageId};
 
 const PAGE: u64 = 256 << 10;
@@ -93,6 +93,18 @@ fn page_size() -> PageSize {
 
 #[test]
 fn a_pool_in_daemon_mode_round_trips_every_byte() {
+    round_trip(DeviceChoice::Sim);
+}
+
+/// The same on a GPU: the shared memory is registered as pinned host memory.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --ignored"]
+fn a_pool_in_daemon_mode_on_a_gpu_round_trips_every_byte() {
+    round_trip(DeviceChoice::Cuda);
+}
+
+fn round_trip(device: DeviceChoice) {
     let node = node(64);
     let link = DaemonLink::connect(&node.path, 8 * PAGE, page_size()).unwrap();
     assert_eq!(link.host_bytes(), 8 * PAGE);
@@ -104,7 +116,7 @@ fn a_pool_in_daemon_mode_round_trips_every_byte() {
         .gpu_budget_bytes(4 * PAGE)
         .remote_budget_bytes(48 * PAGE)
         .policy(Policy::Learned)
-        .device(DeviceChoice::Sim)
+        .device(device)
         .build()
         .unwrap();
     // 24 buffers of 2 pages: 48 pages through 4 frames and 8 slots.
@@ -267,18 +279,31 @@ fn the_remote_tier_moves_slots_through_the_node() {
     let c = rx.recv_timeout(WAIT).unwrap();
     assert_eq!(c.id, TransferId(20));
     assert!(c.result.unwrap_err().contains("not held"));
-    // Discarded pages are gone.
-    tier.discard(
-        (0..2)
-            .map(|index| PageId {
-                buffer: BufferId(1),
-                index,
-            })
-            .collect(),
+    // Discarded pages are gone; a long list goes in several frames (pages 2 and 3 are
+    // in the last one, past DISCARD_PAGES_MAX).
+    let mut pages: Vec<PageId> = (100..2200)
+        .map(|index| PageId {
+            buffer: BufferId(1),
+            index,
+        })
+        .collect();
+    pages.insert(
+        0,
+        PageId {
+            buffer: BufferId(1),
+            index: 0,
+        },
     );
+    pages.extend((2..4).map(|index| PageId {
+        buffer: BufferId(1),
+        index,
+    }));
+    assert!(pages.len() > 2 * DISCARD_PAGES_MAX);
+    tier.discard(pages);
     tier.submit(op(21, RemoteOpKind::Fetch, 0, 0, PAGE));
     assert!(rx.recv_timeout(WAIT).unwrap().result.is_err());
-    assert_eq!(node.backend.pages_of(link.client_id()), 2);
+    assert_eq!(node.backend.pages_of(link.client_id()), 1);
+    assert_eq!(node.server().counters().frames_rejected, 0);
 }
 
 /// A backend whose spills never finish.
