@@ -196,8 +196,6 @@ impl Default for MetaView {
 pub(crate) struct MetaCountersAtomic {
     /// Raft messages from peers dropped because the input queue was full.
     pub inputs_dropped: AtomicU64,
-    /// Raft messages or proposals from peers that did not decode or named another sender.
-    pub peer_messages_refused: AtomicU64,
     /// Messages to peers that could not be delivered.
     pub messages_undelivered: AtomicU64,
     /// Proposals forwarded to the leader.
@@ -237,7 +235,13 @@ struct Slot {
     conn: Option<QuicConnection>,
     retry_at: Option<Instant>,
     backoff: Duration,
+    /// The last failure since the last success.
+    failed_at: Option<Instant>,
 }
+
+/// A peer that failed within this long (and has not answered since) is left out of
+/// placements: 2 s.
+pub const UNREACHABLE_FOR: Duration = Duration::from_secs(2);
 
 impl Peers {
     pub(crate) fn new(transport: Arc<QuicTransport>, addrs: HashMap<NodeId, SocketAddr>) -> Self {
@@ -315,15 +319,30 @@ impl Peers {
                 slot.conn = Some(conn.clone());
                 slot.retry_at = None;
                 slot.backoff = Duration::ZERO;
+                slot.failed_at = None;
                 Ok(conn)
             }
             Err(e) => {
                 slot.backoff =
                     (slot.backoff * 2).clamp(RECONNECT_BACKOFF_MIN, RECONNECT_BACKOFF_MAX);
                 slot.retry_at = Some(Instant::now() + slot.backoff);
+                slot.failed_at = Some(Instant::now());
                 Err(e)
             }
         }
+    }
+
+    /// Whether `peer` is worth trying now: not in backoff after a failure.
+    pub fn reachable(&self, peer: NodeId) -> bool {
+        let slot = self.slot(peer);
+        let Ok(slot) = slot.try_lock() else {
+            // Someone is connecting or using it right now.
+            return true;
+        };
+        slot.conn.is_some()
+            || slot
+                .failed_at
+                .is_none_or(|t| t.elapsed() >= UNREACHABLE_FOR)
     }
 
     /// Forgets the connection to `peer` after a failed request and starts its backoff.
@@ -333,6 +352,7 @@ impl Peers {
             slot.conn = None;
             slot.backoff = (slot.backoff * 2).clamp(RECONNECT_BACKOFF_MIN, RECONNECT_BACKOFF_MAX);
             slot.retry_at = Some(Instant::now() + slot.backoff);
+            slot.failed_at = Some(Instant::now());
         }
     }
 
@@ -615,9 +635,6 @@ impl MetaDriver {
     /// Returns false if it was refused (not from `peer`, or not for this node).
     pub(crate) fn step(&self, peer: NodeId, message: RaftMessage) -> bool {
         if message.from != peer.0 || message.to != self.id.0 {
-            self.counters
-                .peer_messages_refused
-                .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%peer, from = message.from, to = message.to, "Raft message with a forged sender or recipient refused");
             return false;
         }

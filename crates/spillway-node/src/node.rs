@@ -379,12 +379,7 @@ impl NodeHandle {
             peer_requests_refused: self
                 .service_counters
                 .peer_requests_refused
-                .load(Ordering::Relaxed)
-                + self
-                    .meta
-                    .counters
-                    .peer_messages_refused
-                    .load(Ordering::Relaxed),
+                .load(Ordering::Relaxed),
             raft_messages_undelivered: self
                 .meta
                 .counters

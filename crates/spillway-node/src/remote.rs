@@ -72,6 +72,8 @@ pub const REQUEST_BYTES_MAX: u64 = 64 << 20;
 /// Requests in flight to one peer, over all calls: 8 (with 16 MiB requests, 128 MiB of
 /// page bytes per peer; the transport's in-flight budget bounds it again).
 pub const REQUESTS_IN_FLIGHT_PER_PEER: usize = 8;
+/// Times a spill places again the pages of peers that turned out unreachable: 2.
+pub const MOVE_RETRIES: usize = 2;
 /// Longest run of pages placed on one peer before the next run picks again: 16 pages.
 /// Shorter runs spread a spill wider; longer ones make fewer directory extents.
 pub const RUN_PAGES: usize = 16;
@@ -422,8 +424,37 @@ impl RemoteService {
         }
         pages.sort_by_key(|(id, _)| *id);
         pages.dedup_by_key(|(id, _)| *id);
-        let plan = self.plan_and_reserve(client, pages).await?;
-        self.move_pages(&plan).await?;
+        // Move; pages whose holder turned out unreachable are planned again without it.
+        let mut excluded: Vec<NodeId> = Vec::new();
+        let mut pending = self.plan_and_reserve(client, pages, &excluded).await?;
+        let mut plan: Vec<Planned> = Vec::with_capacity(pending.len());
+        for attempt in 0..=MOVE_RETRIES {
+            let failures = self.move_pages(&pending).await;
+            if failures.is_empty() {
+                plan.append(&mut pending);
+                break;
+            }
+            let retry = attempt < MOVE_RETRIES
+                && failures
+                    .iter()
+                    .all(|(_, e)| matches!(e, RemoteError::PeerUnreachable { .. }));
+            if !retry {
+                let (_, e) = failures.into_iter().next().expect("a failure");
+                return Err(e);
+            }
+            let failed: Vec<NodeId> = failures.iter().map(|(p, _)| *p).collect();
+            tracing::debug!(
+                ?failed,
+                "peers unreachable during a spill; placing their pages elsewhere"
+            );
+            excluded.extend(failed.iter().copied());
+            let (redo, ok): (Vec<Planned>, Vec<Planned>) = pending
+                .into_iter()
+                .partition(|p| failed.contains(&p.holder));
+            plan.extend(ok);
+            let redo_pages = redo.into_iter().map(|p| (p.client_page, p.data)).collect();
+            pending = self.plan_and_reserve(client, redo_pages, &excluded).await?;
+        }
         self.place(&plan).await?;
         // Record, and drop copies a re-spill left on another holder.
         let mut stale: HashMap<NodeId, Vec<PageId>> = HashMap::new();
@@ -452,9 +483,10 @@ impl RemoteService {
         &self,
         client: u32,
         pages: Vec<(PageId, Bytes)>,
+        excluded: &[NodeId],
     ) -> Result<Vec<Planned>, RemoteError> {
         let _plan = self.plan.lock().await;
-        let (meta, _) = self.pool();
+        let (meta, peers) = self.pool();
         let view = meta.view();
         let now = now_ms();
         let spend_limit = now + RESERVATION_MARGIN.as_millis() as u64;
@@ -463,7 +495,11 @@ impl RemoteService {
         {
             let inner = self.lock();
             for m in &view.members {
-                if m.id == self.node || m.state != MemberState::Up {
+                if m.id == self.node
+                    || m.state != MemberState::Up
+                    || excluded.contains(&m.id)
+                    || !peers.reachable(m.id)
+                {
                     continue;
                 }
                 let ours: u64 = inner
@@ -608,8 +644,9 @@ impl RemoteService {
         Ok(plan)
     }
 
-    /// Puts the planned pages on their holders, several requests in flight per peer.
-    async fn move_pages(&self, plan: &[Planned]) -> Result<(), RemoteError> {
+    /// Puts the planned pages on their holders, several requests in flight per peer;
+    /// returns the peers that failed, each with its first error.
+    async fn move_pages(&self, plan: &[Planned]) -> Vec<(NodeId, RemoteError)> {
         let mut by_peer: BTreeMap<NodeId, Vec<Page>> = BTreeMap::new();
         for p in plan {
             by_peer
@@ -631,7 +668,7 @@ impl RemoteService {
                 });
             }
         }
-        let mut first_error = None;
+        let mut failures: BTreeMap<NodeId, RemoteError> = BTreeMap::new();
         while let Some(joined) = set.join_next().await {
             let Ok((peer, bytes, n, result)) = joined else {
                 continue;
@@ -645,31 +682,30 @@ impl RemoteService {
                 }
                 Ok(Response::Error(e)) => {
                     c.errors += 1;
-                    first_error.get_or_insert(RemoteError::PeerRefused {
+                    failures.entry(peer).or_insert(RemoteError::PeerRefused {
                         peer,
                         reason: e.message,
                     });
                 }
                 Ok(other) => {
                     c.errors += 1;
-                    first_error.get_or_insert(RemoteError::PeerRefused {
+                    failures.entry(peer).or_insert(RemoteError::PeerRefused {
                         peer,
                         reason: format!("answered a put with {:?}", other.kind()),
                     });
                 }
                 Err(e) => {
                     c.errors += 1;
-                    first_error.get_or_insert(RemoteError::PeerUnreachable {
-                        peer,
-                        reason: e.to_string(),
-                    });
+                    failures
+                        .entry(peer)
+                        .or_insert(RemoteError::PeerUnreachable {
+                            peer,
+                            reason: e.to_string(),
+                        });
                 }
             }
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        failures.into_iter().collect()
     }
 
     /// Records the planned pages in the directory (one `Place` per extent).

@@ -1,0 +1,444 @@
+//! Three nodes of one pool in one process, on loopback: they elect a leader over QUIC; a
+//! spill from one node lands on its peers by free capacity and comes back byte for byte;
+//! the directory entries are committed on every node; discard frees the peers' bytes;
+//! killing the leader elects another within a second, and the killed node restarts from
+//! its data directory and catches up; bad config fields are named; malformed Raft frames
+//! close only their connection, are counted, and the node keeps serving; `/status` and
+//! `/metrics` answer. Real time, but every wait polls a condition with a deadline.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use spillway_meta::Role;
+use spillway_net::{Connection, Request, Response};
+use spillway_node::remote::remote_page_id;
+use spillway_node::{Node, NodeError, NodeHandle, RemoteError};
+use spillway_types::wire::{self, ErrorCode};
+use spillway_types::{NodeId, PageId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PAGE: u64 = 64 << 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_elect_spill_fetch_and_discard() {
+    let pool = Pool::new("spill", PAGE, [256, 256, 256]);
+    let nodes = pool.start_all().await;
+    let leader = settled(&nodes).await;
+    assert!((1..=3).contains(&leader.0));
+    let n1 = nodes[0].as_ref().unwrap();
+    let remote = n1.remote();
+    assert_eq!(remote.capacity_bytes(), 2 * 256 * PAGE);
+
+    // Two buffers of client 5, the last page short.
+    let mut pages = Vec::new();
+    for b in 1..=2u64 {
+        for i in 0..20u32 {
+            let len = if i == 19 { 1000 } else { PAGE };
+            pages.push((page_id(b, i), page_bytes(b * 100 + u64::from(i), len)));
+        }
+    }
+    within("spill", remote.spill(5, pages.clone()))
+        .await
+        .unwrap();
+
+    // On peers, never on node 1 itself, and all of it.
+    let held_by = |i: usize| nodes[i].as_ref().unwrap().store().used_bytes_of(NodeId(1));
+    let total: u64 = pages.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(held_by(0), 0);
+    assert_eq!(held_by(1) + held_by(2), total);
+    assert!(
+        held_by(1) > 0 && held_by(2) > 0,
+        "both peers hold some: {} {}",
+        held_by(1),
+        held_by(2)
+    );
+
+    // Every byte back, in the order asked (reversed here).
+    let wanted: Vec<PageId> = pages.iter().rev().map(|(id, _)| *id).collect();
+    let back = within("fetch", remote.fetch(5, wanted)).await.unwrap();
+    for ((_, sent), got) in pages.iter().rev().zip(&back) {
+        assert!(sent == got, "a page came back different");
+    }
+    let c = remote.counters();
+    assert_eq!((c.pages_spilled, c.pages_fetched), (40, 40));
+    assert_eq!((c.bytes_out, c.bytes_in), (total, total));
+    assert_eq!(
+        c.per_peer.values().map(|p| p.pages_spilled).sum::<u64>(),
+        40
+    );
+
+    // The directory entries are committed and applied on every node.
+    let ids: Vec<PageId> = pages
+        .iter()
+        .map(|(id, _)| remote_page_id(NodeId(1), 5, *id))
+        .collect();
+    for n in nodes.iter().flatten() {
+        let ids = ids.clone();
+        let holders = wait_for_async(|| async {
+            let ids = ids.clone();
+            let h = n
+                .meta_read(move |s| {
+                    ids.iter()
+                        .map(|id| s.holder_of(*id).map(|(_, h)| h.node))
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .unwrap();
+            h.iter().all(Option::is_some).then_some(h)
+        })
+        .await;
+        assert!(
+            holders.iter().all(|h| matches!(h, Some(NodeId(2 | 3)))),
+            "{holders:?}"
+        );
+    }
+    // The members' used bytes count whole pages.
+    let used: u64 = n1.members().iter().map(|m| m.used_bytes).sum();
+    assert_eq!(used, 40 * PAGE);
+
+    // An unknown page is not found; discard ignores it.
+    let err = remote.fetch(5, vec![page_id(9, 0)]).await.unwrap_err();
+    assert!(matches!(err, RemoteError::NotFound { .. }), "{err}");
+    within(
+        "discard",
+        remote.discard(
+            5,
+            pages
+                .iter()
+                .map(|(id, _)| *id)
+                .chain([page_id(9, 9)])
+                .collect(),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(held_by(1) + held_by(2), 0);
+    wait_for("the directory to drop the entries", WAIT, || {
+        nodes
+            .iter()
+            .flatten()
+            .all(|n| n.members().iter().all(|m| m.used_bytes == 0))
+            .then_some(())
+    })
+    .await;
+    let err = remote.fetch(5, vec![page_id(1, 0)]).await.unwrap_err();
+    assert!(matches!(err, RemoteError::NotFound { .. }), "{err}");
+    shutdown_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_follows_free_capacity() {
+    // Node 2 lends 64 pages, node 3 only 16.
+    let mut pool = Pool::new("placement", PAGE, [64, 64, 16]);
+    pool.configs[1].lend_bytes = 64 * PAGE;
+    let nodes = pool.start_all().await;
+    settled(&nodes).await;
+    let n1 = nodes[0].as_ref().unwrap();
+    let remote = n1.remote();
+    assert_eq!(remote.capacity_bytes(), 80 * PAGE);
+    let pages: Vec<(PageId, Bytes)> = (0..60u32)
+        .map(|i| (page_id(1, i), page_bytes(u64::from(i), PAGE)))
+        .collect();
+    within("spill", remote.spill(1, pages)).await.unwrap();
+    let on2 = nodes[1].as_ref().unwrap().store().used_bytes_of(NodeId(1)) / PAGE;
+    let on3 = nodes[2].as_ref().unwrap().store().used_bytes_of(NodeId(1)) / PAGE;
+    assert_eq!(on2 + on3, 60);
+    assert!(
+        on2 >= 44 && on3 <= 16,
+        "node 2 has {on2} pages, node 3 {on3}"
+    );
+    // What is left: 20 pages; 30 more do not fit anywhere and nothing moves.
+    let more: Vec<(PageId, Bytes)> = (0..30u32)
+        .map(|i| (page_id(2, i), page_bytes(u64::from(i), PAGE)))
+        .collect();
+    let err = within("spill over capacity", remote.spill(1, more))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RemoteError::NoRoom { requested_bytes, .. } if requested_bytes == 30 * PAGE),
+        "{err}"
+    );
+    assert_eq!(remote.counters().errors, 1);
+    shutdown_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restart() {
+    let pool = Pool::new("failover", PAGE, [128, 128, 128]);
+    let mut nodes = pool.start_all().await;
+    let leader = settled(&nodes).await;
+    let li = (leader.0 - 1) as usize;
+    // Spill from a node that is not the leader, so its pages stay reachable.
+    let si = (li + 1) % 3;
+    let spiller = nodes[si].as_ref().unwrap();
+    let pages: Vec<(PageId, Bytes)> = (0..8u32)
+        .map(|i| (page_id(3, i), page_bytes(u64::from(i) + 77, PAGE)))
+        .collect();
+    within("spill", spiller.remote().spill(2, pages.clone()))
+        .await
+        .unwrap();
+    let spiller_id = spiller.node_id();
+    let term = spiller.term();
+
+    // Kill the leader.
+    let killed = nodes[li].take().unwrap();
+    let t0 = Instant::now();
+    within("shutdown the leader", killed.shutdown()).await;
+    let new_leader = wait_for("a new leader", Duration::from_secs(5), || {
+        let live: Vec<&NodeHandle> = nodes.iter().flatten().collect();
+        let l = live
+            .iter()
+            .find(|n| n.role() == Role::Leader && n.term() > term)?;
+        live.iter()
+            .all(|n| n.leader() == Some(l.node_id()))
+            .then_some(l.node_id())
+    })
+    .await;
+    let elected = t0.elapsed();
+    println!(
+        "new leader {new_leader} elected {} ms after the leader was shut down",
+        elected.as_millis()
+    );
+    assert_ne!(new_leader, leader);
+    assert!(
+        elected < Duration::from_secs(1),
+        "election took {elected:?}"
+    );
+
+    // The group still commits: a proposal through the remaining nodes.
+    let more: Vec<(PageId, Bytes)> = (0..4u32)
+        .map(|i| (page_id(4, i), page_bytes(u64::from(i) + 5, PAGE)))
+        .collect();
+    let spiller = nodes[si].as_ref().unwrap();
+    // Only one peer is left: it takes everything it has room for.
+    within("spill after fail-over", spiller.remote().spill(2, more))
+        .await
+        .unwrap();
+
+    // Restart the killed node from its data directory: it catches up.
+    nodes[li] = Some(pool.start(li).await);
+    let restarted = nodes[li].as_ref().unwrap();
+    let target = nodes[si].as_ref().unwrap().commit_index();
+    wait_for("the restarted node to catch up", WAIT, || {
+        (restarted.commit_index() >= target && restarted.meta_view().applied_index >= target)
+            .then_some(())
+    })
+    .await;
+    let ids: Vec<PageId> = pages
+        .iter()
+        .map(|(id, _)| remote_page_id(spiller_id, 2, *id))
+        .collect();
+    let holders = restarted
+        .meta_read(move |s| {
+            ids.iter()
+                .map(|id| s.holder_of(*id).map(|(_, h)| h.node))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap();
+    assert!(holders.iter().all(Option::is_some), "{holders:?}");
+    shutdown_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_config_fields_are_named_at_start() {
+    let pool = Pool::new("badconfig", PAGE, [16, 16, 16]);
+    let mut c = pool.configs[0].clone();
+    c.members.retain(|m| m.id != NodeId(1));
+    let err = Node::start(c).await.unwrap_err();
+    match &err {
+        NodeError::Config(e) => assert_eq!(e.field(), Some("members"), "{err}"),
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("`members`"), "{err}");
+    let mut c = pool.configs[0].clone();
+    c.election_ticks_max = c.election_ticks;
+    let err = Node::start(c).await.unwrap_err();
+    assert!(err.to_string().contains("`election_ticks_max`"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_raft_frames_are_refused_and_counted_and_the_node_keeps_serving() {
+    let pool = Pool::new("badraft", PAGE, [64, 64, 64]);
+    let nodes = pool.start_all().await;
+    settled(&nodes).await;
+    let n1 = nodes[0].as_ref().unwrap();
+    let n3 = nodes[2].as_ref().unwrap();
+    let before = n1.counters();
+
+    // 1. A Raft frame whose blob fails its checksum: the connection is closed, counted.
+    let conn = within("connect", n3.connect(n1.local_addr()))
+        .await
+        .unwrap();
+    let data = vec![1u8; 64];
+    let mut blob = wire::Blob::describe(&data);
+    blob.chunks[0].checksum ^= 1;
+    let mut frame = wire::encode_frame(1, &wire::Message::RaftMessage(blob)).unwrap();
+    frame.extend_from_slice(&data);
+    for lane in conn.lanes() {
+        let (mut send, _recv) = lane.open_bi().await.unwrap();
+        let _ = send.write_all(&frame).await;
+        let _ = send.finish();
+        within("the node to close the lane", lane.closed()).await;
+    }
+    wait_for("the bad frames to be counted", WAIT, || {
+        (n1.counters().frames_rejected > before.frames_rejected).then_some(())
+    })
+    .await;
+
+    // 2. An oversized Raft frame header: refused before reading, counted.
+    let conn = within("connect", n3.connect(n1.local_addr()))
+        .await
+        .unwrap();
+    let header = wire::FrameHeader {
+        kind: wire::Kind::RaftMessage,
+        request_id: 1,
+        body_bytes: 1,
+        payload_bytes: wire::RAFT_PAYLOAD_BYTES_MAX + 1,
+    };
+    let rejected = n1.counters().frames_rejected;
+    let (mut send, _recv) = conn.quinn().open_bi().await.unwrap();
+    let _ = send.write_all(&header.encode()).await;
+    let _ = send.finish();
+    within("the node to close the lane", conn.quinn().closed()).await;
+    wait_for("the oversized frame to be counted", WAIT, || {
+        (n1.counters().frames_rejected > rejected).then_some(())
+    })
+    .await;
+
+    // 3. Sound frames whose blobs do not decode, or a message with a forged sender: an
+    //    error reply, counted, and the connection stays.
+    let conn = within("connect", n3.connect(n1.local_addr()))
+        .await
+        .unwrap();
+    let err = conn
+        .request(Request::Raft {
+            message: Bytes::from_static(&[0xff; 16]),
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(err, Response::Error(ref e) if e.code == ErrorCode::BadRequest),
+        "{err:?}"
+    );
+    let forged = spillway_meta::RaftMessage {
+        from: 2,
+        to: 1,
+        ..Default::default()
+    };
+    let err = conn
+        .request(Request::Raft {
+            message: spillway_meta::wire::encode_message(&forged).into(),
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(err, Response::Error(ref e) if e.code == ErrorCode::BadRequest),
+        "{err:?}"
+    );
+    let err = conn
+        .request(Request::Propose {
+            batch: Bytes::from_static(&[0xff; 16]),
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(err, Response::Error(ref e) if e.code == ErrorCode::BadRequest),
+        "{err:?}"
+    );
+    assert_eq!(
+        n1.counters().peer_requests_refused,
+        before.peer_requests_refused + 3
+    );
+    // The same connection still carries pages.
+    let p = spillway_net::Page::new(page_id(1, 0), page_bytes(1, 100));
+    assert_eq!(conn.put_pages(vec![p]).await.unwrap(), 1);
+
+    // The pool still works: a spill from node 1 commits.
+    let pages = vec![(page_id(1, 0), page_bytes(3, PAGE))];
+    within("spill", n1.remote().spill(1, pages)).await.unwrap();
+    shutdown_all(nodes).await;
+}
+
+async fn http_get(addr: SocketAddr, request: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_metrics_answer_over_http() {
+    let pool = Pool::new("http", PAGE, [64, 64, 64]);
+    let nodes = pool.start_all().await;
+    let leader = settled(&nodes).await;
+    let n2 = nodes[1].as_ref().unwrap();
+    n2.clients()
+        .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+    let addr = n2.metrics_addr();
+    let reply = within(
+        "GET /status",
+        http_get(addr, "GET /status HTTP/1.1\r\nHost: x\r\n\r\n"),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+    let body = reply.split("\r\n\r\n").nth(1).unwrap();
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["node_id"], 2);
+    assert_eq!(v["leader"], leader.0);
+    assert_eq!(v["addr"], n2.local_addr().to_string());
+    assert_eq!(v["metrics_addr"], addr.to_string());
+    assert_eq!(v["members"].as_array().unwrap().len(), 3);
+    assert_eq!(v["members"][1]["capacity_bytes"], 64 * PAGE);
+    assert_eq!(v["members"][1]["state"], "up");
+    assert_eq!(v["host_tier"]["budget_bytes"], 64 * PAGE);
+    assert_eq!(v["clients"], 2);
+    for key in [
+        "pool_id",
+        "role",
+        "term",
+        "commit_index",
+        "remote",
+        "peer_bytes_in",
+        "peer_bytes_out",
+        "frames_rejected",
+    ] {
+        assert!(v.get(key).is_some(), "{key} missing in {body}");
+    }
+    let typed: spillway_node::NodeStatus = serde_json::from_str(body).unwrap();
+    assert_eq!(typed.node_id, 2);
+
+    let reply = within(
+        "GET /metrics",
+        http_get(addr, "GET /metrics HTTP/1.1\r\n\r\n"),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+    assert!(
+        reply.contains(&format!("spillway_raft_leader {}", leader.0)),
+        "{reply}"
+    );
+    assert!(reply.contains("spillway_raft_term "), "{reply}");
+    assert!(
+        reply.contains("spillway_host_tier_budget_bytes "),
+        "{reply}"
+    );
+    assert!(
+        reply.contains("spillway_peer_bytes_total{peer=\"1\",direction=\"in\"}"),
+        "{reply}"
+    );
+
+    let reply = within("GET /nope", http_get(addr, "GET /nope HTTP/1.1\r\n\r\n")).await;
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+    let reply = within("POST", http_get(addr, "POST /status HTTP/1.1\r\n\r\n")).await;
+    assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+    let huge = format!("GET /status HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(20_000));
+    let reply = within("oversized head", http_get(addr, &huge)).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    shutdown_all(nodes).await;
+}

@@ -1,0 +1,189 @@
+//! Helpers of the pool tests: a pool of three nodes on loopback with members, waiting
+//! for conditions with deadlines, pages with patterns.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use spillway_meta::Role;
+use spillway_net::certs::init_pool_dir;
+use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle};
+use spillway_types::{BufferId, NodeId, PageId, PageSize, PoolId, pattern};
+
+pub const POOL: PoolId = PoolId(0x0c15_7e40);
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A fresh directory unique to this test, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "spillway-cluster-{name}-{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Free UDP ports on loopback (bound and released; the nodes bind them right after).
+pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
+    let sockets: Vec<std::net::UdpSocket> = (0..n)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    sockets.iter().map(|s| s.local_addr().unwrap()).collect()
+}
+
+/// A pool of three: configs with members, loopback addresses, `page` pages.
+pub struct Pool {
+    pub root: TempDir,
+    pub configs: Vec<NodeConfig>,
+}
+
+impl Pool {
+    pub fn new(name: &str, page: u64, tier_pages: [u64; 3]) -> Pool {
+        let root = TempDir::new(name);
+        let pool_dir = root.0.join("pool");
+        init_pool_dir(
+            &pool_dir,
+            POOL,
+            &[NodeId(1), NodeId(2), NodeId(3), NodeId(4)],
+        )
+        .unwrap();
+        let addrs = free_addrs(3);
+        let members: Vec<MemberAddr> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| MemberAddr {
+                id: NodeId(i as u64 + 1),
+                addr: *a,
+            })
+            .collect();
+        let configs = (0..3)
+            .map(|i| {
+                let mut c = NodeConfig::new(
+                    NodeId(i as u64 + 1),
+                    pool_dir.clone(),
+                    root.0.join(format!("data-{}", i + 1)),
+                    tier_pages[i] * page,
+                );
+                c.listen_addr = addrs[i];
+                c.metrics_addr = "127.0.0.1:0".parse().unwrap();
+                c.page_size = PageSize::new(page).unwrap();
+                c.members = members.clone();
+                c.reserve_chunk_bytes = 4 * page;
+                c
+            })
+            .collect();
+        Pool { root, configs }
+    }
+
+    pub async fn start(&self, i: usize) -> NodeHandle {
+        within("node start", Node::start(self.configs[i].clone()))
+            .await
+            .unwrap()
+    }
+
+    pub async fn start_all(&self) -> Vec<Option<NodeHandle>> {
+        let mut v = Vec::new();
+        for i in 0..3 {
+            v.push(Some(self.start(i).await));
+        }
+        v
+    }
+}
+
+pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// Polls `cond` every 5 ms until it returns `Some`; panics after `timeout`.
+pub async fn wait_for<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = cond() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The leader all live nodes agree on (same leader, same term, one of them leads), once
+/// every member's lent capacity is applied on all of them.
+pub async fn settled(nodes: &[Option<NodeHandle>]) -> NodeId {
+    wait_for("a leader and the members' capacity", WAIT, || {
+        let live: Vec<&NodeHandle> = nodes.iter().flatten().collect();
+        let v0 = live[0].meta_view();
+        let leader = v0.leader?;
+        let leads = live
+            .iter()
+            .any(|n| n.node_id() == leader && n.role() == Role::Leader);
+        let agree = live.iter().all(|n| {
+            let v = n.meta_view();
+            v.leader == Some(leader)
+                && v.term == v0.term
+                && v.members.len() == 3
+                && v.members.iter().all(|m| {
+                    nodes
+                        .iter()
+                        .flatten()
+                        .find(|h| h.node_id() == m.id)
+                        .is_none_or(|h| m.capacity_bytes == h.config().lend_bytes)
+                })
+        });
+        (leads && agree).then_some(leader)
+    })
+    .await
+}
+
+pub fn page_id(buffer: u64, index: u32) -> PageId {
+    PageId {
+        buffer: BufferId(buffer),
+        index,
+    }
+}
+
+pub fn page_bytes(seed: u64, len: u64) -> Bytes {
+    let mut d = vec![0u8; len as usize];
+    pattern::fill(seed, &mut d);
+    Bytes::from(d)
+}
+
+pub async fn shutdown_all(nodes: Vec<Option<NodeHandle>>) {
+    for n in nodes.into_iter().flatten() {
+        within("shutdown", n.shutdown()).await;
+    }
+}
+
+/// Polls an async condition every 5 ms until `Some`, within [`WAIT`].
+pub async fn wait_for_async<T, F, Fut>(mut cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = cond().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
