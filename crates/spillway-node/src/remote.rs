@@ -278,6 +278,8 @@ struct Planned {
     client_page: PageId,
     remote: PageId,
     data: Bytes,
+    /// `page_checksum(&data)`, computed once when the spill starts.
+    checksum: u64,
     holder: NodeId,
     epoch: Epoch,
     reservation: Option<ReservationId>,
@@ -424,6 +426,14 @@ impl RemoteService {
         }
         pages.sort_by_key(|(id, _)| *id);
         pages.dedup_by_key(|(id, _)| *id);
+        // Hash once, outside every lock; the checksum travels with the page from here.
+        let pages: Vec<(PageId, Bytes, u64)> = pages
+            .into_iter()
+            .map(|(id, data)| {
+                let sum = page_checksum(&data);
+                (id, data, sum)
+            })
+            .collect();
         // Move; pages whose holder turned out unreachable are planned again without it.
         let mut excluded: Vec<NodeId> = Vec::new();
         let mut pending = self.plan_and_reserve(client, pages, &excluded).await?;
@@ -452,7 +462,10 @@ impl RemoteService {
                 .into_iter()
                 .partition(|p| failed.contains(&p.holder));
             plan.extend(ok);
-            let redo_pages = redo.into_iter().map(|p| (p.client_page, p.data)).collect();
+            let redo_pages = redo
+                .into_iter()
+                .map(|p| (p.client_page, p.data, p.checksum))
+                .collect();
             pending = self.plan_and_reserve(client, redo_pages, &excluded).await?;
         }
         self.place(&plan).await?;
@@ -463,7 +476,7 @@ impl RemoteService {
             for p in &plan {
                 let held = Held {
                     holder: p.holder,
-                    checksum: page_checksum(&p.data),
+                    checksum: p.checksum,
                 };
                 if let Some(old) = inner.pages.insert((client, p.client_page), held)
                     && old.holder != p.holder
@@ -482,7 +495,7 @@ impl RemoteService {
     async fn plan_and_reserve(
         &self,
         client: u32,
-        pages: Vec<(PageId, Bytes)>,
+        pages: Vec<(PageId, Bytes, u64)>,
         excluded: &[NodeId],
     ) -> Result<Vec<Planned>, RemoteError> {
         let _plan = self.plan.lock().await;
@@ -622,7 +635,7 @@ impl RemoteService {
         // Spend reservations page by page.
         let mut inner = self.lock();
         let mut plan = Vec::with_capacity(pages.len());
-        for ((client_page, data), holder) in pages.into_iter().zip(assigned) {
+        for ((client_page, data, checksum), holder) in pages.into_iter().zip(assigned) {
             let reservation = inner.reservations.get_mut(&holder).and_then(|rs| {
                 rs.retain(|r| r.remaining_bytes >= self.page_bytes && r.spend_until_ms > now);
                 rs.iter_mut()
@@ -636,6 +649,7 @@ impl RemoteService {
                 client_page,
                 remote: remote_page_id(self.node, client, client_page),
                 data,
+                checksum,
                 holder,
                 epoch: room[&holder].2,
                 reservation,
@@ -652,7 +666,7 @@ impl RemoteService {
             by_peer
                 .entry(p.holder)
                 .or_default()
-                .push(Page::new(p.remote, p.data.clone()));
+                .push(Page::with_checksum(p.remote, p.data.clone(), p.checksum));
         }
         let mut set = JoinSet::new();
         for (peer, pages) in by_peer {

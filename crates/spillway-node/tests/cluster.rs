@@ -442,3 +442,46 @@ async fn status_and_metrics_answer_over_http() {
     assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
     shutdown_all(nodes).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_fetches_its_pages_through_the_replicated_directory() {
+    let pool = Pool::new("refetch", PAGE, [64, 64, 64]);
+    let mut nodes = pool.start_all().await;
+    settled(&nodes).await;
+    let pages: Vec<(PageId, Bytes)> = (0..12u32)
+        .map(|i| (page_id(6, i), page_bytes(u64::from(i) + 900, PAGE)))
+        .collect();
+    let n1 = nodes[0].as_ref().unwrap();
+    within("spill", n1.remote().spill(3, pages.clone()))
+        .await
+        .unwrap();
+    let target = n1.commit_index();
+    // Node 1 goes away and comes back with an empty local map.
+    let n1 = nodes[0].take().unwrap();
+    within("shutdown node 1", n1.shutdown()).await;
+    nodes[0] = Some(pool.start(0).await);
+    settled(&nodes).await;
+    let n1 = nodes[0].as_ref().unwrap();
+    wait_for("node 1 to apply its placements again", WAIT, || {
+        (n1.meta_view().applied_index >= target).then_some(())
+    })
+    .await;
+    let ids: Vec<PageId> = pages.iter().map(|(id, _)| *id).collect();
+    let back = within("fetch after restart", n1.remote().fetch(3, ids.clone()))
+        .await
+        .unwrap();
+    for ((_, sent), got) in pages.iter().zip(&back) {
+        assert!(sent == got, "a page came back different");
+    }
+    // Discard after the restart frees the peers too.
+    within("discard", n1.remote().discard(3, ids))
+        .await
+        .unwrap();
+    let held: u64 = nodes[1..]
+        .iter()
+        .flatten()
+        .map(|n| n.store().used_bytes_of(NodeId(1)))
+        .sum();
+    assert_eq!(held, 0);
+    shutdown_all(nodes).await;
+}
