@@ -27,7 +27,7 @@
 //! with it, and every later op fails with it at once.
 //!
 //! Lock order: the tier's state, then nothing; the writer, then nothing. Neither is held
-//! while the sink runs. The only `unsafe` is in [`shm`].
+//! while the sink runs. The only `unsafe` is in the private `shm` module.
 
 use std::collections::HashSet;
 use std::io::{self, Read, Write};

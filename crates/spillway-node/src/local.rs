@@ -41,7 +41,8 @@
 //! (fed by a bounded channel of `ops_in_flight_per_client_max`), plus a task per op. The
 //! node runs them on its own tracker and token ([`spawn_in`]); [`LocalServer`] runs them
 //! on its own. Cancelling stops them all (ops in flight are abandoned, the clients'
-//! pages discarded) and removes the socket file. The only `unsafe` is in [`shm`].
+//! pages discarded) and removes the socket file. The only `unsafe` is in the private
+//! `shm` module.
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
