@@ -1,6 +1,7 @@
 //! Spill and fetch throughput of the remote tier with 2 MiB pages, three nodes on
 //! loopback in one process (alone in its test binary, so the other pool tests do not
-//! share the cores with it). `SPILLWAY_BENCH_PAGES` sets the pages moved (default 64).
+//! share the cores with it). `SPILLWAY_BENCH_PAGES` sets the pages moved (default 64),
+//! `SPILLWAY_BENCH_THREADS` the tokio worker threads all three nodes share (default 2).
 
 mod common;
 
@@ -11,8 +12,21 @@ use common::*;
 use spillway_types::PageId;
 
 /// Spill and fetch throughput with 2 MiB pages (prints GB/s; asserts only correctness).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spill_and_fetch_throughput_with_2_mib_pages() {
+#[test]
+fn spill_and_fetch_throughput_with_2_mib_pages() {
+    let threads: usize = std::env::var("SPILLWAY_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run(threads));
+}
+
+async fn run(threads: usize) {
     const BIG: u64 = 2 << 20;
     let total_pages: u64 = std::env::var("SPILLWAY_BENCH_PAGES")
         .ok()
@@ -42,7 +56,7 @@ async fn spill_and_fetch_throughput_with_2_mib_pages() {
         assert!(sent == got, "a page came back different");
     }
     println!(
-        "{} MiB in 2 MiB pages: spill {:.2} GB/s, fetch {:.2} GB/s",
+        "{} MiB in 2 MiB pages, {threads} worker threads: spill {:.2} GB/s, fetch {:.2} GB/s",
         bytes >> 20,
         bytes as f64 / spill_s / 1e9,
         bytes as f64 / fetch_s / 1e9
