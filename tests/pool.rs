@@ -1,9 +1,8 @@
 //! End-to-end tests of a pool of `spillway node` processes: `cluster up`, `status`,
 //! `cluster down`, and leader fail-over with real SIGKILLs.
 //!
-//! They need the node's Raft group and its `/status` endpoint; until those are in
-//! spillway-node they are ignored (`cargo test -- --ignored` runs them). Every wait polls
-//! a condition against a deadline, and the [`Pool`] guard stops every node on drop.
+//! Every wait polls a condition against a deadline, and the [`Pool`] guard stops every
+//! node on drop, whatever the test did.
 
 mod support;
 
@@ -39,7 +38,6 @@ fn leader_of(status: &Value) -> Option<u64> {
 }
 
 #[test]
-#[ignore = "needs the node's Raft group and /status in spillway-node"]
 fn three_nodes_up_report_one_leader_and_down_leaves_no_process() {
     let pool = Pool::new();
     up(&pool, 3);
@@ -86,7 +84,6 @@ fn three_nodes_up_report_one_leader_and_down_leaves_no_process() {
 }
 
 #[test]
-#[ignore = "needs the node's Raft group and /status in spillway-node"]
 fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restart() {
     let pool = Pool::new();
     up(&pool, 4);

@@ -69,9 +69,14 @@ fn config_help() -> String {
     };
     let mut text = String::from("Config fields (TOML; `quic.x` is `x` in the `[quic]` table):\n");
     for f in NodeConfig::field_docs() {
+        // A literal default in the table is replaced by the value the code has, so the
+        // help cannot go stale; a default described in words is kept.
+        let literal = |d: &str| {
+            d.starts_with("see ") || d.parse::<f64>().is_ok() || d == "true" || d == "false"
+        };
         let default = match (f.default, value_of(f.key)) {
             ("required", _) => "required".to_string(),
-            (d, Some(v)) if d.starts_with("see ") => format!("default {v}"),
+            (d, Some(v)) if literal(d) => format!("default {v}"),
             (d, _) => format!("default {d}"),
         };
         text.push_str(&format!("  {:<38} {} [{default}]\n", f.key, f.doc));

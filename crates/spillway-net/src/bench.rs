@@ -11,8 +11,9 @@
 //!   cycle, so memory stays at a few pages per request in flight). This is the full path:
 //!   TLS, frames, checksums on both sides, the in-flight budget.
 //!
-//! The machine is shared and noisy: each method runs twice, interleaved, and its best
-//! round counts; compare the two figures of one run, not figures of different runs.
+//! The machine is shared and noisy: each method runs three times, interleaved, and its
+//! best round counts (on the 2-core VM, neighbours' bursts halved either figure in about
+//! one round of three); compare the figures of one run, not figures of different runs.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -56,7 +57,7 @@ impl ThroughputReport {
 }
 
 /// Rounds of measurement; each method's best round is reported.
-const ROUNDS: usize = 2;
+pub const ROUNDS: usize = 3;
 
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
@@ -97,7 +98,7 @@ pub async fn page_throughput_with(
     let in_flight = in_flight.max(1);
     let pages = (total_bytes / page_bytes).max(1);
     let total_bytes = pages * page_bytes;
-    // Two rounds, each method once per round, best of each kept: the machine is shared,
+    // Rounds of each method once, best of each kept: the machine is shared,
     // and a neighbour's burst should not decide the ratio.
     let (mut tcp_1, mut tcp_8, mut quic) = (0f64, 0f64, 0f64);
     for _ in 0..ROUNDS {
