@@ -485,3 +485,29 @@ async fn a_restarted_node_fetches_its_pages_through_the_replicated_directory() {
     assert_eq!(held, 0);
     shutdown_all(nodes).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_handle_does_not_hang_and_its_directory_reopens() {
+    let pool = Pool::new("drop", PAGE, [16, 16, 16]);
+    let mut alone = pool.configs[0].clone();
+    alone.members.clear();
+    let node = within("start", Node::start(alone.clone())).await.unwrap();
+    wait_for("a pool of one to elect itself", WAIT, || {
+        (node.role() == Role::Leader).then_some(())
+    })
+    .await;
+    let t0 = Instant::now();
+    drop(node);
+    assert!(
+        t0.elapsed() < Duration::from_millis(100),
+        "drop took {:?}",
+        t0.elapsed()
+    );
+    // The Raft thread lets go of the log within a tick or so: the node starts again.
+    let again = wait_for_async(|| async { Node::start(alone.clone()).await.ok() }).await;
+    wait_for("the restarted node to lead again", WAIT, || {
+        (again.role() == Role::Leader).then_some(())
+    })
+    .await;
+    within("shutdown", again.shutdown()).await;
+}
