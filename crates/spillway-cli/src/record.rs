@@ -16,9 +16,15 @@ pub(crate) fn append_section(path: &Path, title: &str, body: &str, json: &str) -
         .append(true)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
+    // The load when the section is written: on a shared machine it says how much the
+    // neighbours took.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into());
     writeln!(
         f,
-        "\n### {title}, {}\n\nCommand: `{command}`\n\nMachine: {}\n\n{body}\nJSON: `{json}`\n",
+        "\n### {title}, {}\n\nCommand: `{command}`\n\nMachine: {}; load average (1 min) {load}\n\n{body}\nJSON: `{json}`\n",
         spillway_bench::report::now_rfc3339(),
         spillway_bench::report::machine_description(),
     )
