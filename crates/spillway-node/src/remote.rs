@@ -450,6 +450,8 @@ impl RemoteService {
                     .all(|(_, e)| matches!(e, RemoteError::PeerUnreachable { .. }));
             if !retry {
                 let (_, e) = failures.into_iter().next().expect("a failure");
+                plan.append(&mut pending);
+                self.drop_copies(client, &plan).await;
                 return Err(e);
             }
             let failed: Vec<NodeId> = failures.iter().map(|(p, _)| *p).collect();
@@ -468,7 +470,10 @@ impl RemoteService {
                 .collect();
             pending = self.plan_and_reserve(client, redo_pages, &excluded).await?;
         }
-        self.place(&plan).await?;
+        if let Err(e) = self.place(&plan).await {
+            self.drop_copies(client, &plan).await;
+            return Err(e);
+        }
         // Record, and drop copies a re-spill left on another holder.
         let mut stale: HashMap<NodeId, Vec<PageId>> = HashMap::new();
         {
@@ -720,6 +725,29 @@ impl RemoteService {
             }
         }
         failures.into_iter().collect()
+    }
+
+    /// Best effort after a failed spill: deletes what may have reached the holders, unless
+    /// an earlier spill of the same page is recorded on that holder (then it stays).
+    async fn drop_copies(&self, client: u32, plan: &[Planned]) {
+        let mut by_peer: BTreeMap<NodeId, Vec<PageId>> = BTreeMap::new();
+        {
+            let inner = self.lock();
+            for p in plan {
+                let recorded_there = inner
+                    .pages
+                    .get(&(client, p.client_page))
+                    .is_some_and(|h| h.holder == p.holder);
+                if !recorded_there {
+                    by_peer.entry(p.holder).or_default().push(p.remote);
+                }
+            }
+        }
+        for (peer, ids) in by_peer {
+            if let Err(e) = self.delete_on(peer, ids).await {
+                tracing::debug!(%peer, error = %e, "could not drop the copies of a failed spill");
+            }
+        }
     }
 
     /// Records the planned pages in the directory (one `Place` per extent).
