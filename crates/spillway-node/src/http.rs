@@ -12,7 +12,7 @@
 //! A crate (hyper, axum) would bring a whole HTTP stack for two read-only GETs; this is
 //! ~100 lines with explicit bounds.
 //!
-//! Both documents are built from [`StatusSources`], shared handles to the node's parts,
+//! Both documents are built from `StatusSources`, shared handles to the node's parts,
 //! at request time: nothing is cached, so they are as fresh as the counters.
 
 use std::fmt::Write as _;

@@ -3,7 +3,7 @@
 //! connections.
 //!
 //! Parts:
-//! - the **Raft thread** ([`MetaDriver::start`]) owns the [`MetaNode`]: it ticks every
+//! - the **Raft thread** (started by `MetaDriver::start`) owns the [`MetaNode`]: it ticks every
 //!   `tick_ms`, steps the messages peers sent, turns queued proposals into one
 //!   [`Batch`] per Ready round (group commit), runs the Ready loop (raft-engine fsyncs
 //!   there, which is why it is a thread and not a task), hands outgoing messages to the
