@@ -1126,3 +1126,48 @@ fn publish(
         running: true,
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forward_replies_round_trip_and_garbage_is_an_error() {
+        let reply = ForwardReply::Applied {
+            outcomes: vec![
+                Outcome::Accepted,
+                Outcome::Rejected {
+                    reason: "no".into(),
+                },
+            ],
+        };
+        match decode_forward_reply(&encode_forward_reply(&reply)).unwrap() {
+            ForwardReply::Applied { outcomes } => {
+                assert_eq!(outcomes.len(), 2);
+                assert!(outcomes[0].is_accepted() && !outcomes[1].is_accepted());
+            }
+            other => panic!("{other:?}"),
+        }
+        let not_leader = encode_forward_reply(&ForwardReply::NotLeader { leader: Some(3) });
+        assert!(matches!(
+            decode_forward_reply(&not_leader),
+            Ok(ForwardReply::NotLeader { leader: Some(3) })
+        ));
+        let mut trailing = not_leader.to_vec();
+        trailing.push(0);
+        assert!(decode_forward_reply(&trailing).is_err());
+        // A hostile length prefix hits the decode limit instead of allocating.
+        assert!(
+            decode_forward_reply(&[0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn reasons_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(REASON_BYTES_MAX);
+        let cut = cut(long);
+        assert!(cut.len() <= REASON_BYTES_MAX);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
+}

@@ -515,3 +515,74 @@ async fn dropping_a_handle_does_not_hang_and_its_directory_reopens() {
     .await;
     within("shutdown", again.shutdown()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_proposal_is_forwarded_and_each_update_answered() {
+    use spillway_meta::{ReservationId, Update};
+    use spillway_node::Outcome;
+    let pool = Pool::new("forward", PAGE, [32, 32, 32]);
+    let nodes = pool.start_all().await;
+    let leader = settled(&nodes).await;
+    let follower = nodes
+        .iter()
+        .flatten()
+        .find(|n| n.node_id() != leader)
+        .unwrap();
+    let target = nodes
+        .iter()
+        .flatten()
+        .find(|n| n.node_id() != follower.node_id())
+        .unwrap()
+        .node_id();
+    let expires_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 60_000;
+    let reserve = |id, bytes| Update::Reserve {
+        id: ReservationId(id),
+        node: target,
+        bytes,
+        expires_at_ms,
+    };
+    let forwarded_before = follower.counters().proposals_forwarded;
+    let outcomes = within(
+        "propose",
+        follower.propose(vec![
+            reserve(1, 4 * PAGE),
+            reserve(2, 1000 * PAGE),
+            reserve(1, PAGE),
+        ]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcomes.len(), 3);
+    assert_eq!(outcomes[0], Outcome::Accepted);
+    match &outcomes[1] {
+        Outcome::Rejected { reason } => assert!(reason.contains("bytes free"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    match &outcomes[2] {
+        Outcome::Rejected { reason } => assert!(reason.contains("already exists"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(follower.counters().proposals_forwarded > forwarded_before);
+    // Applied on the follower too, soon after.
+    wait_for(
+        "the reservation to be applied on the follower",
+        WAIT,
+        || {
+            follower
+                .members()
+                .iter()
+                .any(|m| m.id == target && m.reserved_bytes == 4 * PAGE)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        within("empty", follower.propose(Vec::new())).await.unwrap(),
+        vec![]
+    );
+    shutdown_all(nodes).await;
+}
