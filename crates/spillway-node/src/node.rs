@@ -7,8 +7,9 @@
 //! Shutdown follows mini-redis: one [`CancellationToken`] tells every task of the node to
 //! stop, and a [`TaskTracker`] holds every task the node spawned, so
 //! [`NodeHandle::shutdown`] returns only when all of them are gone. The peer service has
-//! its own token and tracker inside [`Server`]; shutdown stops it first (no new requests),
-//! then the Raft thread (joined), then the node's own tasks (peer senders, forwarded
+//! its own token and tracker inside [`Server`]. Shutdown stops the local client socket
+//! first (its clients' pages are discarded while Raft and the peers still serve), then the
+//! peer service (no new requests), then the Raft thread (joined), then the node's own tasks (peer senders, forwarded
 //! proposals, the metrics server), then closes the endpoint and waits until peers were
 //! told. Dropping the handle instead tells all of them to stop and waits for none.
 
@@ -176,6 +177,8 @@ impl Node {
             clients,
             local: None,
             metrics_addr: None,
+            local_cancel: cancel.child_token(),
+            local_tasks: TaskTracker::new(),
             cancel,
             tasks,
         };
@@ -195,7 +198,13 @@ impl Node {
             handle.config.host_tier_bytes,
         );
         let (remote, clients) = (handle.remote.clone(), handle.clients.clone());
-        match crate::local::spawn_in(local, remote, clients, &handle.tasks, &handle.cancel) {
+        match crate::local::spawn_in(
+            local,
+            remote,
+            clients,
+            &handle.local_tasks,
+            &handle.local_cancel,
+        ) {
             Ok(monitor) => handle.local = Some(monitor),
             Err(e) => {
                 handle.shutdown_inner().await;
@@ -231,6 +240,11 @@ pub struct NodeHandle {
     local: Option<crate::local::LocalMonitor>,
     /// Where `/metrics` and `/status` listen (the bound port when the config asked for 0).
     metrics_addr: Option<SocketAddr>,
+    /// Tells the local client socket's tasks to stop (a child of `cancel`): shutdown stops
+    /// them first, while Raft and the peers still serve the discards of their pages.
+    local_cancel: CancellationToken,
+    /// The local client socket's tasks.
+    local_tasks: TaskTracker,
     /// Tells the node's own tasks to stop (peer senders, forwarded proposals, metrics).
     cancel: CancellationToken,
     /// Every task the node spawned besides the peer service's.
@@ -401,6 +415,10 @@ impl NodeHandle {
     }
 
     async fn shutdown_inner(&mut self) {
+        // Local clients first: their pages are discarded through Raft and the peers.
+        self.local_cancel.cancel();
+        self.local_tasks.close();
+        self.local_tasks.wait().await;
         if let Some(server) = self.server.take() {
             server.shutdown().await;
         }
