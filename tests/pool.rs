@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use support::{Pool, base_port, poll, spillway_ok};
+use support::{Pool, base_port, poll, read, spillway, spillway_ok};
 
 fn up(pool: &Pool, slot: u16) {
     let port = base_port(slot).to_string();
@@ -53,6 +53,27 @@ fn three_nodes_up_report_one_leader_and_down_leaves_no_process() {
         .collect();
     assert_eq!(leaders.len(), 1, "{status}");
     assert_eq!(leaders[0]["status"]["node_id"], leader);
+
+    // A second `up` finds every node running and starts none; `init --force` refuses to
+    // replace a running pool.
+    let again = spillway_ok(&[
+        "cluster",
+        "up",
+        "--dir",
+        pool.dir_str(),
+        "--nodes",
+        "3",
+        "--timeout-s",
+        "20",
+    ]);
+    assert!(again.contains("0 started now"), "{again}");
+    let forced = spillway(&["cluster", "init", "--dir", pool.dir_str(), "--force"]);
+    assert!(!forced.status.success());
+    assert!(
+        String::from_utf8_lossy(&forced.stderr).contains("still runs"),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
 
     let pids: Vec<u32> = pool
         .spec()
@@ -131,4 +152,51 @@ fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restart() {
     );
     spillway_ok(&["cluster", "down", "--dir", pool.dir_str()]);
     assert!(poll(Duration::from_secs(5), || child.try_wait().unwrap()).is_some());
+}
+
+#[test]
+fn up_fails_with_the_log_of_a_node_that_cannot_start_and_leaves_no_process() {
+    let pool = Pool::new();
+    let port = base_port(5).to_string();
+    spillway_ok(&[
+        "cluster",
+        "init",
+        "--dir",
+        pool.dir_str(),
+        "--nodes",
+        "3",
+        "--base-port",
+        &port,
+        "--host-tier-bytes",
+        "64MiB",
+    ]);
+    // Node 2's status port is taken.
+    let spec = pool.spec();
+    let _taken = std::net::TcpListener::bind(spec.nodes[1].metrics_addr).unwrap();
+    let out = spillway(&[
+        "cluster",
+        "up",
+        "--dir",
+        pool.dir_str(),
+        "--nodes",
+        "3",
+        "--timeout-s",
+        "20",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("node 2"), "{err}");
+    assert!(
+        err.contains(&spec.nodes[1].metrics_addr.to_string()),
+        "{err}"
+    );
+    // Every node it started is stopped again.
+    for node in &spec.nodes {
+        assert!(
+            spillway_cluster::process::running_pid(node).is_none(),
+            "node {} still runs: {}",
+            node.id,
+            read(&node.log)
+        );
+    }
 }

@@ -78,11 +78,18 @@ pub fn spawn_node(exe: &Path, node: &NodeSpec, log_filter: &str) -> Result<Child
         .open(&node.log)
         .map_err(io_at(&node.log))?;
     let log_err = log.try_clone().map_err(io_at(&node.log))?;
-    let child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .arg("node")
         .arg("--config")
         .arg(&node.config)
-        .env("SPILLWAY_LOG", log_filter)
+        .env("SPILLWAY_LOG", log_filter);
+    // An error that stops the node should end its log, not a backtrace of it (panics
+    // still print theirs under RUST_BACKTRACE).
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        command.env("RUST_LIB_BACKTRACE", "0");
+    }
+    let child = command
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)

@@ -72,6 +72,8 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| default_log.into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: node logs go to files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
         Command::Demo(args) => demo::run_demo(args),
