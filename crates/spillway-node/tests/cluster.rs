@@ -220,7 +220,7 @@ async fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restar
         .unwrap();
 
     // Restart the killed node from its data directory: it catches up.
-    nodes[li] = Some(pool.start(li).await);
+    nodes[li] = Some(pool.restart(li).await);
     let restarted = nodes[li].as_ref().unwrap();
     let target = nodes[si].as_ref().unwrap().commit_index();
     wait_for("the restarted node to catch up", WAIT, || {
@@ -463,7 +463,7 @@ async fn a_restarted_node_fetches_its_pages_through_the_replicated_directory() {
     // Node 1 goes away and comes back with an empty local map.
     let n1 = nodes[0].take().unwrap();
     within("shutdown node 1", n1.shutdown()).await;
-    nodes[0] = Some(pool.start(0).await);
+    nodes[0] = Some(pool.restart(0).await);
     settled(&nodes).await;
     let n1 = nodes[0].as_ref().unwrap();
     wait_for("node 1 to apply its placements again", WAIT, || {

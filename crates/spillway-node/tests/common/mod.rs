@@ -98,6 +98,22 @@ impl Pool {
             .unwrap()
     }
 
+    /// Starts node `i` again after a shutdown in this process: its UDP port is released
+    /// when the endpoint's driver task notices the last handle is gone, so a bind may
+    /// briefly find it in use; that (and only that) is retried until the deadline.
+    pub async fn restart(&self, i: usize) -> NodeHandle {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match Node::start(self.configs[i].clone()).await {
+                Ok(n) => return n,
+                Err(spillway_node::NodeError::Bind { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => panic!("restart of node {}: {e}", i + 1),
+            }
+        }
+    }
+
     pub async fn start_all(&self) -> Vec<Option<NodeHandle>> {
         let mut v = Vec::new();
         for i in 0..3 {
