@@ -35,6 +35,11 @@ use crate::remote::RemoteService;
 use crate::service::{NodeService, ServiceCounters};
 use crate::store::{HostStore, StoreCounters};
 
+/// Longest wait at shutdown for the peer connections to drain after they were closed:
+/// 500 ms (peers were told when the close was sent; the wait only lets the close be
+/// retransmitted if it was lost).
+pub const TRANSPORT_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -426,7 +431,14 @@ impl NodeHandle {
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
-        self.transport.close().await;
+        // Peers are told at once; waiting for the connections to drain is bounded, since a
+        // connection still in its handshake to a dead peer drains for seconds.
+        if tokio::time::timeout(TRANSPORT_CLOSE_WAIT, self.transport.close())
+            .await
+            .is_err()
+        {
+            tracing::debug!(node = %self.config.node_id, "peer connections still draining at shutdown");
+        }
         tracing::info!(node = %self.config.node_id, "node shut down");
     }
 }
