@@ -109,9 +109,18 @@ fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restart() {
     let pool = Pool::new();
     up(&pool, 4);
     let spec = pool.spec();
-    let before = pool.status();
-    let old = leader_of(&before).expect("a leader");
-    let old_term = before["term"].as_u64().unwrap();
+    // Kill the leader of a settled pool: all up, one leader, the same commit index.
+    let targets = spillway_cluster::launcher::status_targets(&spec);
+    let before = poll(Duration::from_secs(10), || {
+        Some(spillway_cluster::query_pool(
+            &targets,
+            Duration::from_millis(200),
+        ))
+        .filter(|r| r.settled(3))
+    })
+    .expect("the pool settles");
+    let old = before.leader.expect("a leader");
+    let old_term = before.term.unwrap();
     let node = spec.node(old).unwrap().clone();
     let pid: i32 = std::fs::read_to_string(&node.pid_file)
         .unwrap()
@@ -138,7 +147,6 @@ fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restart() {
     // Restarted with its own config, it rejoins and its commit index reaches the leader's.
     let exe = std::path::Path::new(env!("CARGO_BIN_EXE_spillway"));
     let mut child = spillway_cluster::process::spawn_node(exe, &node, "info").unwrap();
-    let targets = spillway_cluster::launcher::status_targets(&spec);
     let caught_up = poll(Duration::from_secs(10), || {
         let r = spillway_cluster::query_pool(&targets, Duration::from_millis(200));
         let leader_commit = r.node(r.leader?)?.commit_index;

@@ -211,6 +211,17 @@ impl PoolReport {
         }
     }
 
+    /// Whether `total` nodes answered, agree on the leader and have committed the same
+    /// index: nothing in flight that a fail-over would have to finish first.
+    pub fn settled(&self, total: usize) -> bool {
+        let mut commits = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.status.as_ref().map(|s| s.commit_index));
+        let first = commits.next();
+        self.answering == total && self.leader_agreed && commits.all(|c| Some(c) == first)
+    }
+
     /// The status of node `id`, if it answered.
     pub fn node(&self, id: u64) -> Option<&NodeStatus> {
         self.nodes

@@ -379,9 +379,14 @@ fn failover_trials(args: &FailoverArgs, dir: &Path) -> Result<FailoverReport> {
     let quick = Duration::from_millis(200);
     let (mut new_leader_ms, mut caught_up_ms) = (Vec::new(), Vec::new());
     for trial in 0..args.trials {
-        let before = query_pool(&targets, quick);
-        let (Some(old), true) = (before.leader, before.leader_agreed) else {
-            bail!("trial {trial}: no agreed leader before the kill");
+        // Kill only a settled pool: every node up, one leader, the same commit index.
+        let Some(before) = poll_until(timeout, POLL_INTERVAL, || {
+            Some(query_pool(&targets, quick)).filter(|r| r.settled(targets.len()))
+        }) else {
+            bail!("trial {trial}: the pool did not settle within {timeout:?}");
+        };
+        let Some(old) = before.leader else {
+            bail!("trial {trial}: no leader before the kill");
         };
         let old_term = before.term.unwrap_or(0);
         let others: Vec<_> = targets
