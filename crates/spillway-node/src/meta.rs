@@ -28,6 +28,10 @@
 //! peer, [`PROPOSALS_QUEUED_MAX`] updates waiting to be proposed. Raft retransmits what a
 //! full queue drops.
 //!
+//! Graceful shutdown: a leader hands leadership to its most caught-up follower (Raft's
+//! leadership transfer) before its thread stops, so the pool elects at once instead of
+//! after an election timeout; a node that dies (or whose handle is dropped) does not.
+//!
 //! Initial capacity: the members' lent capacity is known only to each member, so the pool
 //! starts with capacity 0 everywhere and every node proposes `SetCapacity` for itself
 //! (its `lend_bytes`) once a leader is known and whenever the replicated value differs.
@@ -73,6 +77,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest wait before reconnecting: 1 s.
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Longest wait at shutdown for a leadership transfer to complete: 1 s (then the node
+/// stops anyway, and the others elect after their election timeout).
+pub const TRANSFER_WAIT: Duration = Duration::from_secs(1);
 /// Longest rejection reason sent back to a follower: 256 bytes (a full batch's reasons
 /// stay below 5 MiB, inside `wire::PROPOSAL_PAYLOAD_BYTES_MAX`).
 pub const REASON_BYTES_MAX: usize = 256;
@@ -219,6 +226,8 @@ enum Input {
     Unreachable(NodeId),
     Snapshot(NodeId, bool),
     Query(Query),
+    /// Hand leadership to the most caught-up active follower, if this node leads.
+    Transfer,
     Stop,
 }
 
@@ -644,7 +653,19 @@ impl MetaDriver {
         true
     }
 
-    /// Stops the Raft thread and waits for it (at most one Ready round and a tick).
+    /// If this node leads, hands leadership to its most caught-up follower and waits (at
+    /// most [`TRANSFER_WAIT`]) until it no longer leads, so a graceful stop costs the pool
+    /// no election timeout. Call while peers are still served.
+    pub(crate) async fn hand_over(&self) {
+        if self.view().role == Role::Leader && self.send(Input::Transfer).is_ok() {
+            let deadline = Instant::now() + TRANSFER_WAIT;
+            while self.view().role == Role::Leader && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+
+    /// Stops the Raft thread and waits for it.
     pub(crate) async fn shutdown(&self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.inputs.try_send(Input::Stop);
@@ -754,6 +775,17 @@ fn run(mut node: MetaNode, inputs: Receiver<Input>, mut ctx: ThreadCtx) {
                 Input::Unreachable(peer) => node.report_unreachable(peer),
                 Input::Snapshot(peer, ok) => node.report_snapshot(peer, ok),
                 Input::Query(f) => f(node.state()),
+                Input::Transfer => {
+                    let best = node
+                        .peers()
+                        .into_iter()
+                        .filter(|p| p.recently_active)
+                        .max_by_key(|p| p.matched_index);
+                    if let Some(to) = best {
+                        tracing::info!(node = %ctx.id, to = %to.id, "handing leadership over before stopping");
+                        node.transfer_leader(to.id);
+                    }
+                }
                 Input::Stop => stopping = true,
             }
         }

@@ -8,8 +8,9 @@
 //! stop, and a [`TaskTracker`] holds every task the node spawned, so
 //! [`NodeHandle::shutdown`] returns only when all of them are gone. The peer service has
 //! its own token and tracker inside [`Server`]. Shutdown stops the local client socket
-//! first (its clients' pages are discarded while Raft and the peers still serve), then the
-//! peer service (no new requests), then the Raft thread (joined), then the node's own tasks (peer senders, forwarded
+//! first (its clients' pages are discarded while Raft and the peers still serve), then a
+//! leader hands leadership over, then the peer service stops (no new requests), then the
+//! Raft thread (joined), then the node's own tasks (peer senders, forwarded
 //! proposals, the metrics server), then closes the endpoint and waits until peers were
 //! told. Dropping the handle instead tells all of them to stop and waits for none.
 
@@ -424,6 +425,8 @@ impl NodeHandle {
         self.local_cancel.cancel();
         self.local_tasks.close();
         self.local_tasks.wait().await;
+        // A leader hands over while it can still hear its followers.
+        self.meta.hand_over().await;
         if let Some(server) = self.server.take() {
             server.shutdown().await;
         }

@@ -1,8 +1,9 @@
 //! Three nodes of one pool in one process, on loopback: they elect a leader over QUIC; a
 //! spill from one node lands on its peers by free capacity and comes back byte for byte;
 //! the directory entries are committed on every node; discard frees the peers' bytes;
-//! killing the leader elects another within a second, and the killed node restarts from
-//! its data directory and catches up; bad config fields are named; malformed Raft frames
+//! shutting the leader down elects another within a second (it hands leadership over),
+//! and the node restarts from its data directory and catches up; a leader that crashes
+//! (its handle dropped) is replaced after an election timeout; bad config fields are named; malformed Raft frames
 //! close only their connection, are counted, and the node keeps serving; `/status` and
 //! `/metrics` answer. Real time, but every wait polls a condition with a deadline.
 
@@ -583,6 +584,41 @@ async fn a_follower_proposal_is_forwarded_and_each_update_answered() {
     assert_eq!(
         within("empty", follower.propose(Vec::new())).await.unwrap(),
         vec![]
+    );
+    shutdown_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_is_replaced_after_an_election_timeout() {
+    let pool = Pool::new("crash", PAGE, [16, 16, 16]);
+    let mut nodes = pool.start_all().await;
+    let leader = settled(&nodes).await;
+    let li = (leader.0 - 1) as usize;
+    let term = nodes[(li + 1) % 3].as_ref().unwrap().term();
+    // Dropping the handle stops it without the graceful hand-over: the others must notice
+    // the missing heartbeats (election timeout 5..8 ticks of 100 ms).
+    let t0 = Instant::now();
+    drop(nodes[li].take());
+    let new_leader = wait_for("a new leader", Duration::from_secs(5), || {
+        let live: Vec<&NodeHandle> = nodes.iter().flatten().collect();
+        let l = live
+            .iter()
+            .find(|n| n.role() == Role::Leader && n.term() > term)?;
+        live.iter()
+            .all(|n| n.leader() == Some(l.node_id()))
+            .then_some(l.node_id())
+    })
+    .await;
+    let elected = t0.elapsed();
+    println!(
+        "new leader {new_leader} elected {} ms after the leader crashed",
+        elected.as_millis()
+    );
+    assert_ne!(new_leader, leader);
+    // 0.5-0.8 s of election timeout, plus a second round when the first vote splits.
+    assert!(
+        elected < Duration::from_secs(2),
+        "election took {elected:?}"
     );
     shutdown_all(nodes).await;
 }
