@@ -622,3 +622,50 @@ async fn a_crashed_leader_is_replaced_after_an_election_timeout() {
     );
     shutdown_all(nodes).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_spills_share_raft_entries() {
+    let mut pool = Pool::new("concurrent", PAGE, [256, 256, 256]);
+    for c in &mut pool.configs {
+        c.reserve_chunk_bytes = 64 * PAGE;
+    }
+    let nodes = pool.start_all().await;
+    settled(&nodes).await;
+    let n1 = nodes[0].as_ref().unwrap();
+    let remote = n1.remote();
+    // Reserve once, so the spills below need only their placements.
+    within(
+        "first spill",
+        remote.spill(1, vec![(page_id(100, 0), page_bytes(1, PAGE))]),
+    )
+    .await
+    .unwrap();
+    let before = n1.commit_index();
+    const SPILLS: u32 = 32;
+    let mut set = tokio::task::JoinSet::new();
+    for b in 0..SPILLS {
+        let remote = remote.clone();
+        set.spawn(async move {
+            let pages = vec![(page_id(u64::from(b) + 1, 0), page_bytes(u64::from(b), PAGE))];
+            remote.spill(1, pages).await
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap().unwrap();
+    }
+    let entries = n1.commit_index() - before;
+    println!("{SPILLS} concurrent spills took {entries} Raft entries");
+    assert!(
+        entries < u64::from(SPILLS),
+        "{entries} entries for {SPILLS} spills"
+    );
+    let ids: Vec<PageId> = (0..SPILLS).map(|b| page_id(u64::from(b) + 1, 0)).collect();
+    let back = within("fetch", remote.fetch(1, ids)).await.unwrap();
+    for (b, got) in back.iter().enumerate() {
+        assert!(
+            *got == page_bytes(b as u64, PAGE),
+            "spill {b} came back different"
+        );
+    }
+    shutdown_all(nodes).await;
+}
