@@ -77,6 +77,17 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest wait before reconnecting: 1 s.
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+// The wire's bounds on blob frames are spillway-meta's codec bounds (spillway-types cannot
+// name spillway-meta, so they are checked here, where both are known).
+const _: () = assert!(
+    spillway_types::wire::RAFT_PAYLOAD_BYTES_MAX
+        == spillway_meta::limits::RAFT_MESSAGE_BYTES_MAX as u64
+);
+const _: () = assert!(
+    spillway_types::wire::PROPOSAL_PAYLOAD_BYTES_MAX
+        == spillway_meta::limits::COMMAND_DECODE_BYTES_MAX as u64
+);
+
 /// Longest wait at shutdown for a leadership transfer to complete: 1 s (then the node
 /// stops anyway, and the others elect after their election timeout).
 pub const TRANSFER_WAIT: Duration = Duration::from_secs(1);
