@@ -307,10 +307,10 @@ impl StatusSources {
             "Failed remote tier operations",
             remote.errors,
         );
-        counter(
+        gauge(
             &mut registry,
-            "clients_connected_now",
-            "Local clients connected",
+            "clients",
+            "Local clients connected now",
             self.clients.load(Ordering::Relaxed),
         );
         counter(
