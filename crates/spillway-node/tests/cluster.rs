@@ -426,7 +426,10 @@ async fn status_and_metrics_answer_over_http() {
     );
     assert!(reply.contains("spillway_raft_term "), "{reply}");
     assert!(reply.contains("spillway_clients 2\n"), "{reply}");
-    assert!(reply.contains("# TYPE spillway_host_tier_hits counter"), "{reply}");
+    assert!(
+        reply.contains("# TYPE spillway_host_tier_hits counter"),
+        "{reply}"
+    );
     assert!(
         reply.contains("spillway_host_tier_budget_bytes "),
         "{reply}"
