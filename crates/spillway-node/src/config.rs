@@ -555,6 +555,23 @@ impl NodeConfig {
                 format!("does not list this node ({})", self.node_id),
             );
         }
+        if let Some(me) = self.members.iter().find(|m| m.id == self.node_id) {
+            let listen = self.listen_addr;
+            let consistent = if listen.ip().is_unspecified() {
+                listen.port() == 0 || listen.port() == me.addr.port()
+            } else {
+                listen.port() == 0 || listen == me.addr
+            };
+            if !consistent {
+                return err(
+                    "listen_addr",
+                    format!(
+                        "is {listen} but members gives this node {}: peers would not reach it",
+                        me.addr
+                    ),
+                );
+            }
+        }
         if self.client_socket.as_os_str().is_empty() {
             return err("client_socket", "is empty".to_string());
         }
@@ -671,7 +688,7 @@ host_tier_bytes = 1073741824
     #[test]
     fn members_and_raft_timing_parse() {
         let text = format!(
-            "{MINIMAL}tick_ms = 50\nelection_ticks = 10\nelection_ticks_max = 20\nlend_bytes = 1048576\nclient_socket = \"/run/s.sock\"\nmembers = [{{ id = 3, addr = \"10.0.0.3:7700\" }}, {{ id = 4, addr = \"10.0.0.4:7700\" }}]\n"
+            "{MINIMAL}listen_addr = \"0.0.0.0:7700\"\ntick_ms = 50\nelection_ticks = 10\nelection_ticks_max = 20\nlend_bytes = 1048576\nclient_socket = \"/run/s.sock\"\nmembers = [{{ id = 3, addr = \"10.0.0.3:7700\" }}, {{ id = 4, addr = \"10.0.0.4:7700\" }}]\n"
         );
         let c = parse(&text).unwrap();
         assert_eq!(c.members.len(), 2);
@@ -711,6 +728,12 @@ host_tier_bytes = 1073741824
                 "reserve_chunk_bytes",
             ),
             (MINIMAL.replace("node_id = 3", "node_id = 5000"), "node_id"),
+            (
+                format!(
+                    "{MINIMAL}listen_addr = \"127.0.0.1:7700\"\nmembers = [{{ id = 3, addr = \"10.0.0.3:7700\" }}]\n"
+                ),
+                "listen_addr",
+            ),
         ];
         for (text, field) in cases {
             let err = parse(&text).unwrap_err();
