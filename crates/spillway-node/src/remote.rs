@@ -1086,11 +1086,12 @@ impl RemoteService {
         }
     }
 
-    /// Bytes this node's clients may keep on peers now: the up peers' lent capacity not
-    /// used or reserved, plus what this node holds reserved and has not spent.
+    /// Bytes this node's clients may keep on peers now: the up and reachable peers' lent
+    /// capacity not used or reserved, plus what this node holds reserved there and has not
+    /// spent.
     pub fn capacity_bytes(&self) -> u64 {
-        let meta = match &self.backend {
-            Backend::Pool { meta, .. } => meta,
+        let (meta, peers) = match &self.backend {
+            Backend::Pool { meta, peers } => (meta, peers),
             Backend::Memory {
                 capacity_bytes,
                 pages,
@@ -1109,7 +1110,7 @@ impl RemoteService {
         let inner = self.lock();
         view.members
             .iter()
-            .filter(|m| m.id != self.node && m.state == MemberState::Up)
+            .filter(|m| m.id != self.node && m.state == MemberState::Up && peers.reachable(m.id))
             .map(|m| {
                 let ours: u64 = inner
                     .reservations
