@@ -202,6 +202,7 @@ pub fn replay(
         gpu_bytes_peak: stats.frames_in_use_peak * page,
         prefetch_wasted_pages: stats.prefetch_wasted,
         detected_period: stats.predictor.detected_period,
+        remote: None,
         total_s: started.elapsed().as_secs_f64(),
         steps,
     };

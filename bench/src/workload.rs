@@ -179,6 +179,27 @@ impl StepReport {
     }
 }
 
+/// What the remote tier did over a whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RemoteReport {
+    /// Remote budget in bytes.
+    pub budget_bytes: u64,
+    /// Bytes fetched from peers.
+    pub bytes_in: u64,
+    /// Bytes spilled to peers.
+    pub bytes_out: u64,
+    /// Fetches a waiting acquire or host access asked for.
+    pub demand_fetches: u64,
+    /// Fetches the prefetcher started.
+    pub prefetches: u64,
+    /// Pages that left the host tier without a copy (the peers held the same bytes).
+    pub spills_clean: u64,
+    /// Remote ops that failed.
+    pub errors: u64,
+    /// The pool's estimate of the remote tier's bandwidth at the end, bytes/s.
+    pub bytes_per_s: f64,
+}
+
 /// What a whole run did.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -206,6 +227,9 @@ pub struct RunReport {
     pub prefetch_wasted_pages: u64,
     /// Period detected when steps are not marked.
     pub detected_period: Option<u64>,
+    /// The remote tier's counters, when the pool has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteReport>,
     /// Total wall time.
     pub total_s: f64,
     /// Per step.
@@ -413,6 +437,16 @@ impl Training {
             gpu_bytes_peak: s.frames_in_use_peak * self.cfg.page_size.bytes(),
             prefetch_wasted_pages: s.prefetch_wasted,
             detected_period: s.predictor.detected_period,
+            remote: (s.remote_pages_total > 0).then(|| RemoteReport {
+                budget_bytes: s.remote_pages_total * self.cfg.page_size.bytes(),
+                bytes_in: s.remote_bytes_in,
+                bytes_out: s.remote_bytes_out,
+                demand_fetches: s.remote_demand_fetches,
+                prefetches: s.remote_prefetches,
+                spills_clean: s.spills_clean,
+                errors: s.remote_errors,
+                bytes_per_s: s.remote_bytes_per_s,
+            }),
             total_s: total.as_secs_f64(),
             steps,
         }

@@ -159,6 +159,7 @@ pub struct OffloadArgs {
 enum Remote {
     None,
     InProcess(crate::local_pool::LocalPool),
+    Daemon(spillway_client::daemon::DaemonLink),
 }
 
 pub fn run_demo(args: DemoArgs) -> Result<()> {
@@ -186,10 +187,9 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
     // The remote tier holds what the host tier does not, plus room to swap.
     let remote_need = (cfg.page_size.pages_for(cfg.working_set_bytes()) * 2 + 8) * page;
     let remote = if let Some(socket) = &args.connect {
-        bail!(
-            "--connect {}: this build cannot talk to a node daemon yet",
-            socket.display()
-        )
+        let link = spillway_client::daemon::DaemonLink::connect(socket, host_budget, cfg.page_size)
+            .with_context(|| format!("connecting to the node at {}", socket.display()))?;
+        Remote::Daemon(link)
     } else if args.nodes > 1 {
         Remote::InProcess(
             crate::local_pool::LocalPool::start(
@@ -205,6 +205,21 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
     };
     let (pool, tier) = match &remote {
         Remote::None => (cfg.pool_builder().build()?, String::new()),
+        Remote::Daemon(link) => {
+            let budget = link.remote_capacity_bytes().min(remote_need);
+            let pool = cfg
+                .pool_builder()
+                .host_memory(link.host_memory())
+                .remote_budget_bytes(budget)
+                .remote(link.remote_factory())
+                .build()?;
+            let describe = format!(
+                "the node daemon at {} (client {})",
+                link.socket().display(),
+                link.client_id()
+            );
+            (pool, describe)
+        }
         Remote::InProcess(p) => {
             let describe = format!(
                 "{} in-process nodes over loopback QUIC (node 1 serves this pool)",

@@ -17,9 +17,11 @@
 //! the pool's pages too: a page's host state is `Zero` (never written, no slot), `Remote`
 //! (only the remote tier has it), `Fetching` (coming into a slot: from the remote tier,
 //! or zero-filled), `Slot` (in a slot; `clean` when the remote tier holds the same bytes)
-//! or `Spilling` (being copied to the remote tier). The host tier stays inclusive of the
-//! GPU: a page on the GPU (or in flight to or from it) keeps its slot, so only pages off
-//! the GPU leave the host. Remote ops go out through [`PoolCore::poll_remote`] and come
+//! or `Spilling` (being copied to the remote tier). A page on the GPU (or in flight to or
+//! from it) keeps its slot, so only pages off the GPU leave the host, with one exception:
+//! a page loaded clean whose bytes the remote tier holds gives its slot back at once (the
+//! host copy would be a third copy), and gets one again if it is written and evicted.
+//! A demand that finds every slot held by GPU pages takes a page off the GPU first. Remote ops go out through [`PoolCore::poll_remote`] and come
 //! back through [`PoolCore::handle_remote_done`]; the remote copies of freed pages are
 //! dropped through [`PoolCore::take_discards`]. A slot is had by dropping a clean page
 //! (no copy) or spilling one, furthest next use first (least recently used without a
@@ -205,6 +207,9 @@ pub struct CoreStats {
     pub remote_prefetches: u64,
     /// Pages that left the host tier without a copy (the remote tier held the same bytes).
     pub spills_clean: u64,
+    /// Slots given back when a clean page whose bytes the remote tier holds reached the
+    /// GPU (the host tier need not keep a copy of it).
+    pub slots_released_on_load: u64,
     /// Remote ops that failed.
     pub remote_errors: u64,
     /// Pages whose bytes the remote tier holds (or is being sent) now.
@@ -300,7 +305,6 @@ struct RemoteInFlight {
     page: PageId,
     kind: RemoteKind,
     bytes: u64,
-    issued_at: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -313,6 +317,57 @@ struct Acquire {
 struct Bandwidth {
     bytes_per_s: f64,
     last_done: Duration,
+}
+
+/// Throughput of a tier whose ops run many at once (the network): bytes completed over
+/// the time at least one op was in flight, sampled every [`Throughput::WINDOW`] of busy
+/// time. Per-op service times would overestimate it, since completions arrive in bursts.
+#[derive(Debug, Clone, Copy)]
+struct Throughput {
+    bytes_per_s: f64,
+    window_bytes: u64,
+    window_busy: Duration,
+    last_event: Duration,
+    in_flight: u64,
+}
+
+impl Throughput {
+    /// Busy time per sample: long enough to hold several 2 MiB pages at 1 GB/s.
+    const WINDOW: Duration = Duration::from_millis(20);
+
+    fn new(bytes_per_s: f64) -> Throughput {
+        Throughput {
+            bytes_per_s,
+            window_bytes: 0,
+            window_busy: Duration::ZERO,
+            last_event: Duration::ZERO,
+            in_flight: 0,
+        }
+    }
+
+    fn advance(&mut self, now: Duration) {
+        if self.in_flight > 0 {
+            self.window_busy += now.saturating_sub(self.last_event);
+        }
+        self.last_event = self.last_event.max(now);
+    }
+
+    fn on_issue(&mut self, now: Duration) {
+        self.advance(now);
+        self.in_flight += 1;
+    }
+
+    fn on_done(&mut self, now: Duration, bytes: u64) {
+        self.advance(now);
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.window_bytes += bytes;
+        if self.window_busy >= Self::WINDOW {
+            let sample = self.window_bytes as f64 / self.window_busy.as_secs_f64();
+            self.bytes_per_s += BANDWIDTH_ALPHA * (sample - self.bytes_per_s);
+            self.window_bytes = 0;
+            self.window_busy = Duration::ZERO;
+        }
+    }
 }
 
 fn dir_index(d: Direction) -> usize {
@@ -355,7 +410,7 @@ pub struct PoolCore {
     remote_ops: HashMap<TransferId, RemoteInFlight>,
     remote_out: VecDeque<RemoteTransfer>,
     remote_in_flight_bytes: [u64; 2],
-    remote_bw: Bandwidth,
+    remote_bw: Throughput,
     spilling: u64,
     /// Pages a host access waits for (they must come into a slot first).
     host_demand: VecDeque<PageId>,
@@ -475,10 +530,7 @@ impl PoolCore {
             remote_ops: HashMap::new(),
             remote_out: VecDeque::new(),
             remote_in_flight_bytes: [0; 2],
-            remote_bw: Bandwidth {
-                bytes_per_s: 1e9,
-                last_done: Duration::ZERO,
-            },
+            remote_bw: Throughput::new(1e9),
             spilling: 0,
             host_demand: VecDeque::new(),
             remote_plan: VecDeque::new(),
@@ -887,7 +939,10 @@ impl PoolCore {
             return Ok(None);
         }
         let away: Vec<u32> = (first..=last)
-            .filter(|&i| matches!(b.pages[i].host, Host::Zero | Host::Remote))
+            .filter(|&i| {
+                b.pages[i].gpu == Gpu::Absent
+                    && matches!(b.pages[i].host, Host::Zero | Host::Remote)
+            })
             .map(|i| i as u32)
             .collect();
         if !away.is_empty() {
@@ -900,6 +955,11 @@ impl PoolCore {
             }
             self.pump(self.last_now);
             return Ok(None);
+        }
+        if !self.host_demand.is_empty() {
+            self.host_demand.retain(|p| {
+                p.buffer != id || (p.index as usize) < first || (p.index as usize) > last
+            });
         }
         let b = self.buffers.get_mut(&id).expect("live");
         let mut out = Vec::with_capacity(last - first + 1);
@@ -982,15 +1042,9 @@ impl PoolCore {
         };
         let d = usize::from(op.kind == RemoteKind::Spill);
         self.remote_in_flight_bytes[d] -= op.bytes;
-        if op.kind != RemoteKind::Zero && result.is_ok() {
-            let bw = &mut self.remote_bw;
-            let service = now
-                .saturating_sub(op.issued_at.max(bw.last_done))
-                .as_secs_f64();
-            if service > 0.0 {
-                bw.bytes_per_s += BANDWIDTH_ALPHA * (op.bytes as f64 / service - bw.bytes_per_s);
-            }
-            bw.last_done = now;
+        if op.kind != RemoteKind::Zero {
+            let bytes = if result.is_ok() { op.bytes } else { 0 };
+            self.remote_bw.on_done(now, bytes);
         }
         let pid = op.page;
         self.page_mut(pid).in_flight -= 1;
@@ -1085,6 +1139,8 @@ impl PoolCore {
                 self.frame_next_use[frame.0 as usize] = self.next_use.get(&pid.buffer).copied();
                 if freed {
                     self.release_frame(pid, frame);
+                } else {
+                    self.release_redundant_slot(pid);
                 }
             }
             (Direction::DeviceToHost, Gpu::Evicting { frame }) => {
@@ -1163,6 +1219,14 @@ impl PoolCore {
         if !self.may_issue(Direction::DeviceToHost, bytes) {
             return false;
         }
+        if !matches!(self.page(pid).host, Host::Slot { .. }) {
+            // Its slot was released while the remote tier held its bytes; the write-back
+            // needs one again.
+            let Some(slot) = self.free_slot_now(pid, now) else {
+                return false;
+            };
+            self.page_mut(pid).host = Host::Slot { slot, clean: false };
+        }
         self.stats.evictions_dirty += 1;
         self.evicting_frames += 1;
         self.page_mut(pid).gpu = Gpu::Evicting { frame };
@@ -1209,8 +1273,18 @@ impl PoolCore {
             };
             let pid = self.frames[victim.0 as usize].expect("eligible frames hold a page");
             if !self.evict(pid, now) && !matches!(self.page(pid).gpu, Gpu::Evicting { .. }) {
-                // Dirty, and the write-back bound is reached: try again after a completion.
-                return Got::Never;
+                // Dirty, and the write-back bound is reached or no slot can take it now:
+                // a clean page may leave instead; else try again after a completion.
+                match self.evictable_victim(bound) {
+                    Some(other) => {
+                        if !self.evict(other, now)
+                            && !matches!(self.page(other).gpu, Gpu::Evicting { .. })
+                        {
+                            return Got::Never;
+                        }
+                    }
+                    None => return Got::Never,
+                }
             }
         }
     }
@@ -1249,7 +1323,8 @@ impl PoolCore {
     fn needs_fetch(&self, pid: PageId) -> bool {
         match self.buffers.get(&pid.buffer) {
             Some(b) if !b.freed => {
-                matches!(b.pages[pid.index as usize].host, Host::Zero | Host::Remote)
+                let p = &b.pages[pid.index as usize];
+                p.gpu == Gpu::Absent && matches!(p.host, Host::Zero | Host::Remote)
             }
             _ => false,
         }
@@ -1274,6 +1349,9 @@ impl PoolCore {
         let id = TransferId(self.next_transfer);
         self.next_transfer += 1;
         self.remote_in_flight_bytes[usize::from(kind == RemoteKind::Spill)] += bytes;
+        if kind != RemoteKind::Zero {
+            self.remote_bw.on_issue(now);
+        }
         self.page_mut(pid).in_flight += 1;
         self.remote_ops.insert(
             id,
@@ -1281,7 +1359,6 @@ impl PoolCore {
                 page: pid,
                 kind,
                 bytes,
-                issued_at: now,
             },
         );
         self.remote_out.push_back(RemoteTransfer {
@@ -1311,6 +1388,30 @@ impl PoolCore {
         self.new_remote(pid, kind, slot, now);
     }
 
+    /// A free slot now: from the free list, or by dropping a clean page; starts a spill
+    /// (for later) when only dirty pages could leave.
+    fn free_slot_now(&mut self, exclude: PageId, now: Duration) -> Option<HostSlot> {
+        if let Some(slot) = self.free_slots.pop() {
+            return Some(slot);
+        }
+        let victim = self.host_victim(None, exclude)?;
+        self.spill(victim, now);
+        self.free_slots.pop()
+    }
+
+    /// A page just loaded, clean, whose bytes the remote tier holds, needs no host copy:
+    /// its slot goes back to staging. It gets a slot again if it is written and evicted.
+    fn release_redundant_slot(&mut self, pid: PageId) {
+        let p = self.page(pid);
+        if let (Host::Slot { slot, clean: true }, true, 0, 0) =
+            (p.host, p.remote_space, p.host_pins, p.in_flight)
+        {
+            self.page_mut(pid).host = Host::Remote;
+            self.free_slots.push(slot);
+            self.stats.slots_released_on_load += 1;
+        }
+    }
+
     /// Whether the page in a slot may leave the host tier now.
     fn spillable(&self, pid: PageId) -> bool {
         let p = self.page(pid);
@@ -1319,6 +1420,7 @@ impl PoolCore {
             && p.pins == 0
             && p.host_pins == 0
             && p.in_flight == 0
+            && !self.host_demand.contains(&pid)
     }
 
     /// The page to take out of the host tier: the furthest next use (or none predicted)
@@ -1401,7 +1503,16 @@ impl PoolCore {
                 return Got::Later;
             }
             let Some(victim) = self.host_victim(bound, pid) else {
-                return Got::Never;
+                // Every slot is held by a page on the GPU (or one that may not leave).
+                // For a demand, take a page off the GPU: its slot can then be had.
+                if bound.is_none() && self.evict_for_slot(now) {
+                    continue;
+                }
+                return if self.evicting_frames > 0 {
+                    Got::Later
+                } else {
+                    Got::Never
+                };
             };
             match self.spill(victim, now) {
                 Spilled::Freed => {}
@@ -1409,6 +1520,50 @@ impl PoolCore {
                 Spilled::Blocked => return Got::Never,
             }
         }
+    }
+
+    /// A page on the GPU that can leave now without help (not held, not touched by the
+    /// host; clean, or dirty with a slot to be written back to), used furthest ahead and
+    /// beyond `bound`.
+    fn evictable_victim(&self, bound: Option<u64>) -> Option<PageId> {
+        let mut best: Option<(u64, PageId)> = None;
+        for (f, owner) in self.frames.iter().enumerate() {
+            let Some(pid) = *owner else { continue };
+            let p = self.page(pid);
+            let can_leave = match p.gpu {
+                Gpu::Resident { dirty: false, .. } => true,
+                Gpu::Resident { dirty: true, .. } => matches!(p.host, Host::Slot { .. }),
+                _ => false,
+            };
+            if !can_leave || p.pins > 0 || p.host_pins > 0 {
+                continue;
+            }
+            let next = self.frame_next_use[f]
+                .filter(|&n| n > self.accesses)
+                .unwrap_or(u64::MAX);
+            if bound.is_some_and(|b| next <= b) || best.is_some_and(|(n, _)| n >= next) {
+                continue;
+            }
+            best = Some((next, pid));
+        }
+        best.map(|(_, pid)| pid)
+    }
+
+    /// Takes a page off the GPU so that its slot can leave the host tier: the eviction
+    /// policy's victim. True if one left at once (it was clean).
+    fn evict_for_slot(&mut self, now: Duration) -> bool {
+        let mut policy = std::mem::replace(&mut self.eviction, Box::new(Clock::new(0)));
+        let victim = policy.choose_victim(&View {
+            core: self,
+            bound: None,
+            preferred: None,
+        });
+        self.eviction = policy;
+        let Some(frame) = victim else {
+            return false;
+        };
+        let pid = self.frames[frame.0 as usize].expect("eligible frames hold a page");
+        self.evict(pid, now)
     }
 
     /// Takes `pid` (in a slot, off the GPU) out of the host tier.
@@ -1437,14 +1592,13 @@ impl PoolCore {
     fn pump_remote(&mut self, now: Duration) {
         let mut waiting = 0u64;
         // Demand: pages of pending acquires and host accesses.
-        let away = |core: &PoolCore, p: PageId| {
-            core.buffers.get(&p.buffer).is_some_and(|b| {
-                !b.freed && !matches!(b.pages[p.index as usize].host, Host::Slot { .. })
-            })
-        };
+        // A host access's pages stay protected from leaving until it pins them (then
+        // `begin_host_access` takes them off the list); pages of freed buffers go.
+        let live =
+            |core: &PoolCore, p: PageId| core.buffers.get(&p.buffer).is_some_and(|b| !b.freed);
         let host_demand: VecDeque<PageId> = std::mem::take(&mut self.host_demand)
             .into_iter()
-            .filter(|&p| away(self, p))
+            .filter(|&p| live(self, p))
             .collect();
         self.host_demand = host_demand;
         let mut demand: Vec<PageId> = self.demand.iter().copied().collect();
@@ -1480,6 +1634,41 @@ impl PoolCore {
                 }
                 Got::Later | Got::Frame(_) => i += 1,
                 Got::Never => return,
+            }
+        }
+        self.spill_ahead(now);
+    }
+
+    /// Under the learned policy, keeps a quarter of the slots not holding GPU pages free
+    /// (or coming free), by spilling pages whose next use is beyond everything planned,
+    /// so that staging finds slots without waiting for a spill's round trip.
+    fn spill_ahead(&mut self, now: Duration) {
+        if self.cfg.policy != Policy::Learned {
+            return;
+        }
+        let room = self
+            .cfg
+            .host_slots()
+            .saturating_sub(self.frames.len() as u64);
+        let target = (room / 4).max(1);
+        let bound = self
+            .remote_plan
+            .iter()
+            .chain(self.plan.iter())
+            .map(|&(_, n)| n)
+            .max()
+            .unwrap_or(self.accesses)
+            .max(self.accesses + MIN_LOOKAHEAD_ACCESSES);
+        let nobody = PageId {
+            buffer: BufferId(0),
+            index: 0,
+        };
+        while (self.free_slots.len() as u64 + self.spilling) < target {
+            let Some(victim) = self.host_victim(Some(bound), nobody) else {
+                break;
+            };
+            if matches!(self.spill(victim, now), Spilled::Blocked) {
+                break;
             }
         }
     }
@@ -1545,8 +1734,9 @@ impl PoolCore {
                             )
                     })
                 {
-                    // Being staged from the remote tier: loaded once it is in a slot.
-                    i += 1;
+                    // Being staged from the remote tier: loaded once it is in a slot. Pages
+                    // after it wait too, or they would take frames it then has to evict.
+                    return;
                 } else {
                     self.plan.remove(i);
                 }
@@ -1631,7 +1821,7 @@ impl PoolCore {
             for (index, p) in b.pages.iter().enumerate() {
                 let len = self.page_len(b.bytes, index as u32);
                 match p.host {
-                    Host::Zero | Host::Remote => {
+                    Host::Zero | Host::Remote if p.gpu == Gpu::Absent => {
                         self.remote_plan.push_back((
                             PageId {
                                 buffer: u.buffer,
@@ -1646,6 +1836,42 @@ impl PoolCore {
                 }
             }
         }
+    }
+
+    /// Every page's state, one line each, and the queues: for failure messages of tests.
+    pub fn describe_pages(&self) -> String {
+        let mut out = String::new();
+        let mut ids: Vec<_> = self.buffers.keys().copied().collect();
+        ids.sort();
+        for id in ids {
+            let b = &self.buffers[&id];
+            for (i, p) in b.pages.iter().enumerate() {
+                out += &format!(
+                    "{id:?}/{i} freed={} holders={} host={:?} rs={} gpu={:?} pins={} hp={} inf={} next={:?}\n",
+                    b.freed,
+                    b.holders(),
+                    p.host,
+                    p.remote_space,
+                    p.gpu,
+                    p.pins,
+                    p.host_pins,
+                    p.in_flight,
+                    self.next_use_of(id)
+                );
+            }
+        }
+        out += &format!(
+            "free_slots={:?} free_frames={:?} spilling={} evicting={} demand={:?} host_demand={:?} remote_pages={}/{}",
+            self.free_slots,
+            self.free_frames,
+            self.spilling,
+            self.evicting_frames,
+            self.demand,
+            self.host_demand,
+            self.remote_pages,
+            self.remote_pages_max
+        );
+        out
     }
 
     /// Counters and gauges now.
@@ -1720,12 +1946,13 @@ impl PoolCore {
                     p.in_flight > 0,
                     "in-flight count of a page matches its state"
                 );
-                if p.gpu != Gpu::Absent {
-                    assert!(
-                        matches!(p.host, Host::Slot { .. }),
-                        "a page on the GPU keeps its slot: {:?}",
-                        p.host
-                    );
+                match (p.gpu, p.host) {
+                    (Gpu::Absent, _) | (_, Host::Slot { .. }) => {}
+                    (Gpu::Resident { .. }, Host::Remote) => assert!(
+                        p.remote_space,
+                        "a page on the GPU without a slot has its bytes in the remote tier"
+                    ),
+                    (gpu, host) => panic!("a page {gpu:?} on the GPU needs its slot: {host:?}"),
                 }
                 if matches!(p.host, Host::Remote | Host::Spilling { .. }) {
                     assert!(p.remote_space, "a remote page has remote space");

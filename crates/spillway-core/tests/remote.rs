@@ -28,6 +28,9 @@ struct Model {
     gpu: VecDeque<Transfer>,
     net: VecDeque<RemoteTransfer>,
     now: u64,
+    /// Copies and remote ops the model may still finish: a livelock (ops that never let
+    /// an acquire become ready) fails the test instead of hanging it.
+    budget: u64,
 }
 
 impl Model {
@@ -47,10 +50,15 @@ impl Model {
             gpu: VecDeque::new(),
             net: VecDeque::new(),
             now: 0,
+            budget: 200_000,
         }
     }
 
     fn t(&mut self) -> Duration {
+        self.budget = self
+            .budget
+            .checked_sub(1)
+            .expect("the pool keeps moving pages without making progress");
         self.now += 1;
         Duration::from_micros(self.now * 100)
     }
@@ -131,7 +139,8 @@ impl Model {
         while !self.core.is_ready(h).unwrap() {
             assert!(
                 self.finish_gpu() | self.finish_net(),
-                "an acquire waits with nothing in flight"
+                "an acquire waits with nothing in flight\n{}",
+                self.core.describe_pages()
             );
         }
         for (index, frame) in self.core.frames_of(h).into_iter().enumerate() {
