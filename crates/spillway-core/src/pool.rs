@@ -18,10 +18,10 @@
 //! (only the remote tier has it), `Fetching` (coming into a slot: from the remote tier,
 //! or zero-filled), `Slot` (in a slot; `clean` when the remote tier holds the same bytes)
 //! or `Spilling` (being copied to the remote tier). A page on the GPU (or in flight to or
-//! from it) keeps its slot, so only pages off the GPU leave the host, with one exception:
-//! a page loaded clean whose bytes the remote tier holds gives its slot back at once (the
-//! host copy would be a third copy), and gets one again if it is written and evicted.
-//! A demand that finds every slot held by GPU pages takes a page off the GPU first. Remote ops go out through [`PoolCore::poll_remote`] and come
+//! from it) keeps its slot, so mostly pages off the GPU leave the host; when none can, a
+//! page on the GPU whose slot holds the same bytes as the remote tier gives its slot up
+//! (the host copy was a third copy; the page gets a slot again if it is written and
+//! evicted). A demand that finds every slot held by GPU pages takes a page off the GPU. Remote ops go out through [`PoolCore::poll_remote`] and come
 //! back through [`PoolCore::handle_remote_done`]; the remote copies of freed pages are
 //! dropped through [`PoolCore::take_discards`]. A slot is had by dropping a clean page
 //! (no copy) or spilling one, furthest next use first (least recently used without a
@@ -207,9 +207,9 @@ pub struct CoreStats {
     pub remote_prefetches: u64,
     /// Pages that left the host tier without a copy (the remote tier held the same bytes).
     pub spills_clean: u64,
-    /// Slots given back when a clean page whose bytes the remote tier holds reached the
-    /// GPU (the host tier need not keep a copy of it).
-    pub slots_released_on_load: u64,
+    /// Slots given back by pages on the GPU whose bytes the remote tier holds (their host
+    /// copies were a third copy), when the host tier needed room.
+    pub gpu_page_slots_dropped: u64,
     /// Remote ops that failed.
     pub remote_errors: u64,
     /// Pages whose bytes the remote tier holds (or is being sent) now.
@@ -416,6 +416,9 @@ pub struct PoolCore {
     host_demand: VecDeque<PageId>,
     remote_plan: VecDeque<(PageId, u64)>,
     discards: Vec<PageId>,
+    /// The furthest access the last plan stages for: pages used by then are not spilled
+    /// ahead of need.
+    remote_horizon: u64,
     /// The latest `now` handed in, for calls that take none.
     last_now: Duration,
 }
@@ -535,6 +538,7 @@ impl PoolCore {
             host_demand: VecDeque::new(),
             remote_plan: VecDeque::new(),
             discards: Vec::new(),
+            remote_horizon: 0,
             last_now: Duration::ZERO,
             cfg,
         })
@@ -1139,8 +1143,6 @@ impl PoolCore {
                 self.frame_next_use[frame.0 as usize] = self.next_use.get(&pid.buffer).copied();
                 if freed {
                     self.release_frame(pid, frame);
-                } else {
-                    self.release_redundant_slot(pid);
                 }
             }
             (Direction::DeviceToHost, Gpu::Evicting { frame }) => {
@@ -1399,17 +1401,17 @@ impl PoolCore {
         self.free_slots.pop()
     }
 
-    /// A page just loaded, clean, whose bytes the remote tier holds, needs no host copy:
-    /// its slot goes back to staging. It gets a slot again if it is written and evicted.
-    fn release_redundant_slot(&mut self, pid: PageId) {
+    /// Whether `pid` is on the GPU and its slot holds the same bytes as the remote tier:
+    /// the slot can go without a copy (the page gets one again if it is written and
+    /// evicted).
+    fn slot_redundant(&self, pid: PageId) -> bool {
         let p = self.page(pid);
-        if let (Host::Slot { slot, clean: true }, true, 0, 0) =
-            (p.host, p.remote_space, p.host_pins, p.in_flight)
-        {
-            self.page_mut(pid).host = Host::Remote;
-            self.free_slots.push(slot);
-            self.stats.slots_released_on_load += 1;
-        }
+        matches!(p.gpu, Gpu::Resident { .. })
+            && matches!(p.host, Host::Slot { clean: true, .. })
+            && p.remote_space
+            && p.host_pins == 0
+            && p.in_flight == 0
+            && !self.host_demand.contains(&pid)
     }
 
     /// Whether the page in a slot may leave the host tier now.
@@ -1426,6 +1428,20 @@ impl PoolCore {
     /// The page to take out of the host tier: the furthest next use (or none predicted)
     /// beyond `bound`, then the least recently used; `None` if no page may leave.
     fn host_victim(&self, bound: Option<u64>, exclude: PageId) -> Option<PageId> {
+        // Only a demand (no bound) takes slots from pages on the GPU: staging with them
+        // would trade a page needed later for one needed again when it leaves the GPU.
+        self.host_victim_by(bound, exclude, false).or_else(|| {
+            bound
+                .is_none()
+                .then(|| self.host_victim_by(None, exclude, true))
+                .flatten()
+        })
+    }
+
+    /// [`PoolCore::host_victim`] among pages off the GPU (`on_gpu` false), or among pages
+    /// on the GPU whose slots are redundant (`on_gpu` true; any next use: the page stays
+    /// on the GPU, only its host copy goes).
+    fn host_victim_by(&self, bound: Option<u64>, exclude: PageId, on_gpu: bool) -> Option<PageId> {
         let mut best: Option<(u64, u64, PageId)> = None;
         for (&bid, b) in &self.buffers {
             if b.freed || b.holders() > 0 {
@@ -1442,7 +1458,12 @@ impl PoolCore {
             }
             for index in (0..b.pages.len() as u32).rev() {
                 let pid = PageId { buffer: bid, index };
-                if pid != exclude && self.spillable(pid) {
+                let fits = if on_gpu {
+                    self.slot_redundant(pid)
+                } else {
+                    self.spillable(pid)
+                };
+                if pid != exclude && fits {
                     best = Some((key.0, key.1, pid));
                     break;
                 }
@@ -1571,8 +1592,17 @@ impl PoolCore {
         let Host::Slot { slot, clean } = self.page(pid).host else {
             return Spilled::Blocked;
         };
-        if clean && self.page(pid).remote_space {
-            self.stats.spills_clean += 1;
+        let redundant = clean && self.page(pid).remote_space;
+        if self.page(pid).gpu != Gpu::Absent && !redundant {
+            // A page on the GPU keeps its slot unless the remote tier holds its bytes.
+            return Spilled::Blocked;
+        }
+        if redundant {
+            if self.page(pid).gpu == Gpu::Absent {
+                self.stats.spills_clean += 1;
+            } else {
+                self.stats.gpu_page_slots_dropped += 1;
+            }
             self.page_mut(pid).host = Host::Remote;
             self.free_slots.push(slot);
             return Spilled::Freed;
@@ -1651,13 +1681,10 @@ impl PoolCore {
             .host_slots()
             .saturating_sub(self.frames.len() as u64);
         let target = (room / 4).max(1);
+        // Pages within the staging horizon of the last plan (staged or not) stay.
         let bound = self
-            .remote_plan
-            .iter()
-            .chain(self.plan.iter())
-            .map(|&(_, n)| n)
-            .max()
-            .unwrap_or(self.accesses)
+            .remote_horizon
+            .max(self.plan.iter().map(|&(_, n)| n).max().unwrap_or(0))
             .max(self.accesses + MIN_LOOKAHEAD_ACCESSES);
         let nobody = PageId {
             buffer: BufferId(0),
@@ -1712,6 +1739,11 @@ impl PoolCore {
                 return;
             }
             match self.frame_for(pid, None, &mut waiting, now) {
+                Got::Frame(frame) if !self.needs_load(pid) => {
+                    // Making room sent the page itself out of its slot: load it later.
+                    self.free_frames.push(frame);
+                    i += 1;
+                }
                 Got::Frame(frame) => {
                     self.demand.remove(i);
                     self.start_load(pid, frame, false, now);
@@ -1746,6 +1778,11 @@ impl PoolCore {
                 return;
             }
             match self.frame_for(pid, Some(next), &mut waiting, now) {
+                Got::Frame(frame) if !self.needs_load(pid) => {
+                    // Making room sent the page itself out of its slot: load it later.
+                    self.free_frames.push(frame);
+                    i += 1;
+                }
                 Got::Frame(frame) => {
                     self.plan.remove(i);
                     self.start_load(pid, frame, true, now);
@@ -1807,6 +1844,7 @@ impl PoolCore {
         // REMOTE_LEAD_FACTOR.
         let rbw = self.remote_bw.bytes_per_s;
         let mut queued_bytes = 0u64;
+        self.remote_horizon = self.accesses;
         for u in &upcoming {
             if u.distance >= MIN_LOOKAHEAD_ACCESSES
                 && u.time_until.as_secs_f64()
@@ -1818,6 +1856,7 @@ impl PoolCore {
                 continue;
             };
             let next = self.accesses + 1 + u.distance;
+            self.remote_horizon = self.remote_horizon.max(next);
             for (index, p) in b.pages.iter().enumerate() {
                 let len = self.page_len(b.bytes, index as u32);
                 match p.host {
