@@ -208,3 +208,57 @@ fn up_fails_with_the_log_of_a_node_that_cannot_start_and_leaves_no_process() {
         );
     }
 }
+
+/// A client process in daemon mode over a pool of three node processes: its working set
+/// is 4x its GPU plus host budgets, so most pages live on the peers; every page of every
+/// access is verified, and the pages really travel (bytes to and from peers each step).
+/// (The hit rate depends on how much compute hides the network: it is a benchmark,
+/// recorded in bench/RESULTS.md, not asserted here.)
+#[test]
+fn a_client_process_runs_the_demo_over_the_pool_with_every_page_verified() {
+    let pool = Pool::new();
+    up(&pool, 6);
+    let socket = pool.spec().nodes[0].client_socket.clone();
+    let out = spillway_ok(&[
+        "demo",
+        "--connect",
+        socket.to_str().unwrap(),
+        "--layers",
+        "12",
+        "--weight-mib",
+        "4",
+        "--act-mib",
+        "2",
+        "--steps",
+        "3",
+        "--json",
+    ]);
+    let report: Value = serde_json::from_str(out.trim()).expect("one JSON report");
+    assert_eq!(report["corrupt_pages"], 0, "{report}");
+    let ws = report["working_set_bytes"].as_u64().unwrap();
+    let budgets = report["gpu_budget_bytes"].as_u64().unwrap()
+        + report["host_budget_bytes"].as_u64().unwrap();
+    assert!(
+        ws >= 4 * budgets - 4 * (2 << 20),
+        "working set {ws} vs budgets {budgets}"
+    );
+    let steps = report["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 3);
+    assert!(
+        report["verified_bytes"].as_u64().unwrap() >= ws * 3,
+        "every page of every access verified: {report}"
+    );
+    for s in steps {
+        assert!(s["remote_bytes_in"].as_u64().unwrap() > 0, "{s}");
+        assert!(s["remote_bytes_out"].as_u64().unwrap() > 0, "{s}");
+    }
+    // The node served one client and the peers held its pages while it ran.
+    let status = pool.status();
+    let spilled: u64 = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["status"]["remote"]["pages_spilled"].as_u64())
+        .sum();
+    assert!(spilled > 0, "{status}");
+}
