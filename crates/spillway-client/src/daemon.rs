@@ -450,10 +450,20 @@ impl Conn {
     /// Marks the connection dead with `cause` (the first cause wins) and fails every op
     /// in flight with it.
     fn die(&self, cause: String) {
+        self.die_as(cause, false);
+    }
+
+    /// [`Self::die`]; `by_us` when the pool itself closes the link (its normal end, not
+    /// worth an error in the log).
+    fn die_as(&self, cause: String, by_us: bool) {
         let failed: Vec<u64> = {
             let mut state = self.state.lock().expect("tier state lock");
             if state.dead.is_none() {
-                tracing::error!(cause = %cause, "the link to the node is down");
+                if by_us {
+                    tracing::debug!(cause = %cause, "the link to the node is closed");
+                } else {
+                    tracing::error!(cause = %cause, "the link to the node is down");
+                }
                 state.dead = Some(cause);
             }
             state.in_flight.drain().collect()
@@ -571,7 +581,7 @@ impl Drop for DaemonRemote {
         // Ends the reader thread (and with it the completion thread); the node then
         // discards this client's pages.
         self.conn
-            .die(format!("{} was closed by the pool", self.conn.describe));
+            .die_as(format!("{} was closed by the pool", self.conn.describe), true);
     }
 }
 
