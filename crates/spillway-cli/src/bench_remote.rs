@@ -31,9 +31,9 @@ pub struct RemoteArgs {
     /// Page size (a power of two from 64KiB to 64MiB).
     #[arg(long, default_value = "2MiB")]
     page_bytes: ByteSize,
-    /// Requests in flight at once on the transport (on the 2-core VM, 2 to 4 moved more
-    /// than 8 or 16).
-    #[arg(long, default_value_t = 4)]
+    /// Requests in flight at once on the transport (on the 2-core VM, 2 moved the most:
+    /// more than 4, much more than 8 or 16; bench/RESULTS.md).
+    #[arg(long, default_value_t = 2)]
     in_flight: usize,
     /// Bytes each method moves per round (three rounds; the best counts).
     #[arg(long = "bytes", value_name = "TOTAL", default_value = "1GiB")]
