@@ -10,6 +10,12 @@ use spillway_bench::report::{StepTable, progress_bar};
 use spillway_bench::workload::{TrainConfig, run_training_in};
 use spillway_client::{DeviceChoice, PageSize, Policy};
 
+/// Rounds of arithmetic per page per kernel by default.
+const COMPUTE_PASSES_DEFAULT: u32 = 2;
+/// The same with a remote tier: the network moves pages more slowly than a copy engine, so
+/// the loop needs more compute per byte for prefetch to hide it.
+const COMPUTE_PASSES_REMOTE_DEFAULT: u32 = 64;
+
 /// The loop's shape, shared by the demo and the offload benchmark.
 #[derive(Debug, Clone, Args)]
 pub struct ShapeArgs {
@@ -31,9 +37,11 @@ pub struct ShapeArgs {
     /// Steps (iterations) to run.
     #[arg(long, default_value_t = 6)]
     steps: usize,
-    /// Rounds of arithmetic per page per kernel: more makes the loop more compute-bound.
-    #[arg(long, default_value_t = 2)]
-    compute_passes: u32,
+    /// Rounds of arithmetic per page per kernel: more makes the loop more compute-bound
+    /// (default 2; the demo with a remote tier defaults to 64, enough compute per byte for
+    /// loopback QUIC to keep up on a small machine).
+    #[arg(long)]
+    compute_passes: Option<u32>,
     /// GPU backend: auto (a GPU if present), sim or cuda.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
@@ -48,7 +56,7 @@ impl ShapeArgs {
             act_bytes: self.act_mib << 20,
             page_size: page,
             steps: self.steps,
-            compute_passes: self.compute_passes,
+            compute_passes: self.compute_passes.unwrap_or(COMPUTE_PASSES_DEFAULT),
             device: self.device,
             ..TrainConfig::demo_default()
         };
@@ -173,6 +181,9 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
     let remote_mode = args.connect.is_some() || args.nodes > 1;
     let page = cfg.page_size.bytes();
     if remote_mode {
+        if args.shape.compute_passes.is_none() {
+            cfg.compute_passes = COMPUTE_PASSES_REMOTE_DEFAULT;
+        }
         // Working set = 4x (GPU + host) unless told otherwise.
         let ws_pages = cfg.page_size.pages_for(cfg.working_set_bytes());
         if args.shape.gpu_budget_mib.is_none() {

@@ -64,7 +64,8 @@ fn main() -> Result<()> {
     let default_log = if matches!(cli.command, Command::Node(_)) {
         "info"
     } else {
-        "warn"
+        // raft-rs warns when a pool in this process shuts down node by node.
+        "warn,raft=error"
     };
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -580,8 +580,10 @@ impl Drop for DaemonRemote {
     fn drop(&mut self) {
         // Ends the reader thread (and with it the completion thread); the node then
         // discards this client's pages.
-        self.conn
-            .die_as(format!("{} was closed by the pool", self.conn.describe), true);
+        self.conn.die_as(
+            format!("{} was closed by the pool", self.conn.describe),
+            true,
+        );
     }
 }
 
