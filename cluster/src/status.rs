@@ -1,4 +1,4 @@
-//! The node's `/status` document (served as JSON on its `metrics_addr`) and a query of
+//! The node's `/status` document (the node's own type, served as JSON on its `metrics_addr`) and a query of
 //! every node of a pool at once.
 //!
 //! Every field has a default when absent, so a node of a slightly older or newer version
@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::http::{self, HttpError};
 
@@ -17,97 +17,7 @@ use crate::http::{self, HttpError};
 /// a millisecond; a node busy enough to take longer is worth calling slow).
 pub const STATUS_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
 
-/// One member of the pool as a node sees it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct MemberStatus {
-    /// Node id.
-    pub id: u64,
-    /// Its peer address.
-    pub addr: String,
-    /// `up`, `down`, `joining`, ...
-    pub state: String,
-    /// Bytes it lends the pool.
-    pub capacity_bytes: u64,
-    /// Bytes of it in use.
-    pub used_bytes: u64,
-    /// Bytes of it reserved.
-    pub reserved_bytes: u64,
-}
-
-/// A node's host tier.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct HostTierStatus {
-    /// Its byte budget.
-    pub budget_bytes: u64,
-    /// Bytes of pages held.
-    pub used_bytes: u64,
-    /// Pages held.
-    pub pages: u64,
-}
-
-/// A node's traffic with the remote tier.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RemoteStatus {
-    /// Page bytes sent to other nodes.
-    pub bytes_out: u64,
-    /// Page bytes received from other nodes.
-    pub bytes_in: u64,
-    /// Pages spilled to other nodes.
-    pub pages_spilled: u64,
-    /// Pages fetched back.
-    pub pages_fetched: u64,
-}
-
-/// What a node's `/status` says.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct NodeStatus {
-    /// The node.
-    pub node_id: u64,
-    /// Its pool, 16 hex digits.
-    pub pool_id: String,
-    /// Its peer address.
-    pub addr: String,
-    /// Its status address.
-    pub metrics_addr: String,
-    /// `leader`, `follower`, `candidate`, ...
-    pub role: String,
-    /// The leader it knows, if any (0 or absent: none).
-    pub leader: Option<u64>,
-    /// Its Raft term.
-    pub term: u64,
-    /// Its Raft commit index.
-    pub commit_index: u64,
-    /// The pool's members as it sees them.
-    pub members: Vec<MemberStatus>,
-    /// Its host tier.
-    pub host_tier: HostTierStatus,
-    /// Its remote-tier traffic.
-    pub remote: RemoteStatus,
-    /// Frame bytes received from peers.
-    pub peer_bytes_in: u64,
-    /// Frame bytes sent to peers.
-    pub peer_bytes_out: u64,
-    /// Frames from peers that failed the wire checks.
-    pub frames_rejected: u64,
-    /// Local clients connected.
-    pub clients: u64,
-}
-
-impl NodeStatus {
-    /// Whether this node says it is the leader.
-    pub fn is_leader(&self) -> bool {
-        self.role.eq_ignore_ascii_case("leader")
-    }
-
-    /// The leader it knows (0 means none).
-    pub fn known_leader(&self) -> Option<u64> {
-        self.leader.filter(|&l| l != 0)
-    }
-}
+pub use spillway_node::http::{HostTierStatus, MemberStatus, NodeStatus, RemoteStatus};
 
 /// Why a node's status could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -48,8 +48,10 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECTIONS_MAX: usize = 32;
 
 /// `/status`: the node's identity, Raft state, members, tiers and traffic. Other tools
-/// parse it (`spillway status`): field names are an interface.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// parse it (`spillway status`): field names are an interface. Every field has a default
+/// when absent, so a node of a slightly older or newer version still reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NodeStatus {
     /// This node.
     pub node_id: u64,
@@ -83,8 +85,21 @@ pub struct NodeStatus {
     pub clients: u64,
 }
 
+impl NodeStatus {
+    /// Whether this node says it is the leader.
+    pub fn is_leader(&self) -> bool {
+        self.role.eq_ignore_ascii_case("leader")
+    }
+
+    /// The leader it knows (0 means none).
+    pub fn known_leader(&self) -> Option<u64> {
+        self.leader.filter(|&l| l != 0)
+    }
+}
+
 /// One member in [`NodeStatus`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MemberStatus {
     /// Its id.
     pub id: u64,
@@ -101,7 +116,8 @@ pub struct MemberStatus {
 }
 
 /// The host tier in [`NodeStatus`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HostTierStatus {
     /// Its budget.
     pub budget_bytes: u64,
@@ -112,7 +128,8 @@ pub struct HostTierStatus {
 }
 
 /// The remote tier in [`NodeStatus`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RemoteStatus {
     /// Page bytes sent to peers.
     pub bytes_out: u64,
