@@ -247,12 +247,12 @@ const FIELD_DOCS: &[FieldDoc] = &[
     FieldDoc {
         key: "quic.idle_timeout_ms",
         doc: "a connection with no traffic for this long is closed",
-        default: "10000",
+        default: "3000",
     },
     FieldDoc {
         key: "quic.keep_alive_interval_ms",
         doc: "keep-alive ping interval (below idle_timeout_ms)",
-        default: "2000",
+        default: "1000",
     },
     FieldDoc {
         key: "quic.hello_timeout_ms",
@@ -652,6 +652,37 @@ host_tier_bytes = 1073741824
         let text = err.to_string();
         assert!(text.contains(field), "{text:?} does not name {field}");
         assert!(text.contains(FILE), "{text:?} does not name the file");
+    }
+
+    /// Every default the field docs state is the default a minimal file gets (so
+    /// `spillway node --help` cannot drift from the code).
+    #[test]
+    fn field_docs_state_the_real_defaults() {
+        let c = parse(MINIMAL).unwrap();
+        let doc: toml::Value = toml::Value::try_from(&c).unwrap();
+        let mut checked = 0;
+        for f in NodeConfig::field_docs() {
+            let mut v = Some(&doc);
+            for part in f.key.split('.') {
+                v = v.and_then(|v| v.get(part));
+            }
+            let Some(v) = v else { continue };
+            let shown = match v {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            // Required fields, and defaults stated as a rule ("see ...", a path, a field).
+            if !f.default.bytes().all(|b| b.is_ascii_digit())
+                && !["true", "false"].contains(&f.default)
+            {
+                continue;
+            }
+            if matches!(v, toml::Value::Integer(_) | toml::Value::Boolean(_)) {
+                assert_eq!(shown, f.default, "the docs of `{}`", f.key);
+                checked += 1;
+            }
+        }
+        assert!(checked >= 10, "only {checked} defaults checked");
     }
 
     #[test]
