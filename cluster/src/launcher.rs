@@ -196,8 +196,8 @@ fn stop_children(spec: &ClusterSpec, children: &mut [(u64, Child)]) {
     }
 }
 
-/// Waits until every node of `spec` answers `/status` and they agree on a leader, or
-/// `timeout` passes. `children` are processes to watch: if one exits, the wait ends
+/// Waits until every node of `spec` answers `/status`, they agree on a leader and the
+/// leader sees every member's lent capacity, or `timeout` passes. `children` are processes to watch: if one exits, the wait ends
 /// with [`ClusterError::Exited`].
 pub fn wait_ready(
     spec: &ClusterSpec,
@@ -230,7 +230,12 @@ pub fn wait_ready(
             total,
             leader: report.leader.filter(|_| report.leader_agreed),
         });
-        let done = report.answering == total && report.leader_agreed;
+        // Ready also means every member's lent capacity is committed: before that, a
+        // client would find no room on the peers.
+        let done = report.answering == total
+            && report.leader_agreed
+            && report.members.len() == total
+            && report.members.iter().all(|m| m.capacity_bytes > 0);
         last = Some(report.clone());
         done.then_some(Some(report))
     });
@@ -253,9 +258,12 @@ pub fn wait_ready(
         ),
         None => (
             spec.nodes.first(),
-            match last.as_ref().and_then(|r| r.leader) {
-                Some(l) => format!("the nodes do not agree that node {l} leads"),
-                None => "every node answers but none is the leader".to_string(),
+            match last.as_ref().map(|r| (r.leader, r.leader_agreed)) {
+                Some((Some(l), true)) => {
+                    format!("node {l} leads but the members' lent capacity was not committed")
+                }
+                Some((Some(l), false)) => format!("the nodes do not agree that node {l} leads"),
+                _ => "every node answers but none is the leader".to_string(),
             },
         ),
     };

@@ -218,6 +218,15 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
         Remote::None => (cfg.pool_builder().build()?, String::new()),
         Remote::Daemon(link) => {
             let budget = link.remote_capacity_bytes().min(remote_need);
+            if budget < 2 * page {
+                bail!(
+                    "the node at {} has {} of room on its peers, the loop needs {}: wait until \
+                     `spillway status` shows every member's capacity, or lend more",
+                    link.socket().display(),
+                    spillway_client::fmt_bytes(link.remote_capacity_bytes()),
+                    spillway_client::fmt_bytes(remote_need),
+                );
+            }
             let pool = cfg
                 .pool_builder()
                 .host_memory(link.host_memory())
