@@ -47,8 +47,11 @@ impl LocalPool {
         if nodes < 2 {
             bail!("an in-process pool needs at least 2 nodes, got {nodes}");
         }
+        // The nodes' QUIC and Raft work: a thread per core up to 8 (the loop's own
+        // threads need the rest).
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(workers)
             .thread_name("spillway-node")
             .enable_all()
             .build()
