@@ -31,6 +31,8 @@ pub mod mem_store;
 pub mod quic;
 pub mod sim;
 pub mod stats;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 
 mod message;
 mod server;
