@@ -36,8 +36,7 @@ pub(super) enum Command {
         id: u64,
         endpoint: u64,
         tag: u64,
-        header: Bytes,
-        payload: Bytes,
+        parts: Vec<Bytes>,
         done: oneshot::Sender<Result<(), UcxError>>,
     },
     Recv {
@@ -273,8 +272,7 @@ impl Driver {
                 id,
                 endpoint,
                 tag,
-                header,
-                payload,
+                parts,
                 done,
             } => {
                 let Some(ep) = self.eps.get(&endpoint) else {
@@ -286,7 +284,7 @@ impl Driver {
                     let _ = done.send(Err(UcxError::PeerLost { endpoint, status }));
                     return;
                 };
-                match self.worker.send(&ep.raw, id, tag, header, payload) {
+                match self.worker.send(&ep.raw, id, tag, parts) {
                     Ok(op) => {
                         self.sends.insert(id, PendingSend { op, done, endpoint });
                     }

@@ -18,6 +18,8 @@
 //! - [`Endpoint::send`]: a tagged message of a frame header and a payload, sent as one
 //!   iov (no copy); [`Worker::recv`]: a tagged receive into a slot of memory registered
 //!   once with `ucp_mem_map` ([`Received`] lends the slot until dropped).
+//! - [`UcxTransport`]: the remote tier's [`Transport`](crate::Transport) over these
+//!   messages, with the same frames and checks as QUIC.
 //! - `raw`: every `unsafe` of this module, with the invariants that make it sound.
 //!
 //! Limits (each from [`UcxWorkerConfig`]): receives in flight at most
@@ -37,6 +39,9 @@
 
 mod driver;
 mod raw;
+mod transport;
+
+pub use transport::{UcxConnection, UcxTransport};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -397,6 +402,12 @@ impl Endpoint {
     /// when UCX is done with the buffers (the message was delivered or handed to the
     /// network). Waits while [`UcxWorkerConfig::sends_in_flight_max`] sends are pending.
     pub async fn send(&self, tag: u64, header: Bytes, payload: Bytes) -> Result<(), UcxError> {
+        self.send_parts(tag, vec![header, payload]).await
+    }
+
+    /// Sends `parts` back to back as one tagged message, without copying them (a frame
+    /// header and its pages); otherwise as [`Endpoint::send`].
+    pub async fn send_parts(&self, tag: u64, parts: Vec<Bytes>) -> Result<(), UcxError> {
         let shared = &self.inner.worker.shared;
         let _permit = Arc::clone(&shared.sends)
             .acquire_owned()
@@ -407,8 +418,7 @@ impl Endpoint {
             id: shared.next_id(),
             endpoint: self.inner.id,
             tag,
-            header,
-            payload,
+            parts,
             done,
         })?;
         rx.await.map_err(|_| UcxError::WorkerStopped)?

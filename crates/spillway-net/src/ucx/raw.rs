@@ -11,8 +11,8 @@
 //!    store the status in the operation's [`OpState`] (a `Cell`) and push its id onto a
 //!    thread-local list that the driver drains after each progress call; they never free,
 //!    never panic and never call back into UCX.
-//! 3. **Buffers outlive their requests.** An operation's buffers (the send's header,
-//!    payload and iov array; the receive's slot) are owned by its boxed op, which is
+//! 3. **Buffers outlive their requests.** An operation's buffers (the send's parts and
+//!    iov array; the receive's slot) are owned by its boxed op, which is
 //!    freed only once UCX reported completion. An op dropped before completion is
 //!    leaked, never freed (its memory may still be written by UCX until the worker is
 //!    destroyed).
@@ -303,29 +303,26 @@ impl RawWorker {
         })
     }
 
-    /// Posts a tagged send of `header` then `payload` as one message (an iov: no copy).
+    /// Posts a tagged send of `parts`, back to back, as one message (an iov: no copy).
     pub(super) fn send(
         &self,
         ep: &RawEp,
         id: u64,
         tag: u64,
-        header: Bytes,
-        payload: Bytes,
+        parts: Vec<Bytes>,
     ) -> Result<SendOp, UcxError> {
+        let iov: Vec<sys::ucp_dt_iov_t> = parts
+            .iter()
+            .map(|p| sys::ucp_dt_iov_t {
+                buffer: p.as_ptr().cast_mut().cast(),
+                length: p.len(),
+            })
+            .collect();
+        let iov_count = iov.len();
         let inner = Box::new(SendInner {
             state: OpState::new(id),
-            iov: [
-                sys::ucp_dt_iov_t {
-                    buffer: header.as_ptr().cast_mut().cast(),
-                    length: header.len(),
-                },
-                sys::ucp_dt_iov_t {
-                    buffer: payload.as_ptr().cast_mut().cast(),
-                    length: payload.len(),
-                },
-            ],
-            _header: header,
-            _payload: payload,
+            iov,
+            _parts: parts,
             req: ptr::null_mut(),
         });
         let inner = NonNull::from(Box::leak(inner));
@@ -335,10 +332,7 @@ impl RawWorker {
         // SendOp::drop after completion (invariant 3).
         let (state, iov) = unsafe {
             let p = inner.as_ptr();
-            (
-                ptr::addr_of!((*p).state).cast_mut(),
-                ptr::addr_of!((*p).iov),
-            )
+            (ptr::addr_of!((*p).state).cast_mut(), (*p).iov.as_ptr())
         };
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
@@ -350,9 +344,10 @@ impl RawWorker {
             user_data: state.cast(),
             ..Default::default()
         };
-        // SAFETY: ep live; the iov array and the buffers it points to live in `inner`
-        // until completion (invariant 3); send_done only touches `state`.
-        let r = unsafe { sys::ucp_tag_send_nbx(ep.h, iov.cast(), 2, tag, &param) };
+        // SAFETY: ep live; the iov array (its heap buffer does not move: the Vec is never
+        // touched again) and the buffers it points to live in `inner` until completion
+        // (invariant 3); send_done only touches `state`.
+        let r = unsafe { sys::ucp_tag_send_nbx(ep.h, iov.cast(), iov_count, tag, &param) };
         let op = SendOp { inner };
         op.set_request(r)?;
         Ok(op)
@@ -538,9 +533,8 @@ unsafe extern "C" fn ep_failed(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys
 
 struct SendInner {
     state: OpState,
-    iov: [sys::ucp_dt_iov_t; 2],
-    _header: Bytes,
-    _payload: Bytes,
+    iov: Vec<sys::ucp_dt_iov_t>,
+    _parts: Vec<Bytes>,
     req: sys::ucs_status_ptr_t,
 }
 

@@ -1,0 +1,667 @@
+//! [`UcxTransport`]: the remote tier's [`Transport`] over UCX tagged messages, with the
+//! same frames and checks as QUIC (`spillway_types::wire`, page checksums, per-peer
+//! in-flight budgets, a bad frame closes its connection).
+//!
+//! Connection setup: a small TCP side channel at [`Transport::local_addr`]. The client
+//! sends its hello frame, the id it will receive replies under and its worker address;
+//! the server answers with the same. Each side then makes a UCX endpoint to the other.
+//! The side channel stays open as the connection's lifeline: when it closes, the server
+//! stops serving that connection.
+//!
+//! Tags: bits 63..62 say request (1) or reply (2); bits 61..32 the receiver's connection
+//! id (the server's for requests, the client's for replies: each side picks ids unique on
+//! its own worker); bits 31..0 the low bits of the request id (unique among a
+//! connection's requests in flight).
+//!
+//! Limits and gaps (issue 4):
+//! - the side channel is plain TCP: no TLS, so nothing authenticates the peer beyond its
+//!   hello (pool id). Use on trusted networks only, until the address exchange moves to
+//!   the pool's membership or a TLS channel;
+//! - a received message is copied once out of the registered slot (the handler and
+//!   caller keep pages as `Bytes`); the host tier is not registered memory yet;
+//! - the largest frame is [`UcxWorkerConfig::recv_slot_bytes`] (a larger one fails its
+//!   request); the in-flight budget is [`QuicConfig::peer_bytes_in_flight_max`].
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use spillway_types::wire::{self, Hello, Message, PROTOCOL_VERSION, WireError};
+use spillway_types::{NodeId, PoolId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{Endpoint, UcxError, UcxWorkerConfig, Worker};
+use crate::config::permits_for;
+use crate::stats::PeerState;
+use crate::{
+    Connection, Handler, NetError, NetStats, QuicConfig, Request, Response, Server, Transport,
+};
+
+const TAG_REQUEST: u64 = 1 << 62;
+const TAG_REPLY: u64 = 2 << 62;
+const TAG_KIND_MASK: u64 = 3 << 62;
+const TAG_CONN_MASK: u64 = ((1 << 30) - 1) << 32;
+const TAG_LOW_MASK: u64 = 0xFFFF_FFFF;
+/// Connection ids: 30 bits.
+const CONN_IDS: u32 = 1 << 30;
+/// Largest hello frame on the side channel.
+const HELLO_BYTES_MAX: u32 = 4096;
+/// Largest worker address on the side channel.
+const ADDRESS_BYTES_MAX: u32 = 64 << 10;
+
+fn tag(kind: u64, conn: u32, request_id: u64) -> u64 {
+    kind | (u64::from(conn) << 32 & TAG_CONN_MASK) | (request_id & TAG_LOW_MASK)
+}
+
+/// One node's UCX transport.
+pub struct UcxTransport {
+    worker: Worker,
+    addr: SocketAddr,
+    listener: Mutex<Option<TcpListener>>,
+    pool_id: PoolId,
+    node_id: NodeId,
+    stats: Arc<NetStats>,
+    budget_permits: u32,
+    hello_timeout: Duration,
+    serving: AtomicBool,
+    next_conn: AtomicU32,
+}
+
+impl std::fmt::Debug for UcxTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UcxTransport")
+            .field("node_id", &self.node_id)
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl UcxTransport {
+    /// Starts a UCX worker and binds the side channel at `addr` (port 0: any).
+    /// `config` gives the in-flight budget and the hello timeout.
+    pub async fn bind(
+        pool_id: PoolId,
+        node_id: NodeId,
+        addr: SocketAddr,
+        config: &QuicConfig,
+        worker_config: &UcxWorkerConfig,
+    ) -> Result<UcxTransport, NetError> {
+        config.validate()?;
+        let worker = Worker::start(worker_config).map_err(|e| NetError::Connect {
+            addr,
+            reason: format!("UCX worker: {e}"),
+        })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| NetError::Io {
+                context: format!("binding the UCX side channel at {addr}"),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| NetError::Io {
+            context: "reading the side channel's address".into(),
+            source,
+        })?;
+        Ok(UcxTransport {
+            worker,
+            addr,
+            listener: Mutex::new(Some(listener)),
+            pool_id,
+            node_id,
+            stats: Arc::new(NetStats::new(config.peer_permits())),
+            budget_permits: config.peer_permits(),
+            hello_timeout: Duration::from_millis(config.hello_timeout_ms),
+            serving: AtomicBool::new(false),
+            next_conn: AtomicU32::new(1),
+        })
+    }
+
+    /// The UCX worker (counters, version).
+    pub fn worker(&self) -> &Worker {
+        &self.worker
+    }
+
+    fn conn_id(&self) -> u32 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed) % CONN_IDS
+    }
+}
+
+/// What one side says on the side channel.
+struct SideHello {
+    hello: Hello,
+    conn: u32,
+    address: Vec<u8>,
+}
+
+async fn write_side_hello(
+    stream: &mut TcpStream,
+    hello: Hello,
+    conn: u32,
+    address: &[u8],
+) -> std::io::Result<()> {
+    let frame = wire::encode_frame(0, &Message::Hello(hello))
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let mut buf = BytesMut::with_capacity(12 + frame.len() + address.len());
+    buf.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&frame);
+    buf.extend_from_slice(&conn.to_le_bytes());
+    buf.extend_from_slice(&(address.len() as u32).to_le_bytes());
+    buf.extend_from_slice(address);
+    stream.write_all(&buf).await?;
+    stream.flush().await
+}
+
+#[derive(Debug)]
+enum SideError {
+    Io(std::io::Error),
+    Wire(WireError),
+    TooLong { what: &'static str, bytes: u32 },
+    NotHello,
+}
+
+impl std::fmt::Display for SideError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SideError::Io(e) => write!(f, "side channel: {e}"),
+            SideError::Wire(e) => write!(f, "bad hello: {e}"),
+            SideError::TooLong { what, bytes } => write!(f, "{what} of {bytes} bytes"),
+            SideError::NotHello => write!(f, "first frame is not a hello"),
+        }
+    }
+}
+
+async fn read_side_hello(stream: &mut TcpStream) -> Result<SideHello, SideError> {
+    let frame_bytes = stream.read_u32_le().await.map_err(SideError::Io)?;
+    if frame_bytes > HELLO_BYTES_MAX {
+        return Err(SideError::TooLong {
+            what: "hello",
+            bytes: frame_bytes,
+        });
+    }
+    let mut frame = vec![0u8; frame_bytes as usize];
+    stream.read_exact(&mut frame).await.map_err(SideError::Io)?;
+    let hello = match wire::decode_frame(&frame)
+        .map_err(SideError::Wire)?
+        .0
+        .message
+    {
+        Message::Hello(h) => h,
+        _ => return Err(SideError::NotHello),
+    };
+    let conn = stream.read_u32_le().await.map_err(SideError::Io)? % CONN_IDS;
+    let address_bytes = stream.read_u32_le().await.map_err(SideError::Io)?;
+    if address_bytes > ADDRESS_BYTES_MAX {
+        return Err(SideError::TooLong {
+            what: "worker address",
+            bytes: address_bytes,
+        });
+    }
+    let mut address = vec![0u8; address_bytes as usize];
+    stream
+        .read_exact(&mut address)
+        .await
+        .map_err(SideError::Io)?;
+    Ok(SideHello {
+        hello,
+        conn,
+        address,
+    })
+}
+
+/// The frame of `message` with its pages after it, as iov parts (no copy of the pages).
+fn frame_parts(
+    request_id: u64,
+    message: &Message,
+    pages: Vec<Bytes>,
+) -> Result<Vec<Bytes>, WireError> {
+    let head = wire::encode_frame(request_id, message)?;
+    let mut parts = Vec::with_capacity(1 + pages.len());
+    parts.push(Bytes::from(head));
+    parts.extend(pages);
+    Ok(parts)
+}
+
+fn parts_len(parts: &[Bytes]) -> u64 {
+    parts.iter().map(|p| p.len() as u64).sum()
+}
+
+/// Decodes a received frame; the payload is a slice of `buf`.
+fn decode(buf: &Bytes) -> Result<(u64, Message, Bytes), WireError> {
+    let (frame, used) = wire::decode_frame(buf)?;
+    let payload_at = used - frame.payload.len();
+    Ok((
+        frame.header.request_id,
+        frame.message,
+        buf.slice(payload_at..used),
+    ))
+}
+
+impl Transport for UcxTransport {
+    type Connection = UcxConnection;
+
+    fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    fn pool_id(&self) -> PoolId {
+        self.pool_id
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<UcxConnection, NetError> {
+        let connect_err = |reason: String| NetError::Connect { addr, reason };
+        let my_conn = self.conn_id();
+        let exchange = async {
+            let mut side = TcpStream::connect(addr)
+                .await
+                .map_err(|e| connect_err(e.to_string()))?;
+            let _ = side.set_nodelay(true);
+            let hello = Hello {
+                pool_id: self.pool_id,
+                node_id: self.node_id,
+                protocol_version: PROTOCOL_VERSION,
+            };
+            write_side_hello(&mut side, hello, my_conn, self.worker.address())
+                .await
+                .map_err(|e| connect_err(e.to_string()))?;
+            let theirs = read_side_hello(&mut side)
+                .await
+                .map_err(|e| connect_err(e.to_string()))?;
+            Ok::<_, NetError>((side, theirs))
+        };
+        let (side, theirs) = tokio::time::timeout(self.hello_timeout, exchange)
+            .await
+            .map_err(|_| NetError::HelloTimeout {
+                addr,
+                timeout_ms: self.hello_timeout.as_millis() as u64,
+            })??;
+        if theirs.hello.pool_id != self.pool_id {
+            return Err(NetError::PoolMismatch {
+                addr,
+                peer: theirs.hello.node_id,
+                expected: self.pool_id,
+                found: theirs.hello.pool_id,
+            });
+        }
+        if theirs.hello.protocol_version != PROTOCOL_VERSION {
+            return Err(connect_err(format!(
+                "peer speaks protocol {}, we {PROTOCOL_VERSION}",
+                theirs.hello.protocol_version
+            )));
+        }
+        let ep = self
+            .worker
+            .connect(&theirs.address)
+            .await
+            .map_err(|e| connect_err(format!("UCX endpoint: {e}")))?;
+        let peer = theirs.hello.node_id;
+        Ok(UcxConnection {
+            inner: Arc::new(ConnInner {
+                worker: self.worker.clone(),
+                ep,
+                peer,
+                server_conn: theirs.conn,
+                my_conn,
+                state: self.stats.peer_state(peer),
+                budget_permits: self.budget_permits,
+                closed: AtomicBool::new(false),
+                next_request_id: AtomicU64::new(1),
+                _side: side,
+            }),
+        })
+    }
+
+    fn serve<H: Handler>(&self, handler: Arc<H>) -> Result<Server, NetError> {
+        let listener = self
+            .listener
+            .lock()
+            .ok()
+            .and_then(|mut l| l.take())
+            .ok_or(NetError::AlreadyServing)?;
+        self.serving.store(true, Ordering::SeqCst);
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let ctx = Arc::new(ServeCtx {
+            worker: self.worker.clone(),
+            pool_id: self.pool_id,
+            node_id: self.node_id,
+            stats: self.stats.clone(),
+            budget_permits: self.budget_permits,
+            hello_timeout: self.hello_timeout,
+            next_conn: AtomicU32::new(1),
+        });
+        tasks.spawn(accept_loop(
+            listener,
+            ctx,
+            handler,
+            cancel.clone(),
+            tasks.clone(),
+        ));
+        Ok(Server::new(cancel, tasks))
+    }
+
+    fn stats(&self) -> &Arc<NetStats> {
+        &self.stats
+    }
+}
+
+struct ServeCtx {
+    worker: Worker,
+    pool_id: PoolId,
+    node_id: NodeId,
+    stats: Arc<NetStats>,
+    budget_permits: u32,
+    hello_timeout: Duration,
+    next_conn: AtomicU32,
+}
+
+async fn accept_loop<H: Handler>(
+    listener: TcpListener,
+    ctx: Arc<ServeCtx>,
+    handler: Arc<H>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let (stream, from) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "UCX side channel accept failed");
+                continue;
+            }
+        };
+        tasks.spawn(serve_connection(
+            stream,
+            from,
+            ctx.clone(),
+            handler.clone(),
+            cancel.clone(),
+            tasks.clone(),
+        ));
+    }
+}
+
+async fn serve_connection<H: Handler>(
+    mut side: TcpStream,
+    from: SocketAddr,
+    ctx: Arc<ServeCtx>,
+    handler: Arc<H>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let _ = side.set_nodelay(true);
+    let theirs = match tokio::time::timeout(ctx.hello_timeout, read_side_hello(&mut side)).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            ctx.stats.unidentified_state().reject();
+            tracing::debug!(%from, error = %e, "UCX side channel: bad hello");
+            return;
+        }
+        Err(_) => return,
+    };
+    if theirs.hello.pool_id != ctx.pool_id || theirs.hello.protocol_version != PROTOCOL_VERSION {
+        ctx.stats.handshake_refused();
+        return;
+    }
+    let my_conn = ctx.next_conn.fetch_add(1, Ordering::Relaxed) % CONN_IDS;
+    let hello = Hello {
+        pool_id: ctx.pool_id,
+        node_id: ctx.node_id,
+        protocol_version: PROTOCOL_VERSION,
+    };
+    if write_side_hello(&mut side, hello, my_conn, ctx.worker.address())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let ep = match ctx.worker.connect(&theirs.address).await {
+        Ok(ep) => ep,
+        Err(e) => {
+            tracing::warn!(%from, error = %e, "UCX endpoint to a client failed");
+            return;
+        }
+    };
+    ctx.stats.connection_accepted();
+    let peer = theirs.hello.node_id;
+    let state = ctx.stats.peer_state(peer);
+    let conn_cancel = cancel.child_token();
+    // The side channel's end (EOF or error) closes the connection.
+    let lifeline = {
+        let conn_cancel = conn_cancel.clone();
+        async move {
+            let mut byte = [0u8; 1];
+            tokio::select! {
+                _ = side.read(&mut byte) => conn_cancel.cancel(),
+                _ = conn_cancel.cancelled() => {}
+            }
+        }
+    };
+    tasks.spawn(lifeline);
+    loop {
+        let got = tokio::select! {
+            _ = conn_cancel.cancelled() => return,
+            g = ctx.worker.recv(tag(TAG_REQUEST, my_conn, 0), TAG_KIND_MASK | TAG_CONN_MASK, Some(&ep)) => g,
+        };
+        let got = match got {
+            Ok(g) => g,
+            Err(UcxError::MessageTooLarge { .. }) => {
+                // The request is lost; its sender times out or loses the connection.
+                state.reject();
+                conn_cancel.cancel();
+                return;
+            }
+            Err(_) => return,
+        };
+        let frame = Bytes::copy_from_slice(got.bytes());
+        drop(got);
+        tasks.spawn(serve_request(
+            frame,
+            peer,
+            ep.clone(),
+            theirs.conn,
+            state.clone(),
+            ctx.budget_permits,
+            handler.clone(),
+            conn_cancel.clone(),
+        ));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve_request<H: Handler>(
+    frame: Bytes,
+    peer: NodeId,
+    ep: Endpoint,
+    client_conn: u32,
+    state: Arc<PeerState>,
+    budget_permits: u32,
+    handler: Arc<H>,
+    conn_cancel: CancellationToken,
+) {
+    let (request_id, message, payload) = match decode(&frame) {
+        Ok(v) => v,
+        Err(e) => {
+            state.reject();
+            tracing::debug!(%peer, error = %e, "bad frame over UCX; closing the connection");
+            conn_cancel.cancel();
+            return;
+        }
+    };
+    let permit = if payload.is_empty() {
+        None
+    } else {
+        state
+            .inbound
+            .clone()
+            .acquire_many_owned(permits_for(payload.len() as u64, budget_permits))
+            .await
+            .ok()
+    };
+    state.add_in(frame.len() as u64);
+    let response = match Request::from_wire(message, &payload) {
+        Ok(request) => handler.handle(peer, request).await,
+        Err(kind) => Response::Error(wire::ErrorReply::new(
+            wire::ErrorCode::BadRequest,
+            format!("a {kind:?} frame is not a request"),
+        )),
+    };
+    drop(permit);
+    let parts = match response
+        .into_wire()
+        .and_then(|(message, pages)| frame_parts(request_id, &message, pages))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            let message = Message::Error(wire::ErrorReply::new(
+                wire::ErrorCode::Internal,
+                format!("response cannot be sent: {e}"),
+            ));
+            match frame_parts(request_id, &message, Vec::new()) {
+                Ok(p) => p,
+                Err(_) => return,
+            }
+        }
+    };
+    state.add_out(parts_len(&parts));
+    if let Err(e) = ep
+        .send_parts(tag(TAG_REPLY, client_conn, request_id), parts)
+        .await
+    {
+        tracing::debug!(%peer, error = %e, "UCX reply not sent");
+    }
+}
+
+struct ConnInner {
+    worker: Worker,
+    ep: Endpoint,
+    peer: NodeId,
+    server_conn: u32,
+    my_conn: u32,
+    state: Arc<PeerState>,
+    budget_permits: u32,
+    closed: AtomicBool,
+    next_request_id: AtomicU64,
+    /// The side channel, kept open: closing it tells the server the connection ended.
+    _side: TcpStream,
+}
+
+/// A connection to one peer over UCX.
+#[derive(Clone)]
+pub struct UcxConnection {
+    inner: Arc<ConnInner>,
+}
+
+impl std::fmt::Debug for UcxConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UcxConnection")
+            .field("peer", &self.inner.peer)
+            .finish()
+    }
+}
+
+impl UcxConnection {
+    fn lost(&self, reason: impl Into<String>) -> NetError {
+        NetError::ConnectionLost {
+            peer: self.inner.peer,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl Connection for UcxConnection {
+    fn peer(&self) -> NodeId {
+        self.inner.peer
+    }
+
+    async fn request(&self, request: Request) -> Result<Response, NetError> {
+        let inner = &*self.inner;
+        let peer = inner.peer;
+        if inner.closed.load(Ordering::SeqCst) {
+            return Err(self.lost("connection closed"));
+        }
+        let kind = request.kind();
+        let payload_bytes = request.payload_bytes();
+        let (message, pages) = request
+            .into_wire()
+            .map_err(|source| NetError::Encode { peer, source })?;
+        let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let parts =
+            frame_parts(id, &message, pages).map_err(|source| NetError::Encode { peer, source })?;
+        let permit = if payload_bytes == 0 {
+            None
+        } else {
+            inner
+                .state
+                .outbound
+                .clone()
+                .acquire_many_owned(permits_for(payload_bytes, inner.budget_permits))
+                .await
+                .ok()
+        };
+        inner.state.add_out(parts_len(&parts));
+        let reply = inner
+            .worker
+            .recv(tag(TAG_REPLY, inner.my_conn, id), u64::MAX, Some(&inner.ep));
+        let send = inner
+            .ep
+            .send_parts(tag(TAG_REQUEST, inner.server_conn, id), parts);
+        // A send that fails ends the wait for its reply (the receive is cancelled).
+        let send_failed = CancellationToken::new();
+        let reply = async {
+            tokio::select! {
+                r = reply => Some(r),
+                _ = send_failed.cancelled() => None,
+            }
+        };
+        let send = async {
+            let r = send.await;
+            if r.is_err() {
+                send_failed.cancel();
+            }
+            r
+        };
+        let (reply, sent) = tokio::join!(reply, send);
+        drop(permit);
+        sent.map_err(|e| self.lost(e.to_string()))?;
+        let reply = reply
+            .ok_or_else(|| self.lost("request not sent"))?
+            .map_err(|e| self.lost(e.to_string()))?;
+        let reply = Bytes::copy_from_slice(reply.bytes());
+        let (_, message, payload) = match decode(&reply) {
+            Ok(v) => v,
+            Err(source) => {
+                inner.state.reject();
+                inner.closed.store(true, Ordering::SeqCst);
+                return Err(NetError::BadFrame {
+                    peer: Some(peer),
+                    source,
+                });
+            }
+        };
+        inner.state.add_in(reply.len() as u64);
+        if !Response::answers(message.kind(), kind) {
+            return Err(NetError::UnexpectedReply {
+                peer,
+                request: kind,
+                reply: message.kind(),
+            });
+        }
+        Response::from_wire(message, &payload).map_err(|reply| NetError::UnexpectedReply {
+            peer,
+            request: kind,
+            reply,
+        })
+    }
+}
