@@ -2,8 +2,10 @@
 //! peer transport (QUIC with mutual TLS: frames, checksums, in-flight budget) against raw
 //! TCP moving the same bytes in the same run ([`spillway_net::bench`]).
 //!
-//! `--transport` names the transport measured: `quic` today; `ucx` is reserved for the
-//! UCX transport and is an error until it is built.
+//! `--transport` names the transport measured: `quic`, or `ucx`, which also measures the
+//! UCX transport in the same run (`ucx_bytes_per_s`); it needs the `ucx` feature
+//! (`cargo build --features ucx`, system packages from `scripts/install-ucx.sh`), and is
+//! an error naming it without.
 
 use std::path::PathBuf;
 
@@ -21,7 +23,7 @@ use spillway_net::bench::{ThroughputReport, page_throughput_with};
 pub enum Transport {
     /// QUIC with mutual TLS (quinn), the peer transport of the nodes.
     Quic,
-    /// UCX (not built yet).
+    /// UCX tagged messages (feature `ucx`), measured beside QUIC and TCP.
     Ucx,
 }
 
@@ -65,6 +67,12 @@ struct RemoteReport {
     #[serde(flatten)]
     throughput: ThroughputReport,
     quic_over_tcp: f64,
+    /// Pages put over the UCX transport (`--transport ucx`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ucx_bytes_per_s: Option<f64>,
+    /// UCX throughput as a fraction of the TCP baseline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ucx_over_tcp: Option<f64>,
     connections_per_peer: u32,
     worker_threads: usize,
     /// The QUIC configuration measured.
@@ -73,10 +81,10 @@ struct RemoteReport {
 
 /// Runs `spillway bench remote`.
 pub fn run_remote(args: RemoteArgs) -> Result<()> {
-    if args.transport == Transport::Ucx {
+    if args.transport == Transport::Ucx && !cfg!(feature = "ucx") {
         bail!(
-            "--transport ucx: this build has no UCX transport (the `ucx` feature of \
-             spillway-net is not built yet); use --transport quic"
+            "--transport ucx: this build has no UCX transport; build spillway with \
+             `--features ucx` (system packages: scripts/install-ucx.sh), or use --transport quic"
         );
     }
     let mut config: QuicConfig = toml::from_str(&args.quic_overrides.join("\n"))
@@ -99,8 +107,21 @@ pub fn run_remote(args: RemoteArgs) -> Result<()> {
             args.in_flight,
         ))
         .context("measuring page throughput")?;
+    let ucx_bytes_per_s = if args.transport == Transport::Ucx {
+        Some(measure_ucx(
+            &runtime,
+            &config,
+            throughput.page_bytes,
+            throughput.total_bytes,
+            args.in_flight,
+        )?)
+    } else {
+        None
+    };
     let report = RemoteReport {
         transport: args.transport,
+        ucx_over_tcp: ucx_bytes_per_s.map(|u| u / throughput.tcp_bytes_per_s),
+        ucx_bytes_per_s,
         quic_over_tcp: throughput.ratio(),
         throughput,
         connections_per_peer: config.connections_per_peer,
@@ -119,10 +140,102 @@ pub fn run_remote(args: RemoteArgs) -> Result<()> {
     Ok(())
 }
 
+#[cfg(not(feature = "ucx"))]
+fn measure_ucx(
+    _runtime: &tokio::runtime::Runtime,
+    _config: &QuicConfig,
+    _page_bytes: u64,
+    _total_bytes: u64,
+    _in_flight: usize,
+) -> Result<f64> {
+    bail!("--transport ucx: this build has no UCX transport (feature `ucx`)")
+}
+
+/// Pages put over the UCX transport between two loopback endpoints in this process,
+/// `in_flight` requests at once: bytes per second, best of the same rounds as the others.
+#[cfg(feature = "ucx")]
+fn measure_ucx(
+    runtime: &tokio::runtime::Runtime,
+    config: &QuicConfig,
+    page_bytes: u64,
+    total_bytes: u64,
+    in_flight: usize,
+) -> Result<f64> {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use spillway_net::ucx::{UcxTransport, UcxWorkerConfig};
+    use spillway_net::{Connection, MemStore, Page, Transport};
+    use spillway_types::{BufferId, NodeId, PageId, PoolId};
+
+    /// Distinct page ids the bench cycles through (the store keeps the latest of each).
+    const PAGE_IDS: u64 = 64;
+    let in_flight = in_flight.max(1);
+    let pages = (total_bytes / page_bytes).max(1);
+    let worker = UcxWorkerConfig {
+        recv_slot_bytes: usize::try_from(page_bytes)? + (64 << 10),
+        recv_slots_count: (in_flight * 2).clamp(4, 16),
+        ..UcxWorkerConfig::default()
+    };
+    runtime.block_on(async {
+        let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let pool = PoolId(0xbe_4c);
+        let server = UcxTransport::bind(pool, NodeId(1), loopback, config, &worker).await?;
+        let serving = server.serve(Arc::new(MemStore::new(PAGE_IDS as usize)))?;
+        let client = UcxTransport::bind(pool, NodeId(2), loopback, config, &worker).await?;
+        let conn = client.connect(server.local_addr()).await?;
+        let data = bytes::Bytes::from(
+            (0..page_bytes)
+                .map(|i| (i * 31 % 251) as u8)
+                .collect::<Vec<u8>>(),
+        );
+        let mut best = 0f64;
+        for _ in 0..spillway_net::bench::ROUNDS {
+            let next = Arc::new(AtomicU64::new(0));
+            let start = std::time::Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..in_flight {
+                let (conn, next, data) = (conn.clone(), next.clone(), data.clone());
+                tasks.spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= pages {
+                            return Ok::<(), spillway_net::NetError>(());
+                        }
+                        let id = PageId {
+                            buffer: BufferId(1),
+                            index: (i % PAGE_IDS) as u32,
+                        };
+                        conn.put_pages(vec![Page::new(id, data.clone())]).await?;
+                    }
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.context("a UCX bench task")??;
+            }
+            let bytes_per_s = (pages * page_bytes) as f64 / start.elapsed().as_secs_f64();
+            best = best.max(bytes_per_s);
+        }
+        drop(conn);
+        serving.shutdown().await;
+        Ok(best)
+    })
+}
+
 fn table(r: &RemoteReport) -> String {
     let t = &r.throughput;
     let gb = |b: f64| format!("{:.2} GB/s", b / 1e9);
-    format!(
+    let ucx_row = match (r.ucx_bytes_per_s, r.ucx_over_tcp) {
+        (Some(u), Some(ratio)) => {
+            format!(
+                "| UCX (tagged messages, frames, checksums) | {} | **{ratio:.3}** |\n",
+                gb(u)
+            )
+        }
+        _ => String::new(),
+    };
+    let table = format!(
         "Pages of {} on 127.0.0.1, {} per method per round (best of {} rounds), {} requests in flight, {} QUIC connections, {} runtime threads.\n\n\
          | path | throughput | ratio to TCP |\n|---|---|---|\n\
          | TCP, 1 connection | {} | {:.3} |\n\
@@ -140,5 +253,6 @@ fn table(r: &RemoteReport) -> String {
         t.tcp_8_bytes_per_s / t.tcp_bytes_per_s,
         gb(t.quic_bytes_per_s),
         r.quic_over_tcp,
-    )
+    );
+    table + &ucx_row
 }
