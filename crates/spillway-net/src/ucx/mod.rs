@@ -33,6 +33,11 @@
 //! [`UcxError::PeerLost`], and so do the receives posted with that endpoint as their
 //! expected sender ([`Worker::recv`]'s `from`). Receives from anyone stay posted.
 //!
+//! Transports: peer failure detection needs a UCX transport that supports it. UCX 1.13's
+//! shared-memory transports (`sm`: posix, sysv, cma) do not, so with `UCX_TLS=sm,self`
+//! connecting fails ("no peer failure handler", `Destination is unreachable`); on one
+//! host use TCP on `lo` (`UCX_TLS=tcp,self`) until error handling becomes a choice.
+//!
 //! Trust: a worker address is handed to UCX as is, and UCX unpacks it without bounds
 //! checks. Addresses must come from an authenticated channel (the pool's TLS side
 //! channel or membership), never straight from an unauthenticated socket.
