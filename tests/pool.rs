@@ -105,7 +105,7 @@ fn three_nodes_up_report_one_leader_and_down_leaves_no_process() {
 }
 
 #[test]
-fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restart() {
+fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
     let pool = Pool::new();
     up(&pool, 4);
     let spec = pool.spec();
@@ -136,7 +136,9 @@ fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restart() {
         .filter(|n| n.id != old)
         .map(|n| (n.metrics_addr.to_string(), Some(n.id)))
         .collect();
-    let new = poll(Duration::from_secs(1), || {
+    // How fast is `spillway cluster failover-bench`'s to measure (p99 over many trials on a
+    // quiet machine); here other tests share the cores, so the bound is only generous.
+    let new = poll(Duration::from_secs(10), || {
         let r = spillway_cluster::query_pool(&others, Duration::from_millis(200));
         r.leader.filter(|&l| l != old && r.term > Some(old_term))
     });

@@ -91,10 +91,12 @@ impl MemStore {
                     pages_missing: total - deleted,
                 }
             }
-            Request::Raft { .. } | Request::Propose { .. } => Response::Error(ErrorReply::new(
-                ErrorCode::BadRequest,
-                "this store serves pages only, not the metadata group",
-            )),
+            Request::Raft { .. } | Request::Propose { .. } | Request::UcxConnect { .. } => {
+                Response::Error(ErrorReply::new(
+                    ErrorCode::BadRequest,
+                    "this store serves pages only, not the metadata group",
+                ))
+            }
         }
     }
 }

@@ -81,6 +81,14 @@ pub enum Request {
         /// The encoded batch, at most [`wire::PROPOSAL_PAYLOAD_BYTES_MAX`] bytes.
         batch: Bytes,
     },
+    /// Move this peer's page requests over UCX too (feature `ucx` of spillway-net): the
+    /// offer of `UcxTransport::offer`. Sent only over an authenticated connection (QUIC),
+    /// which is what makes the worker address in it trustworthy.
+    UcxConnect {
+        /// A connection id and a UCX worker address, at most
+        /// [`wire::UCX_CONNECT_PAYLOAD_BYTES_MAX`] bytes.
+        offer: Bytes,
+    },
 }
 
 /// What a node answers.
@@ -112,6 +120,11 @@ pub enum Response {
     Propose {
         /// The encoded outcome, at most [`wire::PROPOSAL_PAYLOAD_BYTES_MAX`] bytes.
         reply: Bytes,
+    },
+    /// Answer to [`Request::UcxConnect`]: the accepting side's connection id and address.
+    UcxConnect {
+        /// As the offer, from the side that accepted it.
+        answer: Bytes,
     },
     /// The request failed.
     Error(ErrorReply),
@@ -175,6 +188,7 @@ impl Request {
             Request::Delete { .. } => Kind::DeletePages,
             Request::Raft { .. } => Kind::RaftMessage,
             Request::Propose { .. } => Kind::Propose,
+            Request::UcxConnect { .. } => Kind::UcxConnect,
         }
     }
 
@@ -184,6 +198,7 @@ impl Request {
             Request::Put { pages } => pages.iter().map(|p| p.data.len() as u64).sum(),
             Request::Raft { message } => message.len() as u64,
             Request::Propose { batch } => batch.len() as u64,
+            Request::UcxConnect { offer } => offer.len() as u64,
             _ => 0,
         }
     }
@@ -204,6 +219,10 @@ impl Request {
                 let (blob, data) = describe_blob(batch);
                 (Message::Propose(blob), data)
             }
+            Request::UcxConnect { offer } => {
+                let (blob, data) = describe_blob(offer);
+                (Message::UcxConnect(blob), data)
+            }
         })
     }
 
@@ -222,6 +241,9 @@ impl Request {
             Message::Propose(_) => Ok(Request::Propose {
                 batch: payload.clone(),
             }),
+            Message::UcxConnect(_) => Ok(Request::UcxConnect {
+                offer: payload.clone(),
+            }),
             other => Err(other.kind()),
         }
     }
@@ -236,6 +258,7 @@ impl Response {
             Response::Delete { .. } => Kind::DeletePagesReply,
             Response::RaftAck => Kind::RaftMessageReply,
             Response::Propose { .. } => Kind::ProposeReply,
+            Response::UcxConnect { .. } => Kind::UcxConnectReply,
             Response::Error(_) => Kind::Error,
         }
     }
@@ -250,6 +273,7 @@ impl Response {
                 | (Kind::DeletePages, Kind::DeletePagesReply)
                 | (Kind::RaftMessage, Kind::RaftMessageReply)
                 | (Kind::Propose, Kind::ProposeReply)
+                | (Kind::UcxConnect, Kind::UcxConnectReply)
         )
     }
 
@@ -281,6 +305,10 @@ impl Response {
                 let (blob, data) = describe_blob(reply);
                 (Message::ProposeReply(blob), data)
             }
+            Response::UcxConnect { answer } => {
+                let (blob, data) = describe_blob(answer);
+                (Message::UcxConnectReply(blob), data)
+            }
             Response::Error(e) => (Message::Error(e), Vec::new()),
         })
     }
@@ -303,6 +331,9 @@ impl Response {
             Message::RaftMessageReply(_) => Ok(Response::RaftAck),
             Message::ProposeReply(_) => Ok(Response::Propose {
                 reply: payload.clone(),
+            }),
+            Message::UcxConnectReply(_) => Ok(Response::UcxConnect {
+                answer: payload.clone(),
             }),
             Message::Error(e) => Ok(Response::Error(e)),
             other => Err(other.kind()),

@@ -86,6 +86,31 @@ fn default_reserve_chunk_bytes() -> u64 {
     RESERVE_CHUNK_BYTES_DEFAULT
 }
 
+/// How pages move between nodes (the `transport` field). Raft, reservations and the
+/// introduction of UCX connections always travel over QUIC with mutual TLS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PageTransport {
+    /// Pages over the node's QUIC connections.
+    #[default]
+    Quic,
+    /// Pages over UCX tagged messages (RDMA, shared memory or TCP, as UCX finds them and
+    /// `UCX_TLS` / `UCX_NET_DEVICES` allow); needs the `ucx` feature and libucx. Every
+    /// member of a pool should use the same transport: a node without UCX answers a UCX
+    /// introduction with an error, and pages to it go over QUIC.
+    Ucx,
+}
+
+impl PageTransport {
+    /// Its name in the config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            PageTransport::Quic => "quic",
+            PageTransport::Ucx => "ucx",
+        }
+    }
+}
+
 /// One member of the pool as the configuration names it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +208,11 @@ const FIELD_DOCS: &[FieldDoc] = &[
         key: "reserve_chunk_bytes",
         doc: "capacity reserved on a peer at a time; larger means fewer Raft rounds, more held idle",
         default: "67108864",
+    },
+    FieldDoc {
+        key: "transport",
+        doc: "how pages move between nodes: \"quic\" or \"ucx\" (needs the ucx feature and libucx); Raft always uses QUIC",
+        default: "quic",
     },
     FieldDoc {
         key: "quic.loopback_mtu_bytes",
@@ -328,6 +358,12 @@ pub struct NodeConfig {
     /// page). Larger: fewer Raft rounds per spilled byte, more capacity held idle per peer.
     #[serde(default = "default_reserve_chunk_bytes")]
     pub reserve_chunk_bytes: u64,
+    /// How pages move between nodes: `"quic"` (default) or `"ucx"` (RDMA where the NICs
+    /// have it; needs a build with the `ucx` feature and libucx on the machine). Raft and
+    /// reservations always use QUIC, which also introduces the UCX connections, so a UCX
+    /// worker address is only ever taken from an authenticated peer.
+    #[serde(default)]
+    pub transport: PageTransport,
 }
 
 /// Why a node configuration cannot be used. Every variant names the file (or `<memory>`
@@ -400,6 +436,7 @@ impl NodeConfig {
             election_ticks_max: default_election_ticks_max(),
             lend_bytes: LEND_BYTES_UNSET,
             reserve_chunk_bytes: RESERVE_CHUNK_BYTES_DEFAULT,
+            transport: PageTransport::Quic,
         };
         config.fill_defaults();
         config
@@ -626,6 +663,15 @@ impl NodeConfig {
                 ),
             );
         }
+        if self.transport == PageTransport::Ucx && !cfg!(feature = "ucx") {
+            return err(
+                "transport",
+                "is \"ucx\" but this build has no UCX transport: build spillway with \
+                 `--features ucx` (system packages: scripts/install-ucx.sh), or set \
+                 transport = \"quic\""
+                    .to_string(),
+            );
+        }
         Ok(())
     }
 }
@@ -714,6 +760,23 @@ host_tier_bytes = 1073741824
                 addr: c.listen_addr
             }]
         );
+    }
+
+    #[test]
+    fn the_page_transport_parses_and_ucx_needs_the_feature() {
+        assert_eq!(parse(MINIMAL).unwrap().transport, PageTransport::Quic);
+        let quic = parse(&format!("{MINIMAL}transport = \"quic\"\n")).unwrap();
+        assert_eq!(quic.transport, PageTransport::Quic);
+        let ucx = parse(&format!("{MINIMAL}transport = \"ucx\"\n"));
+        if cfg!(feature = "ucx") {
+            assert_eq!(ucx.unwrap().transport, PageTransport::Ucx);
+        } else {
+            let e = ucx.unwrap_err();
+            assert_names(&e, "transport");
+            assert!(e.to_string().contains("--features ucx"), "{e}");
+        }
+        let e = parse(&format!("{MINIMAL}transport = \"rdma\"\n")).unwrap_err();
+        assert_names(&e, "transport");
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - [`local`]: the Unix socket for this machine's clients.
 //! - [`node`]: [`Node::start`] and the [`NodeHandle`] with the counters and the graceful
 //!   shutdown.
+//! - `ucx_pages` (feature `ucx`): page requests over UCX (`transport = "ucx"`), each UCX
+//!   connection introduced over the authenticated QUIC connection to the peer.
 
 pub mod config;
 pub mod http;
@@ -27,8 +29,10 @@ pub mod node;
 pub mod remote;
 pub mod service;
 pub mod store;
+#[cfg(feature = "ucx")]
+mod ucx_pages;
 
-pub use config::{FieldDoc, MemberAddr, NodeConfig, NodeConfigError};
+pub use config::{FieldDoc, MemberAddr, NodeConfig, NodeConfigError, PageTransport};
 pub use http::{HostTierStatus, MemberStatus, NodeStatus, RemoteStatus};
 pub use meta::{MemberView, MetaView, Outcome, ProposeFailure};
 pub use node::{Node, NodeCounters, NodeError, NodeHandle};

@@ -248,6 +248,9 @@ pub struct Peers {
     transport: Arc<QuicTransport>,
     addrs: RwLock<HashMap<NodeId, SocketAddr>>,
     slots: Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<Slot>>>>,
+    /// Page requests over UCX (`transport = "ucx"`), introduced over the QUIC connections.
+    #[cfg(feature = "ucx")]
+    ucx: Option<crate::ucx_pages::UcxPages>,
 }
 
 #[derive(Debug, Default)]
@@ -269,7 +272,26 @@ impl Peers {
             transport,
             addrs: RwLock::new(addrs),
             slots: Mutex::new(HashMap::new()),
+            #[cfg(feature = "ucx")]
+            ucx: None,
         }
+    }
+
+    /// Sends page requests (put, get, delete) over `ucx` from now on; everything else
+    /// stays on QUIC, which introduces the UCX connections.
+    #[cfg(feature = "ucx")]
+    pub(crate) fn with_ucx(mut self, ucx: Arc<spillway_net::ucx::UcxTransport>) -> Self {
+        self.ucx = Some(crate::ucx_pages::UcxPages::new(ucx));
+        self
+    }
+
+    /// The transport page requests travel on: `"quic"` or `"ucx"`.
+    pub fn page_transport(&self) -> &'static str {
+        #[cfg(feature = "ucx")]
+        if self.ucx.is_some() {
+            return "ucx";
+        }
+        "quic"
     }
 
     /// The address `peer` is known at.
@@ -376,9 +398,28 @@ impl Peers {
         }
     }
 
-    /// Sends `request` to `peer` on the cached connection; a transport failure drops the
-    /// connection (the next request reconnects after the backoff).
+    /// Sends `request` to `peer` on the cached connection (page requests over UCX when
+    /// the node uses it); a transport failure drops the connection (the next request
+    /// reconnects after the backoff).
     pub async fn request(&self, peer: NodeId, request: Request) -> Result<Response, NetError> {
+        #[cfg(feature = "ucx")]
+        if let Some(ucx) = &self.ucx
+            && matches!(
+                request,
+                Request::Put { .. } | Request::Get { .. } | Request::Delete { .. }
+            )
+        {
+            return ucx.request(self, peer, request).await;
+        }
+        self.quic_request(peer, request).await
+    }
+
+    /// Sends `request` to `peer` over QUIC, as [`Peers::request`].
+    pub(crate) async fn quic_request(
+        &self,
+        peer: NodeId,
+        request: Request,
+    ) -> Result<Response, NetError> {
         let conn = self.connection(peer).await?;
         match conn.request(request).await {
             Ok(r) => Ok(r),

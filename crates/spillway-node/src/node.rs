@@ -91,6 +91,14 @@ pub enum NodeError {
         #[source]
         source: NetError,
     },
+    /// The UCX transport (`transport = "ucx"`) could not be started: no libucx, or UCX
+    /// refused (the error says which).
+    #[error("cannot start the UCX page transport (transport = \"ucx\"): {source}")]
+    Ucx {
+        /// Why.
+        #[source]
+        source: NetError,
+    },
 }
 
 /// A snapshot of a node's counters: what `/metrics` will export.
@@ -150,20 +158,48 @@ impl Node {
             .into_iter()
             .map(|m| (m.id, m.addr))
             .collect();
-        let peers = Arc::new(Peers::new(transport.clone(), addrs));
+        let peers = Peers::new(transport.clone(), addrs);
+        #[cfg(feature = "ucx")]
+        let ucx = match config.transport {
+            crate::config::PageTransport::Ucx => Some(Arc::new(
+                start_ucx(&config, transport.pool_id())
+                    .map_err(|source| NodeError::Ucx { source })?,
+            )),
+            crate::config::PageTransport::Quic => None,
+        };
+        #[cfg(feature = "ucx")]
+        let peers = match &ucx {
+            Some(u) => peers.with_ucx(u.clone()),
+            None => peers,
+        };
+        let peers = Arc::new(peers);
         let meta = MetaDriver::start(&config, peers.clone(), &tasks, &cancel).await?;
         let service_counters = Arc::new(ServiceCounters::default());
-        let service = NodeService {
+        let service = Arc::new(NodeService {
             store: store.clone(),
             meta: meta.clone(),
             counters: service_counters.clone(),
-        };
-        let server = match transport.serve(Arc::new(service)) {
+            #[cfg(feature = "ucx")]
+            ucx: ucx.as_ref().map(Arc::downgrade),
+        });
+        let server = match transport.serve(service.clone()) {
             Ok(s) => s,
             Err(e) => {
                 meta.shutdown().await;
                 return Err(bind_err(e));
             }
+        };
+        #[cfg(feature = "ucx")]
+        let ucx = match ucx {
+            Some(u) => match u.serve(service) {
+                Ok(server) => Some((u, server)),
+                Err(e) => {
+                    server.shutdown().await;
+                    meta.shutdown().await;
+                    return Err(NodeError::Ucx { source: e });
+                }
+            },
+            None => None,
         };
         let remote = Arc::new(RemoteService::over_pool(
             &config,
@@ -187,6 +223,8 @@ impl Node {
             local_tasks: TaskTracker::new(),
             cancel,
             tasks,
+            #[cfg(feature = "ucx")]
+            ucx,
         };
         match crate::http::serve(&handle).await {
             Ok(bound) => handle.metrics_addr = Some(bound),
@@ -255,6 +293,9 @@ pub struct NodeHandle {
     cancel: CancellationToken,
     /// Every task the node spawned besides the peer service's.
     tasks: TaskTracker,
+    /// The UCX page transport and its server (`transport = "ucx"`).
+    #[cfg(feature = "ucx")]
+    ucx: Option<(Arc<spillway_net::ucx::UcxTransport>, Server)>,
 }
 
 impl NodeHandle {
@@ -380,6 +421,21 @@ impl NodeHandle {
         self.transport.stats()
     }
 
+    /// The transport pages move on: `"quic"` or `"ucx"` (`transport` in the config).
+    pub fn page_transport(&self) -> &'static str {
+        self.peers.page_transport()
+    }
+
+    /// The per-peer counters of the transport pages move on (the QUIC transport's, or the
+    /// UCX transport's when `transport = "ucx"`).
+    pub fn page_net_stats(&self) -> &Arc<NetStats> {
+        #[cfg(feature = "ucx")]
+        if let Some((ucx, _)) = &self.ucx {
+            return ucx.stats();
+        }
+        self.transport.stats()
+    }
+
     /// Connects to the peer at `addr` (mutual TLS and hello), to put, get and delete pages.
     pub async fn connect(&self, addr: SocketAddr) -> Result<QuicConnection, NetError> {
         self.transport.connect(addr).await
@@ -430,6 +486,11 @@ impl NodeHandle {
         if let Some(server) = self.server.take() {
             server.shutdown().await;
         }
+        #[cfg(feature = "ucx")]
+        if let Some((ucx, server)) = self.ucx.take() {
+            server.shutdown().await;
+            ucx.shutdown().await;
+        }
         self.meta.shutdown().await;
         self.cancel.cancel();
         self.tasks.close();
@@ -445,6 +506,35 @@ impl NodeHandle {
         tracing::info!(node = %self.config.node_id, "node shut down");
     }
 }
+
+/// Starts the UCX page transport of a node: receive slots that hold the largest page
+/// request the remote tier sends (its pages and frame header).
+#[cfg(feature = "ucx")]
+fn start_ucx(
+    config: &NodeConfig,
+    pool_id: PoolId,
+) -> Result<spillway_net::ucx::UcxTransport, NetError> {
+    use spillway_net::ucx::{UcxTransport, UcxWorkerConfig};
+    let page = config.page_size.bytes();
+    let request_bytes = (crate::remote::PAGES_PER_REQUEST as u64 * page)
+        .min(crate::remote::REQUEST_BYTES_MAX.max(page));
+    let worker = UcxWorkerConfig {
+        recv_slot_bytes: usize::try_from(request_bytes + UCX_FRAME_HEADROOM_BYTES)
+            .unwrap_or(usize::MAX),
+        recv_slots_count: UCX_RECV_SLOTS,
+        ..UcxWorkerConfig::default()
+    };
+    // No side channel: connections are introduced over the authenticated QUIC ones.
+    UcxTransport::introduced_only(pool_id, config.node_id, &config.quic, &worker)
+}
+
+/// Bytes of a UCX receive slot beyond the pages of the largest request: 64 KiB for the
+/// frame's header and page descriptors.
+#[cfg(feature = "ucx")]
+const UCX_FRAME_HEADROOM_BYTES: u64 = 64 << 10;
+/// UCX receive slots of a node: 8 (half for peers' requests, half for replies to its own).
+#[cfg(feature = "ucx")]
+const UCX_RECV_SLOTS: usize = 8;
 
 impl Drop for NodeHandle {
     fn drop(&mut self) {

@@ -9,6 +9,9 @@
 //! - forwarded proposals are decoded with the log's own codec (bounded) and proposed here
 //!   if this node leads; otherwise the reply names the leader this node knows.
 //!
+//! - a UCX introduction (`transport = "ucx"`) starts serving pages to the peer over UCX
+//!   and answers with this node's UCX address (`crate::ucx_pages`).
+//!
 //! A blob that passed the wire checks but does not decode is answered with a `BadRequest`
 //! error and counted ([`ServiceCounters::peer_requests_refused`]): the connection stays
 //! open, since the frame itself was sound.
@@ -41,6 +44,10 @@ pub(crate) struct NodeService {
     pub store: Arc<HostStore>,
     pub meta: Arc<MetaDriver>,
     pub counters: Arc<ServiceCounters>,
+    /// This node's UCX transport, when pages move over UCX (weak: the transport's server
+    /// holds this service).
+    #[cfg(feature = "ucx")]
+    pub ucx: Option<std::sync::Weak<spillway_net::ucx::UcxTransport>>,
 }
 
 impl NodeService {
@@ -105,6 +112,16 @@ impl Handler for NodeService {
                     reply: encode_forward_reply(&reply),
                 }
             }
+            #[cfg(feature = "ucx")]
+            Request::UcxConnect { offer } => {
+                crate::ucx_pages::accept(self.ucx.as_ref(), peer, &offer).await
+            }
+            #[cfg(not(feature = "ucx"))]
+            Request::UcxConnect { .. } => self.refuse(
+                peer,
+                "UCX introduction",
+                "this build has no UCX transport (feature `ucx`); set transport = \"quic\" on every member".into(),
+            ),
             pages => self.store.handle_pages(peer, pages),
         }
     }

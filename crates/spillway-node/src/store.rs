@@ -312,10 +312,12 @@ impl HostStore {
                     pages_missing,
                 }
             }
-            Request::Raft { .. } | Request::Propose { .. } => Response::Error(ErrorReply::new(
-                ErrorCode::BadRequest,
-                "the host tier serves pages only",
-            )),
+            Request::Raft { .. } | Request::Propose { .. } | Request::UcxConnect { .. } => {
+                Response::Error(ErrorReply::new(
+                    ErrorCode::BadRequest,
+                    "the host tier serves pages only",
+                ))
+            }
         }
     }
 }

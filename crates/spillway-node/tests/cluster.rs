@@ -17,7 +17,7 @@ use common::*;
 use spillway_meta::Role;
 use spillway_net::{Connection, Request, Response};
 use spillway_node::remote::remote_page_id;
-use spillway_node::{Node, NodeError, NodeHandle, RemoteError};
+use spillway_node::{Node, NodeError, NodeHandle, PageTransport, RemoteError};
 use spillway_types::wire::{self, ErrorCode};
 use spillway_types::{NodeId, PageId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,9 +46,17 @@ async fn three_nodes_elect_spill_fetch_and_discard() {
         .await
         .unwrap();
 
+    // The pages travelled on the transport the pool was set to.
+    let total: u64 = pages.iter().map(|(_, d)| d.len() as u64).sum();
+    let page_bytes_out = n1.page_net_stats().total().bytes_out;
+    assert!(page_bytes_out >= total, "{page_bytes_out} < {total}");
+    assert_eq!(n1.page_transport(), test_transport().name());
+    if test_transport() == PageTransport::Ucx {
+        assert!(n1.net_stats().total().bytes_out < total);
+    }
+
     // On peers, never on node 1 itself, and all of it.
     let held_by = |i: usize| nodes[i].as_ref().unwrap().store().used_bytes_of(NodeId(1));
-    let total: u64 = pages.iter().map(|(_, d)| d.len() as u64).sum();
     assert_eq!(held_by(0), 0);
     assert_eq!(held_by(1) + held_by(2), total);
     assert!(
@@ -168,7 +176,7 @@ async fn placement_follows_free_capacity() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_leader_is_replaced_within_a_second_and_catches_up_after_restart() {
+async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
     let pool = Pool::new("failover", PAGE, [128, 128, 128]);
     let mut nodes = pool.start_all().await;
     let leader = settled(&nodes).await;

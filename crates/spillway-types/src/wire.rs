@@ -59,7 +59,7 @@ use crate::{NodeId, PageId, PoolId, limits};
 pub const MAGIC: [u8; 4] = *b"SPWY";
 /// The protocol version this build speaks. A frame of any other version is refused
 /// ([`WireError::UnsupportedVersion`]); the [`Hello`] exchange catches a mismatch first.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Size of the fixed frame header.
 pub const HEADER_BYTES: usize = 32;
 
@@ -94,6 +94,10 @@ const _: () = assert!(BLOB_CHUNK_BYTES <= limits::PAGE_BYTES_MAX);
 /// decode bound of a command in spillway-meta (`COMMAND_DECODE_BYTES_MAX`); a full batch
 /// of 16384 updates encodes to about 0.7 MiB.
 pub const PROPOSAL_PAYLOAD_BYTES_MAX: u64 = 16 << 20;
+/// Largest payload of a [`Kind::UcxConnect`] or [`Kind::UcxConnectReply`] frame: 64 KiB
+/// plus 4 bytes, a connection id and a UCX worker address (a few hundred bytes over TCP,
+/// more with RDMA devices).
+pub const UCX_CONNECT_PAYLOAD_BYTES_MAX: u64 = (64 << 10) + 4;
 /// Most pages one frame may describe: 1024 (1024 x 32 bytes = 32 KiB of decoded
 /// descriptors, inside [`BODY_DECODE_BYTES_MAX`]).
 pub const PAGES_PER_FRAME_MAX: usize = 1024;
@@ -135,11 +139,16 @@ pub enum Kind {
     Propose = 12,
     /// Answer to [`Kind::Propose`]: the outcome (encoded by the node) as the blob.
     ProposeReply = 13,
+    /// An offer to move pages over UCX: the sender's connection id and UCX worker address
+    /// as the blob. Sent over an authenticated connection, so the address is trusted.
+    UcxConnect = 14,
+    /// Answer to [`Kind::UcxConnect`]: the accepting side's connection id and address.
+    UcxConnectReply = 15,
 }
 
 impl Kind {
     /// Every kind, in wire order.
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Hello,
         Kind::HelloReply,
         Kind::PutPages,
@@ -153,6 +162,8 @@ impl Kind {
         Kind::RaftMessageReply,
         Kind::Propose,
         Kind::ProposeReply,
+        Kind::UcxConnect,
+        Kind::UcxConnectReply,
     ];
 
     /// The kind with wire value `value`, if there is one.
@@ -169,18 +180,24 @@ impl Kind {
     pub fn carries_blob(self) -> bool {
         matches!(
             self,
-            Kind::RaftMessage | Kind::RaftMessageReply | Kind::Propose | Kind::ProposeReply
+            Kind::RaftMessage
+                | Kind::RaftMessageReply
+                | Kind::Propose
+                | Kind::ProposeReply
+                | Kind::UcxConnect
+                | Kind::UcxConnectReply
         )
     }
 
     /// Largest payload a frame of this kind may carry: [`FRAME_PAYLOAD_BYTES_MAX`] for
-    /// pages, [`RAFT_PAYLOAD_BYTES_MAX`] or [`PROPOSAL_PAYLOAD_BYTES_MAX`] for blobs, 0 for
-    /// the rest.
+    /// pages, [`RAFT_PAYLOAD_BYTES_MAX`], [`PROPOSAL_PAYLOAD_BYTES_MAX`] or
+    /// [`UCX_CONNECT_PAYLOAD_BYTES_MAX`] for blobs, 0 for the rest.
     pub fn payload_bytes_max(self) -> u64 {
         match self {
             Kind::PutPages | Kind::GetPagesReply => FRAME_PAYLOAD_BYTES_MAX,
             Kind::RaftMessage => RAFT_PAYLOAD_BYTES_MAX,
             Kind::Propose | Kind::ProposeReply => PROPOSAL_PAYLOAD_BYTES_MAX,
+            Kind::UcxConnect | Kind::UcxConnectReply => UCX_CONNECT_PAYLOAD_BYTES_MAX,
             _ => 0,
         }
     }
@@ -487,6 +504,10 @@ pub enum Message {
     Propose(Blob),
     /// [`Kind::ProposeReply`].
     ProposeReply(Blob),
+    /// [`Kind::UcxConnect`].
+    UcxConnect(Blob),
+    /// [`Kind::UcxConnectReply`].
+    UcxConnectReply(Blob),
 }
 
 impl Message {
@@ -506,6 +527,8 @@ impl Message {
             Message::RaftMessageReply(_) => Kind::RaftMessageReply,
             Message::Propose(_) => Kind::Propose,
             Message::ProposeReply(_) => Kind::ProposeReply,
+            Message::UcxConnect(_) => Kind::UcxConnect,
+            Message::UcxConnectReply(_) => Kind::UcxConnectReply,
         }
     }
 
@@ -517,7 +540,9 @@ impl Message {
             Message::RaftMessage(b)
             | Message::RaftMessageReply(b)
             | Message::Propose(b)
-            | Message::ProposeReply(b) => &b.chunks,
+            | Message::ProposeReply(b)
+            | Message::UcxConnect(b)
+            | Message::UcxConnectReply(b) => &b.chunks,
             _ => &[],
         }
     }
@@ -532,7 +557,9 @@ impl Message {
             Message::RaftMessage(b)
             | Message::RaftMessageReply(b)
             | Message::Propose(b)
-            | Message::ProposeReply(b) => b.chunks.len(),
+            | Message::ProposeReply(b)
+            | Message::UcxConnect(b)
+            | Message::UcxConnectReply(b) => b.chunks.len(),
             _ => 0,
         }
     }
@@ -686,7 +713,9 @@ pub fn encode_frame(request_id: u64, message: &Message) -> Result<Vec<u8>, WireE
         Message::RaftMessage(m)
         | Message::RaftMessageReply(m)
         | Message::Propose(m)
-        | Message::ProposeReply(m) => bincode::encode_into_std_write(m, &mut out, config),
+        | Message::ProposeReply(m)
+        | Message::UcxConnect(m)
+        | Message::UcxConnectReply(m) => bincode::encode_into_std_write(m, &mut out, config),
     };
     // Encoding plain structs into a Vec cannot fail; keep the error typed all the same.
     encoded.map_err(|e| WireError::UndecodableBody {
@@ -736,6 +765,8 @@ pub fn decode_body(header: &FrameHeader, body: &[u8]) -> Result<Message, WireErr
         Kind::RaftMessageReply => Message::RaftMessageReply(decode_exact(kind, body)?),
         Kind::Propose => Message::Propose(decode_exact(kind, body)?),
         Kind::ProposeReply => Message::ProposeReply(decode_exact(kind, body)?),
+        Kind::UcxConnect => Message::UcxConnect(decode_exact(kind, body)?),
+        Kind::UcxConnectReply => Message::UcxConnectReply(decode_exact(kind, body)?),
     };
     check_pages(&message)?;
     let pages_bytes = pages_bytes(message.page_descs());
@@ -781,7 +812,9 @@ fn check_pages(message: &Message) -> Result<(), WireError> {
     if let Message::RaftMessage(b)
     | Message::RaftMessageReply(b)
     | Message::Propose(b)
-    | Message::ProposeReply(b) = message
+    | Message::ProposeReply(b)
+    | Message::UcxConnect(b)
+    | Message::UcxConnectReply(b) = message
         && let Some(reason) = b.invalid_reason()
     {
         return Err(WireError::UndecodableBody {
@@ -1052,6 +1085,8 @@ mod tests {
             Message::RaftMessageReply(Blob::default()),
             Message::Propose(Blob::default()),
             Message::ProposeReply(Blob::default()),
+            Message::UcxConnect(Blob::default()),
+            Message::UcxConnectReply(Blob::default()),
         ]
     }
 
@@ -1062,6 +1097,8 @@ mod tests {
             Kind::RaftMessage => Message::RaftMessage(blob),
             Kind::Propose => Message::Propose(blob),
             Kind::ProposeReply => Message::ProposeReply(blob),
+            Kind::UcxConnect => Message::UcxConnect(blob),
+            Kind::UcxConnectReply => Message::UcxConnectReply(blob),
             _ => Message::RaftMessageReply(blob),
         };
         let mut frame = encode_frame(9, &message).unwrap();
@@ -1103,6 +1140,8 @@ mod tests {
             (Kind::RaftMessage, RAFT_PAYLOAD_BYTES_MAX),
             (Kind::Propose, PROPOSAL_PAYLOAD_BYTES_MAX),
             (Kind::ProposeReply, PROPOSAL_PAYLOAD_BYTES_MAX),
+            (Kind::UcxConnect, UCX_CONNECT_PAYLOAD_BYTES_MAX),
+            (Kind::UcxConnectReply, UCX_CONNECT_PAYLOAD_BYTES_MAX),
         ] {
             assert_eq!(kind.payload_bytes_max(), limit);
             let h = FrameHeader {

@@ -29,7 +29,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -68,6 +68,8 @@ pub struct UcxTransport {
     worker: Worker,
     addr: SocketAddr,
     listener: Mutex<Option<TcpListener>>,
+    /// Whether connections may come over the TCP side channel (see the module docs).
+    side_channel: bool,
     pool_id: PoolId,
     node_id: NodeId,
     stats: Arc<NetStats>,
@@ -75,6 +77,8 @@ pub struct UcxTransport {
     hello_timeout: Duration,
     serving: AtomicBool,
     next_conn: AtomicU32,
+    /// Where connections introduced over another channel are served (set by `serve`).
+    introduced: OnceLock<Arc<dyn ServeIntroduced>>,
 }
 
 impl std::fmt::Debug for UcxTransport {
@@ -115,6 +119,7 @@ impl UcxTransport {
             worker,
             addr,
             listener: Mutex::new(Some(listener)),
+            side_channel: true,
             pool_id,
             node_id,
             stats: Arc::new(NetStats::new(config.peer_permits())),
@@ -122,6 +127,38 @@ impl UcxTransport {
             hello_timeout: Duration::from_millis(config.hello_timeout_ms),
             serving: AtomicBool::new(false),
             next_conn: AtomicU32::new(1),
+            introduced: OnceLock::new(),
+        })
+    }
+
+    /// Starts a UCX worker with no side channel: connections come only through
+    /// [`UcxTransport::offer`] and [`UcxTransport::accept`] over another, authenticated
+    /// channel (what nodes do), and [`Transport::connect`] fails.
+    /// [`Transport::local_addr`] is the unspecified address.
+    pub fn introduced_only(
+        pool_id: PoolId,
+        node_id: NodeId,
+        config: &QuicConfig,
+        worker_config: &UcxWorkerConfig,
+    ) -> Result<UcxTransport, NetError> {
+        config.validate()?;
+        let worker = Worker::start(worker_config).map_err(|e| NetError::Connect {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            reason: format!("UCX worker: {e}"),
+        })?;
+        Ok(UcxTransport {
+            worker,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            listener: Mutex::new(None),
+            side_channel: false,
+            pool_id,
+            node_id,
+            stats: Arc::new(NetStats::new(config.peer_permits())),
+            budget_permits: config.peer_permits(),
+            hello_timeout: Duration::from_millis(config.hello_timeout_ms),
+            serving: AtomicBool::new(false),
+            next_conn: AtomicU32::new(1),
+            introduced: OnceLock::new(),
         })
     }
 
@@ -132,6 +169,142 @@ impl UcxTransport {
 
     fn conn_id(&self) -> u32 {
         self.next_conn.fetch_add(1, Ordering::Relaxed) % CONN_IDS
+    }
+
+    /// Starts a connection introduced over another, authenticated channel (the node's
+    /// QUIC connection to the peer): the offer to send there
+    /// ([`Request::UcxConnect`](crate::Request::UcxConnect)). No side channel is used.
+    pub fn offer(&self) -> UcxOffer {
+        let conn = self.conn_id();
+        UcxOffer {
+            conn,
+            bytes: encode_intro(conn, self.worker.address()),
+        }
+    }
+
+    /// Accepts an offer that `peer` made over an authenticated channel: connects to its
+    /// worker, serves its requests with the handler given to [`Transport::serve`] until
+    /// the peer goes away or serving stops, and returns the answer to send back.
+    pub async fn accept(&self, peer: NodeId, offer: &[u8]) -> Result<Bytes, NetError> {
+        let reject = |reason: String| NetError::Remote {
+            peer,
+            code: wire::ErrorCode::BadRequest,
+            message: reason,
+        };
+        let serving = self
+            .introduced
+            .get()
+            .cloned()
+            .ok_or_else(|| reject("this node does not serve UCX yet".into()))?;
+        let (client_conn, address) = decode_intro(offer).map_err(reject)?;
+        let ep = self
+            .worker
+            .connect(address)
+            .await
+            .map_err(|e| reject(format!("UCX endpoint to {peer}: {e}")))?;
+        let my_conn = serving.conn_id();
+        serving.start(peer, ep, my_conn, client_conn);
+        Ok(encode_intro(my_conn, self.worker.address()))
+    }
+
+    /// Completes the connection `offer` started with the peer's `answer`.
+    pub async fn complete(
+        &self,
+        peer: NodeId,
+        offer: UcxOffer,
+        answer: &[u8],
+    ) -> Result<UcxConnection, NetError> {
+        let lost = |reason: String| NetError::ConnectionLost { peer, reason };
+        let (server_conn, address) = decode_intro(answer).map_err(lost)?;
+        let ep = self
+            .worker
+            .connect(address)
+            .await
+            .map_err(|e| lost(format!("UCX endpoint: {e}")))?;
+        Ok(UcxConnection {
+            inner: Arc::new(ConnInner {
+                worker: self.worker.clone(),
+                ep,
+                peer,
+                server_conn,
+                my_conn: offer.conn,
+                state: self.stats.peer_state(peer),
+                budget_permits: self.budget_permits,
+                closed: AtomicBool::new(false),
+                next_request_id: AtomicU64::new(1),
+                _side: None,
+            }),
+        })
+    }
+
+    /// Stops the UCX worker (see [`Worker::shutdown`]); stop serving first.
+    pub async fn shutdown(&self) {
+        self.worker.shutdown().await;
+    }
+}
+
+/// The first half of a connection introduced over another channel
+/// ([`UcxTransport::offer`]).
+#[derive(Debug)]
+pub struct UcxOffer {
+    conn: u32,
+    bytes: Bytes,
+}
+
+impl UcxOffer {
+    /// What to send to the peer.
+    pub fn bytes(&self) -> Bytes {
+        self.bytes.clone()
+    }
+}
+
+/// An offer or answer: the connection id (4 bytes, little-endian) then the worker address.
+fn encode_intro(conn: u32, address: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(4 + address.len());
+    b.extend_from_slice(&conn.to_le_bytes());
+    b.extend_from_slice(address);
+    b.freeze()
+}
+
+fn decode_intro(bytes: &[u8]) -> Result<(u32, &[u8]), String> {
+    if bytes.len() < 5 || bytes.len() as u64 > u64::from(ADDRESS_BYTES_MAX) + 4 {
+        return Err(format!(
+            "a UCX introduction of {} bytes is not one (4 bytes of connection id, then an address of at most {ADDRESS_BYTES_MAX} bytes)",
+            bytes.len()
+        ));
+    }
+    let conn = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) % CONN_IDS;
+    Ok((conn, &bytes[4..]))
+}
+
+/// Serves connections introduced over another channel, with the handler of `serve`.
+trait ServeIntroduced: Send + Sync {
+    fn conn_id(&self) -> u32;
+    fn start(&self, peer: NodeId, ep: Endpoint, my_conn: u32, client_conn: u32);
+}
+
+struct Serving<H> {
+    ctx: Arc<ServeCtx>,
+    handler: Arc<H>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl<H: Handler> ServeIntroduced for Serving<H> {
+    fn conn_id(&self) -> u32 {
+        self.ctx.conn_id()
+    }
+
+    fn start(&self, peer: NodeId, ep: Endpoint, my_conn: u32, client_conn: u32) {
+        self.ctx.stats.connection_accepted();
+        let conn = ServedConn {
+            peer,
+            ep,
+            my_conn,
+            client_conn,
+            cancel: self.cancel.child_token(),
+        };
+        serve_requests(conn, &self.ctx, &self.handler, &self.tasks);
     }
 }
 
@@ -262,6 +435,12 @@ impl Transport for UcxTransport {
 
     async fn connect(&self, addr: SocketAddr) -> Result<UcxConnection, NetError> {
         let connect_err = |reason: String| NetError::Connect { addr, reason };
+        if !self.side_channel {
+            return Err(connect_err(
+                "this UCX transport takes connections introduced over the pool's QUIC connections only"
+                    .into(),
+            ));
+        }
         let my_conn = self.conn_id();
         let exchange = async {
             let mut side = TcpStream::connect(addr)
@@ -318,19 +497,16 @@ impl Transport for UcxTransport {
                 budget_permits: self.budget_permits,
                 closed: AtomicBool::new(false),
                 next_request_id: AtomicU64::new(1),
-                _side: side,
+                _side: Some(side),
             }),
         })
     }
 
     fn serve<H: Handler>(&self, handler: Arc<H>) -> Result<Server, NetError> {
-        let listener = self
-            .listener
-            .lock()
-            .ok()
-            .and_then(|mut l| l.take())
-            .ok_or(NetError::AlreadyServing)?;
-        self.serving.store(true, Ordering::SeqCst);
+        if self.serving.swap(true, Ordering::SeqCst) {
+            return Err(NetError::AlreadyServing);
+        }
+        let listener = self.listener.lock().ok().and_then(|mut l| l.take());
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let ctx = Arc::new(ServeCtx {
@@ -341,14 +517,25 @@ impl Transport for UcxTransport {
             budget_permits: self.budget_permits,
             hello_timeout: self.hello_timeout,
             next_conn: AtomicU32::new(1),
+            receivers: Arc::new(tokio::sync::Semaphore::new(
+                (self.worker.recv_slots() / 2).max(1),
+            )),
         });
-        tasks.spawn(accept_loop(
-            listener,
-            ctx,
-            handler,
-            cancel.clone(),
-            tasks.clone(),
-        ));
+        let _ = self.introduced.set(Arc::new(Serving {
+            ctx: ctx.clone(),
+            handler: handler.clone(),
+            cancel: cancel.clone(),
+            tasks: tasks.clone(),
+        }));
+        if let Some(listener) = listener {
+            tasks.spawn(accept_loop(
+                listener,
+                ctx,
+                handler,
+                cancel.clone(),
+                tasks.clone(),
+            ));
+        }
         Ok(Server::new(cancel, tasks))
     }
 
@@ -365,6 +552,15 @@ struct ServeCtx {
     budget_permits: u32,
     hello_timeout: Duration,
     next_conn: AtomicU32,
+    /// Receives posted for requests, all connections together: half the worker's receive
+    /// slots at most, so replies to this node's own requests always find one.
+    receivers: Arc<tokio::sync::Semaphore>,
+}
+
+impl ServeCtx {
+    fn conn_id(&self) -> u32 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed) % CONN_IDS
+    }
 }
 
 async fn accept_loop<H: Handler>(
@@ -419,7 +615,7 @@ async fn serve_connection<H: Handler>(
         ctx.stats.handshake_refused();
         return;
     }
-    let my_conn = ctx.next_conn.fetch_add(1, Ordering::Relaxed) % CONN_IDS;
+    let my_conn = ctx.conn_id();
     let hello = Hello {
         pool_id: ctx.pool_id,
         node_id: ctx.node_id,
@@ -439,8 +635,6 @@ async fn serve_connection<H: Handler>(
         }
     };
     ctx.stats.connection_accepted();
-    let peer = theirs.hello.node_id;
-    let state = ctx.stats.peer_state(peer);
     let conn_cancel = cancel.child_token();
     // The side channel's end (EOF or error) closes the connection.
     let lifeline = {
@@ -454,32 +648,99 @@ async fn serve_connection<H: Handler>(
         }
     };
     tasks.spawn(lifeline);
+    let conn = ServedConn {
+        peer: theirs.hello.node_id,
+        ep,
+        my_conn,
+        client_conn: theirs.conn,
+        cancel: conn_cancel,
+    };
+    serve_requests(conn, &ctx, &handler, &tasks);
+}
+
+/// Receives posted per served connection at once: 4. Several keep a peer's requests
+/// moving while earlier ones are copied out and handled (one would serialize them on the
+/// rendezvous of each message).
+const RECEIVERS_PER_CONNECTION: usize = 4;
+
+/// One served connection: the client's endpoint and the ids each side receives under.
+#[derive(Clone)]
+struct ServedConn {
+    peer: NodeId,
+    ep: Endpoint,
+    my_conn: u32,
+    client_conn: u32,
+    /// Cancelled when the connection ends (side channel closed, bad frame, peer lost).
+    cancel: CancellationToken,
+}
+
+/// Serves `conn`'s requests with [`RECEIVERS_PER_CONNECTION`] receives posted, each
+/// request handled in its own task, until the connection ends.
+fn serve_requests<H: Handler>(
+    conn: ServedConn,
+    ctx: &Arc<ServeCtx>,
+    handler: &Arc<H>,
+    tasks: &TaskTracker,
+) {
+    for _ in 0..RECEIVERS_PER_CONNECTION {
+        tasks.spawn(receive_requests(
+            conn.clone(),
+            ctx.clone(),
+            handler.clone(),
+            tasks.clone(),
+        ));
+    }
+}
+
+async fn receive_requests<H: Handler>(
+    conn: ServedConn,
+    ctx: Arc<ServeCtx>,
+    handler: Arc<H>,
+    tasks: TaskTracker,
+) {
+    let state = ctx.stats.peer_state(conn.peer);
     loop {
+        let receiver = tokio::select! {
+            _ = conn.cancel.cancelled() => return,
+            r = ctx.receivers.clone().acquire_owned() => match r {
+                Ok(r) => r,
+                Err(_) => return,
+            },
+        };
         let got = tokio::select! {
-            _ = conn_cancel.cancelled() => return,
-            g = ctx.worker.recv(tag(TAG_REQUEST, my_conn, 0), TAG_KIND_MASK | TAG_CONN_MASK, Some(&ep)) => g,
+            _ = conn.cancel.cancelled() => return,
+            g = ctx.worker.recv(
+                tag(TAG_REQUEST, conn.my_conn, 0),
+                TAG_KIND_MASK | TAG_CONN_MASK,
+                Some(&conn.ep),
+            ) => g,
         };
         let got = match got {
             Ok(g) => g,
             Err(UcxError::MessageTooLarge { .. }) => {
                 // The request is lost; its sender times out or loses the connection.
                 state.reject();
-                conn_cancel.cancel();
+                conn.cancel.cancel();
                 return;
             }
-            Err(_) => return,
+            Err(e) => {
+                tracing::debug!(peer = %conn.peer, error = %e, "UCX connection ended");
+                conn.cancel.cancel();
+                return;
+            }
         };
         let frame = Bytes::copy_from_slice(got.bytes());
         drop(got);
+        drop(receiver);
         tasks.spawn(serve_request(
             frame,
-            peer,
-            ep.clone(),
-            theirs.conn,
+            conn.peer,
+            conn.ep.clone(),
+            conn.client_conn,
             state.clone(),
             ctx.budget_permits,
             handler.clone(),
-            conn_cancel.clone(),
+            conn.cancel.clone(),
         ));
     }
 }
@@ -558,8 +819,9 @@ struct ConnInner {
     budget_permits: u32,
     closed: AtomicBool,
     next_request_id: AtomicU64,
-    /// The side channel, kept open: closing it tells the server the connection ended.
-    _side: TcpStream,
+    /// The side channel, kept open: closing it tells the server the connection ended
+    /// (none for connections introduced over another channel).
+    _side: Option<TcpStream>,
 }
 
 /// A connection to one peer over UCX.

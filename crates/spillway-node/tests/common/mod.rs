@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use spillway_meta::Role;
 use spillway_net::certs::init_pool_dir;
-use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle};
+use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle, PageTransport};
 use spillway_types::{BufferId, NodeId, PageId, PageSize, PoolId, pattern};
 
 pub const POOL: PoolId = PoolId(0x0c15_7e40);
@@ -46,6 +46,24 @@ pub fn free_addrs(n: usize) -> Vec<SocketAddr> {
         .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
         .collect();
     sockets.iter().map(|s| s.local_addr().unwrap()).collect()
+}
+
+/// The page transport the pool tests run over: `SPILLWAY_TEST_TRANSPORT` (`quic`, the
+/// default, or `ucx`, which needs the `ucx` feature; run UCX with
+/// `UCX_NET_DEVICES=lo UCX_TLS=tcp,self` so it stays on loopback).
+pub fn test_transport() -> PageTransport {
+    match std::env::var("SPILLWAY_TEST_TRANSPORT").as_deref() {
+        Ok("ucx") => {
+            assert_eq!(
+                std::env::var("UCX_NET_DEVICES").as_deref(),
+                Ok("lo"),
+                "UCX tests run on loopback only: set UCX_NET_DEVICES=lo"
+            );
+            PageTransport::Ucx
+        }
+        Ok("quic") | Err(_) => PageTransport::Quic,
+        Ok(other) => panic!("SPILLWAY_TEST_TRANSPORT={other}: expected quic or ucx"),
+    }
 }
 
 /// A pool of three: configs with members, loopback addresses, `page` pages.
@@ -86,6 +104,7 @@ impl Pool {
                 c.page_size = PageSize::new(page).unwrap();
                 c.members = members.clone();
                 c.reserve_chunk_bytes = 4 * page;
+                c.transport = test_transport();
                 c
             })
             .collect();
