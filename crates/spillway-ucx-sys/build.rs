@@ -1,6 +1,9 @@
-//! Finds UCX through pkg-config and generates bindings for the part of `ucp/api/ucp.h`
-//! that spillway-net's UCX wrapper uses (the allowlist below). A missing library or
-//! libclang is a build error that names `scripts/install-ucx.sh`.
+//! Finds UCX's headers through pkg-config and generates bindings for the part of
+//! `ucp/api/ucp.h` that spillway-net's UCX wrapper uses (the allowlist below). The
+//! functions are bound for loading at run time (a struct of function pointers filled
+//! through `libloading`), so nothing is linked: a binary with the `ucx` feature starts
+//! without libucx, and asking it for UCX is then an error (`load` in `src/lib.rs`).
+//! Missing headers or libclang are a build error that names `scripts/install-ucx.sh`.
 
 use std::env;
 use std::path::PathBuf;
@@ -12,8 +15,11 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
 
+    // Only the include paths: `cargo_metadata(false)` keeps pkg-config from emitting the
+    // link directives of `ucx.pc` (the library is loaded at run time).
     let ucx = match pkg_config::Config::new()
         .atleast_version("1.13")
+        .cargo_metadata(false)
         .probe("ucx")
     {
         Ok(lib) => lib,
@@ -23,14 +29,6 @@ fn main() {
             )
         }
     };
-    // pkg-config's `ucx` links libucp, libuct and libucs; say so explicitly in case the
-    // .pc file of a distribution lists fewer.
-    for lib in ["ucp", "ucs"] {
-        if !ucx.libs.iter().any(|l| l == lib) {
-            println!("cargo:rustc-link-lib={lib}");
-        }
-    }
-
     let mut builder = bindgen::Builder::default()
         .header_contents("wrapper.h", "#include <ucp/api/ucp.h>\n")
         .allowlist_function(
@@ -56,6 +54,10 @@ fn main() {
         .constified_enum("ucs_memory_type")
         .constified_enum("ucp_feature")
         .prepend_enum_name(false)
+        // `Ucp::new` opens libucp and fails unless every function above is found in it
+        // (or in the libraries it depends on: `ucs_status_string` is libucs's).
+        .dynamic_library_name("Ucp")
+        .dynamic_link_require_all(true)
         .derive_default(true)
         .layout_tests(false)
         .generate_comments(false);

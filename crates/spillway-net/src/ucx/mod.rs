@@ -22,6 +22,14 @@
 //!   messages, with the same frames and checks as QUIC.
 //! - `raw`: every `unsafe` of this module, with the invariants that make it sound.
 //!
+//! The library: UCX is not linked but loaded when the first [`Worker`] starts
+//! (`spillway-ucx-sys`: `libucp.so.0`, then `libucp.so`, or the path in
+//! `SPILLWAY_UCX_LIB`), once per process. A binary built with `ucx` so runs without
+//! libucx as long as it does not ask for UCX; when it does, [`Worker::start`] fails with
+//! [`UcxError::Library`], whose message names the library tried, the loader's reason and
+//! how to install UCX (Debian package `libucx0`, or `scripts/install-ucx.sh`). Building
+//! still needs UCX's headers (`libucx-dev`) and libclang.
+//!
 //! Limits (each from [`UcxWorkerConfig`]): receives in flight at most
 //! [`UcxWorkerConfig::recv_slots_count`] (a receive waits for a free slot); a message of
 //! more than [`UcxWorkerConfig::recv_slot_bytes`] fails its receive with
@@ -46,6 +54,7 @@ mod driver;
 mod raw;
 mod transport;
 
+pub use spillway_ucx_sys::LoadError;
 pub use transport::{UcxConnection, UcxTransport};
 
 use std::sync::Arc;
@@ -120,6 +129,13 @@ impl UcxWorkerConfig {
 /// What can go wrong in the UCX wrapper.
 #[derive(Debug, thiserror::Error)]
 pub enum UcxError {
+    /// UCX's library could not be loaded (not installed, or not where `SPILLWAY_UCX_LIB`
+    /// points): the message names what was tried, why it failed and how to install UCX.
+    #[error(transparent)]
+    Library {
+        /// What the loader reported.
+        source: LoadError,
+    },
     /// A UCX call failed.
     #[error("UCX {call} failed: {status}")]
     Call {
@@ -226,7 +242,8 @@ impl std::fmt::Debug for Worker {
 
 impl Worker {
     /// Starts a worker thread with its own UCP context (configured by the `UCX_*`
-    /// environment), and registers its receive memory.
+    /// environment), and registers its receive memory. The first start in a process
+    /// loads libucp; without it this fails with [`UcxError::Library`].
     pub fn start(config: &UcxWorkerConfig) -> Result<Worker, UcxError> {
         config.validate()?;
         let shared = driver::start(config)?;

@@ -1,6 +1,11 @@
 //! Every `unsafe` of the UCX wrapper: thin owners of UCX handles and of the memory UCX
 //! writes into, each with the invariant that makes its calls sound.
 //!
+//! UCX's functions are reached through [`sys::Ucp`], the libucp that [`sys::load`] opens
+//! at run time: [`Context::new`] loads it (or fails with [`UcxError::Library`]) and every
+//! handle made from the context keeps the `&'static` library it was made with, so no call
+//! after the first can find UCX missing.
+//!
 //! Invariants (the driver in `super::driver` keeps them; nothing else uses this module):
 //! 1. **One thread.** A [`Context`], its [`RawWorker`], every [`RawEp`], [`SendOp`] and
 //!    [`RecvOp`] are created, used and dropped on the worker's own thread (they hold raw
@@ -24,6 +29,8 @@
 //!    completion travels through a channel, which orders UCX's writes before the reads.
 //! 5. **Drop order.** [`RawWorker`] owns its [`Context`] and destroys the worker before
 //!    cleaning up the context; endpoints are closed before the worker is destroyed.
+//! 6. **The library stays.** [`sys::load`] keeps libucp loaded until the process exits,
+//!    so the function pointers every handle holds outlive it.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, c_void};
@@ -58,9 +65,14 @@ pub(super) fn take_ep_errors() -> Vec<(u64, i8)> {
 
 /// UCX's name for `status`.
 pub(super) fn status_name(status: sys::ucs_status_t) -> String {
+    // A status comes from a worker, whose context loaded the library: the number is only
+    // a fallback that keeps this infallible.
+    let Ok(ucp) = sys::load() else {
+        return format!("UCX status {status}");
+    };
     // SAFETY: ucs_status_string returns a pointer to a static NUL-terminated string for
     // every value, known or not.
-    let s = unsafe { CStr::from_ptr(sys::ucs_status_string(status)) };
+    let s = unsafe { CStr::from_ptr(ucp.ucs_status_string(status)) };
     s.to_string_lossy().into_owned()
 }
 
@@ -82,25 +94,31 @@ fn check(call: &'static str, status: sys::ucs_status_t) -> Result<(), UcxError> 
     }
 }
 
-/// The UCX version the library reports.
+/// The UCX version the library reports (`unknown` if it cannot be loaded).
 pub(super) fn version() -> String {
+    let Ok(ucp) = sys::load() else {
+        return "unknown".into();
+    };
     // SAFETY: returns a pointer to a static NUL-terminated string.
-    let s = unsafe { CStr::from_ptr(sys::ucp_get_version_string()) };
+    let s = unsafe { CStr::from_ptr(ucp.ucp_get_version_string()) };
     s.to_string_lossy().into_owned()
 }
 
 /// A UCP context with the tag and wake-up features.
 pub(super) struct Context {
     h: sys::ucp_context_h,
+    ucp: &'static sys::Ucp,
 }
 
 impl Context {
-    /// Reads UCX's configuration from the environment (`UCX_*`) and creates a context.
+    /// Loads libucp (once per process), reads UCX's configuration from the environment
+    /// (`UCX_*`) and creates a context. Without the library: [`UcxError::Library`].
     pub(super) fn new() -> Result<Context, UcxError> {
+        let ucp = sys::load().map_err(|source| UcxError::Library { source })?;
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: null prefix and file mean "the environment"; config is an out pointer.
         check("ucp_config_read", unsafe {
-            sys::ucp_config_read(ptr::null(), ptr::null(), &mut config)
+            ucp.ucp_config_read(ptr::null(), ptr::null(), &mut config)
         })?;
         let params = sys::ucp_params_t {
             field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES),
@@ -110,7 +128,7 @@ impl Context {
         let mut h: sys::ucp_context_h = ptr::null_mut();
         // SAFETY: params and config are valid for the call; h is an out pointer.
         let status = unsafe {
-            sys::ucp_init_version(
+            ucp.ucp_init_version(
                 sys::UCP_API_MAJOR,
                 sys::UCP_API_MINOR,
                 &params,
@@ -119,16 +137,16 @@ impl Context {
             )
         };
         // SAFETY: config came from ucp_config_read and is not used after this.
-        unsafe { sys::ucp_config_release(config) };
+        unsafe { ucp.ucp_config_release(config) };
         check("ucp_init", status)?;
-        Ok(Context { h })
+        Ok(Context { h, ucp })
     }
 }
 
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: h is a live context; its only worker was destroyed first (invariant 5).
-        unsafe { sys::ucp_cleanup(self.h) };
+        unsafe { self.ucp.ucp_cleanup(self.h) };
     }
 }
 
@@ -150,7 +168,7 @@ impl RawWorker {
         let mut h: sys::ucp_worker_h = ptr::null_mut();
         // SAFETY: context is live; params valid for the call; h is an out pointer.
         check("ucp_worker_create", unsafe {
-            sys::ucp_worker_create(context.h, &params, &mut h)
+            context.ucp.ucp_worker_create(context.h, &params, &mut h)
         })?;
         Ok(RawWorker { h, context })
     }
@@ -161,12 +179,14 @@ impl RawWorker {
         let mut len: usize = 0;
         // SAFETY: worker live; out pointers valid.
         check("ucp_worker_get_address", unsafe {
-            sys::ucp_worker_get_address(self.h, &mut addr, &mut len)
+            self.context
+                .ucp
+                .ucp_worker_get_address(self.h, &mut addr, &mut len)
         })?;
         // SAFETY: UCX returned `len` readable bytes at addr, valid until released below.
         let bytes = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }.to_vec();
         // SAFETY: addr came from ucp_worker_get_address of this worker.
-        unsafe { sys::ucp_worker_release_address(self.h, addr) };
+        unsafe { self.context.ucp.ucp_worker_release_address(self.h, addr) };
         Ok(bytes)
     }
 
@@ -178,7 +198,7 @@ impl RawWorker {
         let mut fd: i32 = -1;
         // SAFETY: worker live (context has UCP_FEATURE_WAKEUP); fd is an out pointer.
         check("ucp_worker_get_efd", unsafe {
-            sys::ucp_worker_get_efd(self.h, &mut fd)
+            self.context.ucp.ucp_worker_get_efd(self.h, &mut fd)
         })?;
         let watched = EventFd {
             fd,
@@ -197,14 +217,14 @@ impl RawWorker {
     /// Progresses communication once; returns how many events it handled (0: idle).
     pub(super) fn progress(&self) -> u32 {
         // SAFETY: worker live, on its own thread (invariant 1).
-        unsafe { sys::ucp_worker_progress(self.h) }
+        unsafe { self.context.ucp.ucp_worker_progress(self.h) }
     }
 
     /// Arms the event fd. `Ok(true)`: armed, safe to wait on the fd; `Ok(false)`: events
     /// are pending, progress again first.
     pub(super) fn arm(&self) -> Result<bool, UcxError> {
         // SAFETY: worker live, on its own thread.
-        let status = unsafe { sys::ucp_worker_arm(self.h) };
+        let status = unsafe { self.context.ucp.ucp_worker_arm(self.h) };
         if status == sys::UCS_ERR_BUSY {
             return Ok(false);
         }
@@ -242,7 +262,7 @@ impl RawWorker {
         // SAFETY: worker live; params (and the address bytes it points to) valid for the
         // call, UCX copies what it keeps; h is an out pointer.
         check("ucp_ep_create", unsafe {
-            sys::ucp_ep_create(self.h, &params, &mut h)
+            self.context.ucp.ucp_ep_create(self.h, &params, &mut h)
         })?;
         Ok(RawEp { h })
     }
@@ -261,13 +281,14 @@ impl RawWorker {
             ..Default::default()
         };
         // SAFETY: ep is a live endpoint of this worker, consumed here (never used again).
-        let r = unsafe { sys::ucp_ep_close_nbx(ep.h, &param) };
+        let r = unsafe { self.context.ucp.ucp_ep_close_nbx(ep.h, &param) };
         // `ep` is consumed: its handle is never used again.
         let _ = ep;
         if sys::status_ptr_is_ptr(r) {
             Some(CloseOp {
                 req: r,
                 worker: self.h,
+                ucp: self.context.ucp,
             })
         } else {
             None
@@ -288,7 +309,9 @@ impl RawWorker {
         // SAFETY: context live; the region's memory is allocated and stays so for longer
         // than the registration (invariant 4); h is an out pointer.
         check("ucp_mem_map", unsafe {
-            sys::ucp_mem_map(self.context.h, &params, &mut h)
+            self.context
+                .ucp
+                .ucp_mem_map(self.context.h, &params, &mut h)
         })?;
         Ok(MemHandle { h })
     }
@@ -299,7 +322,7 @@ impl RawWorker {
         // still posted (the driver unmaps after the last one completed or was leaked with
         // the worker about to be destroyed).
         check("ucp_mem_unmap", unsafe {
-            sys::ucp_mem_unmap(self.context.h, memh.h)
+            self.context.ucp.ucp_mem_unmap(self.context.h, memh.h)
         })
     }
 
@@ -347,8 +370,15 @@ impl RawWorker {
         // SAFETY: ep live; the iov array (its heap buffer does not move: the Vec is never
         // touched again) and the buffers it points to live in `inner` until completion
         // (invariant 3); send_done only touches `state`.
-        let r = unsafe { sys::ucp_tag_send_nbx(ep.h, iov.cast(), iov_count, tag, &param) };
-        let op = SendOp { inner };
+        let r = unsafe {
+            self.context
+                .ucp
+                .ucp_tag_send_nbx(ep.h, iov.cast(), iov_count, tag, &param)
+        };
+        let op = SendOp {
+            inner,
+            ucp: self.context.ucp,
+        };
         op.set_request(r)?;
         Ok(op)
     }
@@ -384,8 +414,15 @@ impl RawWorker {
         };
         // SAFETY: worker live; buf..buf+len is a slot of the registered region, lent to
         // this receive alone and kept alive by `inner` (invariant 4).
-        let r = unsafe { sys::ucp_tag_recv_nbx(self.h, buf.cast(), len, tag, tag_mask, &param) };
-        let op = RecvOp { inner };
+        let r = unsafe {
+            self.context
+                .ucp
+                .ucp_tag_recv_nbx(self.h, buf.cast(), len, tag, tag_mask, &param)
+        };
+        let op = RecvOp {
+            inner,
+            ucp: self.context.ucp,
+        };
         op.set_request(r)?;
         Ok(op)
     }
@@ -397,7 +434,7 @@ impl RawWorker {
         let req = unsafe { (*op.inner.as_ptr()).req };
         if !req.is_null() {
             // SAFETY: as above.
-            unsafe { sys::ucp_request_cancel(self.h, req) };
+            unsafe { self.context.ucp.ucp_request_cancel(self.h, req) };
         }
     }
 }
@@ -406,7 +443,7 @@ impl Drop for RawWorker {
     fn drop(&mut self) {
         // SAFETY: worker live; called on its thread; its context is cleaned up after
         // this (field drop order).
-        unsafe { sys::ucp_worker_destroy(self.h) };
+        unsafe { self.context.ucp.ucp_worker_destroy(self.h) };
     }
 }
 
@@ -434,6 +471,7 @@ pub(super) struct RawEp {
 pub(super) struct CloseOp {
     req: sys::ucs_status_ptr_t,
     worker: sys::ucp_worker_h,
+    ucp: &'static sys::Ucp,
 }
 
 impl CloseOp {
@@ -443,12 +481,12 @@ impl CloseOp {
             return true;
         }
         // SAFETY: req is a live request of this thread's worker.
-        let status = unsafe { sys::ucp_request_check_status(self.req) };
+        let status = unsafe { self.ucp.ucp_request_check_status(self.req) };
         if status == sys::UCS_INPROGRESS {
             return false;
         }
         // SAFETY: completed; freed once, then forgotten.
-        unsafe { sys::ucp_request_free(self.req) };
+        unsafe { self.ucp.ucp_request_free(self.req) };
         self.req = ptr::null_mut();
         true
     }
@@ -459,8 +497,8 @@ impl CloseOp {
             // SAFETY: live request of this worker; cancelled, then released: UCX frees
             // it when it completes, no callback was set.
             unsafe {
-                sys::ucp_request_cancel(self.worker, self.req);
-                sys::ucp_request_free(self.req);
+                self.ucp.ucp_request_cancel(self.worker, self.req);
+                self.ucp.ucp_request_free(self.req);
             }
         }
     }
@@ -542,6 +580,7 @@ struct SendInner {
 /// before, it leaks them (invariant 3).
 pub(super) struct SendOp {
     inner: NonNull<SendInner>,
+    ucp: &'static sys::Ucp,
 }
 
 impl SendOp {
@@ -580,7 +619,7 @@ impl Drop for SendOp {
         let inner = unsafe { Box::from_raw(self.inner.as_ptr()) };
         if sys::status_ptr_is_ptr(inner.req) {
             // SAFETY: completed request of this worker, freed once.
-            unsafe { sys::ucp_request_free(inner.req) };
+            unsafe { self.ucp.ucp_request_free(inner.req) };
         }
     }
 }
@@ -594,6 +633,7 @@ struct RecvInner {
 /// A posted receive; see [`SendOp`] for drop.
 pub(super) struct RecvOp {
     inner: NonNull<RecvInner>,
+    ucp: &'static sys::Ucp,
 }
 
 impl RecvOp {
@@ -641,7 +681,7 @@ impl Drop for RecvOp {
         let inner = unsafe { Box::from_raw(self.inner.as_ptr()) };
         if sys::status_ptr_is_ptr(inner.req) {
             // SAFETY: completed request of this worker, freed once.
-            unsafe { sys::ucp_request_free(inner.req) };
+            unsafe { self.ucp.ucp_request_free(inner.req) };
         }
     }
 }
@@ -738,5 +778,19 @@ impl Drop for RecvSlot {
         if let Ok(mut free) = self.region.free.lock() {
             free.push(self.index);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ucs_status_string` is libucs's: the loaded library reaches it through libucp's
+    /// dependencies, so names are UCX's own, not the numeric fallback.
+    #[test]
+    fn status_names_come_from_libucs() {
+        assert_eq!(status_name(OK), "Success");
+        assert_eq!(status_name(CANCELED), "Request canceled");
+        assert!(!version().is_empty() && version() != "unknown");
     }
 }
