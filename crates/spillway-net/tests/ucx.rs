@@ -286,3 +286,109 @@ fn config_limits_are_checked() {
     };
     assert!(matches!(huge.validate(), Err(UcxError::Config { .. })));
 }
+
+const MISSING_LIBRARY: &str = "/nonexistent/libucp.so.0";
+
+/// The error names the path, the loader's reason and how to install UCX.
+fn check_missing_library_message(message: &str) {
+    for part in [
+        MISSING_LIBRARY,
+        "No such file or directory",
+        "libucx0",
+        "scripts/install-ucx.sh",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+}
+
+#[test]
+fn a_missing_library_is_named_with_how_to_install_it() {
+    let err = match spillway_ucx_sys::load_from(MISSING_LIBRARY) {
+        Ok(_) => panic!("{MISSING_LIBRARY} loaded"),
+        Err(e) => e,
+    };
+    match &err {
+        spillway_ucx_sys::LoadError::NotFound {
+            tried,
+            from_env,
+            dlopen,
+        } => {
+            assert_eq!(tried, &[MISSING_LIBRARY.to_string()]);
+            assert!(!from_env);
+            assert_eq!(dlopen.len(), 1);
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    check_missing_library_message(&err.to_string());
+    // What Worker::start returns says the same.
+    let ucx = UcxError::Library { source: err };
+    check_missing_library_message(&ucx.to_string());
+}
+
+#[test]
+fn a_library_that_is_not_ucx_names_the_missing_function() {
+    // glibc is loaded in every test process and has none of UCX's functions.
+    let err = match spillway_ucx_sys::load_from("libc.so.6") {
+        Ok(_) => panic!("libc.so.6 passed for libucp"),
+        Err(e) => e,
+    };
+    match &err {
+        spillway_ucx_sys::LoadError::MissingFunction { library, dlsym } => {
+            assert_eq!(library, "libc.so.6");
+            assert!(dlsym.contains("undefined symbol"), "{dlsym}");
+        }
+        other => panic!("expected MissingFunction, got {other:?}"),
+    }
+}
+
+/// Marks the child process of [`worker_start_without_the_library_fails_clearly`].
+const CHILD_ENV: &str = "SPILLWAY_TEST_UCX_WITHOUT_LIBRARY";
+
+/// `SPILLWAY_UCX_LIB` is read once per process, so the worker start runs in a child: this
+/// test binary again, running only the ignored test below with the variable set.
+#[test]
+fn worker_start_without_the_library_fails_clearly() {
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "worker_start_without_the_library_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(spillway_ucx_sys::LIBRARY_ENV, MISSING_LIBRARY)
+        .env(CHILD_ENV, "1")
+        .output()
+        .expect("running the test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "run by worker_start_without_the_library_fails_clearly, in a child process"]
+fn worker_start_without_the_library_child() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let err = match Worker::start(&config()) {
+        Ok(_) => panic!("a worker started with {MISSING_LIBRARY}"),
+        Err(e) => e,
+    };
+    let message = err.to_string();
+    assert!(
+        matches!(err, UcxError::Library { .. }),
+        "expected UcxError::Library, got {err:?}"
+    );
+    check_missing_library_message(&message);
+    assert!(message.contains("SPILLWAY_UCX_LIB"), "{message}");
+    // The error is kept: a second start fails the same way without trying again.
+    match Worker::start(&config()) {
+        Err(again) => assert_eq!(again.to_string(), message),
+        Ok(_) => panic!("second start succeeded"),
+    }
+    println!("{message}");
+}
