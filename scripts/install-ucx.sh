@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs what spillway-net's `ucx` feature needs on Debian (12 and later):
-#   libucx-dev    UCX headers, libucp/libucs and ucx.pc (the library the transport uses)
-#   pkg-config    how crates/spillway-ucx-sys finds UCX
+#   libucx-dev    UCX headers and ucx.pc (pulls in libucx0, the library itself)
+#   pkg-config    how crates/spillway-ucx-sys finds UCX's headers
 #   libclang-dev  libclang for bindgen, which generates the bindings at build time
-# The default build needs none of these. Safe to run again: installed packages are
-# skipped, and apt-get runs only when something is missing.
+# The default build needs none of these. A binary built with `ucx` does not link UCX: it
+# loads libucp.so.0 when asked for UCX (or the path in SPILLWAY_UCX_LIB), so a machine
+# that only runs it needs just libucx0, and one without it runs everything but UCX.
+# Safe to run again: installed packages are skipped, and apt-get runs only when
+# something is missing.
 set -euo pipefail
 
 packages=(libucx-dev pkg-config libclang-dev)
