@@ -12,8 +12,23 @@ use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 use support::{Pool, base_port, poll, read, spillway, spillway_ok};
 
+/// The page transport of the pools these tests start: `SPILLWAY_TEST_TRANSPORT` (`quic`
+/// by default, or `ucx` with a build of the `ucx` feature and `UCX_NET_DEVICES=lo`).
+fn test_transport() -> String {
+    let t = std::env::var("SPILLWAY_TEST_TRANSPORT").unwrap_or_else(|_| "quic".into());
+    if t == "ucx" {
+        assert_eq!(
+            std::env::var("UCX_NET_DEVICES").as_deref(),
+            Ok("lo"),
+            "UCX tests run on loopback only: set UCX_NET_DEVICES=lo"
+        );
+    }
+    t
+}
+
 fn up(pool: &Pool, slot: u16) {
     let port = base_port(slot).to_string();
+    let transport = test_transport();
     spillway_ok(&[
         "cluster",
         "up",
@@ -25,6 +40,8 @@ fn up(pool: &Pool, slot: u16) {
         &port,
         "--host-tier-bytes",
         "64MiB",
+        "--transport",
+        &transport,
         "--timeout-s",
         "20",
     ]);
@@ -263,4 +280,19 @@ fn a_client_process_runs_the_demo_over_the_pool_with_every_page_verified() {
         .filter_map(|n| n["status"]["remote"]["pages_spilled"].as_u64())
         .sum();
     assert!(spilled > 0, "{status}");
+    // The pages travelled on the pool's transport.
+    let transport = test_transport();
+    let nodes = status["nodes"].as_array().unwrap();
+    for n in nodes {
+        assert_eq!(n["status"]["page_transport"], transport.as_str(), "{n}");
+    }
+    let ucx_out: u64 = nodes
+        .iter()
+        .filter_map(|n| n["status"]["ucx_bytes_out"].as_u64())
+        .sum();
+    if transport == "ucx" {
+        assert!(ucx_out > 0, "{status}");
+    } else {
+        assert_eq!(ucx_out, 0, "{status}");
+    }
 }

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use spillway_net::certs;
-use spillway_node::NodeConfig;
 use spillway_node::config::MemberAddr;
+use spillway_node::{NodeConfig, PageTransport};
 use spillway_types::{NodeId, PoolId};
 
 use crate::error::{ClusterError, io_at};
@@ -110,6 +110,8 @@ pub struct InitOptions {
     pub host_tier_bytes: u64,
     /// Replace an existing pool (only when none of its nodes runs).
     pub force: bool,
+    /// How the nodes move pages (`transport` in their configs).
+    pub transport: PageTransport,
 }
 
 impl Default for InitOptions {
@@ -119,6 +121,7 @@ impl Default for InitOptions {
             base_port: BASE_PORT_DEFAULT,
             host_tier_bytes: HOST_TIER_BYTES_DEFAULT,
             force: false,
+            transport: PageTransport::Quic,
         }
     }
 }
@@ -293,7 +296,8 @@ pub fn init(dir: &Path, opts: &InitOptions) -> Result<ClusterSpec, ClusterError>
             .parent()
             .expect("the log is in the node's directory");
         fs::create_dir_all(node_dir).map_err(io_at(node_dir))?;
-        let config = node_config(&spec, node, opts.host_tier_bytes);
+        let mut config = node_config(&spec, node, opts.host_tier_bytes);
+        config.transport = opts.transport;
         config.validate()?;
         let text = format!(
             "# Node {} of pool {}, written by `spillway cluster init`.\n{}",
@@ -360,6 +364,7 @@ mod tests {
             base_port: 17000,
             host_tier_bytes: 64 << 20,
             force: false,
+            transport: PageTransport::Quic,
         }
     }
 

@@ -17,6 +17,7 @@ use spillway_cluster::spec::{self, BASE_PORT_DEFAULT, HOST_TIER_BYTES_DEFAULT};
 use spillway_cluster::{
     ClusterSpec, InitOptions, PoolReport, StopOutcome, UpEvent, UpOptions, poll_until, query_pool,
 };
+use spillway_node::PageTransport;
 
 /// `spillway cluster ...`.
 #[derive(Debug, Subcommand)]
@@ -68,6 +69,19 @@ pub struct LayoutArgs {
     /// Host tier of each node (e.g. 1GiB, 512MiB).
     #[arg(long, value_name = "BYTES", default_value_t = ByteSize::b(HOST_TIER_BYTES_DEFAULT))]
     host_tier_bytes: ByteSize,
+    /// How the nodes move pages: quic, or ucx (a build with the `ucx` feature and libucx;
+    /// set UCX_NET_DEVICES=lo to keep UCX on loopback). Raft always uses QUIC.
+    #[arg(long, value_enum, default_value_t = TransportArg::Quic)]
+    transport: TransportArg,
+}
+
+/// `--transport` of the pool's nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    /// QUIC with mutual TLS.
+    Quic,
+    /// UCX tagged messages (feature `ucx`).
+    Ucx,
 }
 
 impl LayoutArgs {
@@ -77,6 +91,10 @@ impl LayoutArgs {
             base_port: self.base_port,
             host_tier_bytes: self.host_tier_bytes.as_u64(),
             force,
+            transport: match self.transport {
+                TransportArg::Quic => PageTransport::Quic,
+                TransportArg::Ucx => PageTransport::Ucx,
+            },
         }
     }
 }
@@ -362,6 +380,7 @@ fn failover_trials(args: &FailoverArgs, dir: &Path) -> Result<FailoverReport> {
             base_port: args.base_port,
             host_tier_bytes: 64 << 20,
             force: true,
+            transport: PageTransport::Quic,
         },
     )?;
     let exe = std::env::current_exe().context("finding the spillway executable")?;

@@ -106,6 +106,19 @@ pub struct DemoArgs {
     /// the GPU budget then defaults to a twelfth).
     #[arg(long)]
     host_budget_mib: Option<u64>,
+    /// How pages move between the in-process nodes: `quic`, or `ucx` (a build with the
+    /// `ucx` feature and libucx; set `UCX_NET_DEVICES=lo` to keep UCX on loopback).
+    #[arg(long, value_enum, default_value_t = DemoTransport::Quic)]
+    transport: DemoTransport,
+}
+
+/// `--transport` of the demo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoTransport {
+    /// QUIC with mutual TLS.
+    Quic,
+    /// UCX tagged messages (feature `ucx`).
+    Ucx,
 }
 
 /// `spillway bench ...`.
@@ -178,6 +191,21 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
     if args.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    if args.transport == DemoTransport::Ucx {
+        if !cfg!(feature = "ucx") {
+            bail!(
+                "--transport ucx: this build has no UCX transport; build spillway with \
+                 `--features ucx` (system packages: scripts/install-ucx.sh), or use --transport quic"
+            );
+        }
+        if args.connect.is_some() || args.nodes < 2 {
+            bail!(
+                "--transport chooses how the demo's in-process nodes move pages (--nodes 2 or \
+                 more, no --connect); a daemon pool's transport is set by `transport` in the \
+                 node configs (`spillway cluster up --transport ucx`)"
+            );
+        }
+    }
     let remote_mode = args.connect.is_some() || args.nodes > 1;
     let page = cfg.page_size.bytes();
     if remote_mode {
@@ -208,6 +236,10 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
                 remote_need,
                 cfg.page_size,
                 remote_need,
+                match args.transport {
+                    DemoTransport::Quic => spillway_node::PageTransport::Quic,
+                    DemoTransport::Ucx => spillway_node::PageTransport::Ucx,
+                },
             )
             .context("starting the in-process pool")?,
         )
@@ -242,8 +274,12 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
         }
         Remote::InProcess(p) => {
             let describe = format!(
-                "{} in-process nodes over loopback QUIC (node 1 serves this pool)",
-                args.nodes
+                "{} in-process nodes, pages over loopback {} (node 1 serves this pool)",
+                args.nodes,
+                match args.transport {
+                    DemoTransport::Quic => "QUIC",
+                    DemoTransport::Ucx => "UCX",
+                }
             );
             let pool = cfg
                 .pool_builder()

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use spillway_client::PageSize;
 use spillway_node::remote::RemoteService;
-use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle};
+use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle, PageTransport};
 use spillway_types::{NodeId, PoolId};
 
 /// How long the nodes get to elect a leader and see each other's capacity.
@@ -43,6 +43,7 @@ impl LocalPool {
         lend_bytes: u64,
         page_size: PageSize,
         need_bytes: u64,
+        transport: PageTransport,
     ) -> Result<LocalPool> {
         if nodes < 2 {
             bail!("an in-process pool needs at least 2 nodes, got {nodes}");
@@ -89,6 +90,7 @@ impl LocalPool {
             cfg.client_socket = data.join("client.sock");
             cfg.members = members.clone();
             cfg.lend_bytes = lend_bytes;
+            cfg.transport = transport;
             let handle = pool
                 .runtime
                 .block_on(Node::start(cfg))

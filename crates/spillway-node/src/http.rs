@@ -83,6 +83,13 @@ pub struct NodeStatus {
     pub frames_rejected: u64,
     /// Local clients connected.
     pub clients: u64,
+    /// How pages move to and from peers: `quic` or `ucx` (the config's `transport`).
+    pub page_transport: String,
+    /// Frame bytes of page requests and replies received over UCX (within
+    /// `peer_bytes_in`; 0 with `quic`).
+    pub ucx_bytes_in: u64,
+    /// Frame bytes of page requests and replies sent over UCX (within `peer_bytes_out`).
+    pub ucx_bytes_out: u64,
 }
 
 impl NodeStatus {
@@ -152,6 +159,9 @@ pub(crate) struct StatusSources {
     pub remote: Arc<RemoteService>,
     pub service: Arc<ServiceCounters>,
     pub clients: Arc<AtomicU64>,
+    pub page_transport: &'static str,
+    /// The UCX transport's counters, when pages move over UCX.
+    pub ucx_stats: Option<Arc<spillway_net::NetStats>>,
 }
 
 fn role_name(role: Role) -> &'static str {
@@ -178,6 +188,11 @@ impl StatusSources {
         let store = self.store.counters();
         let remote = self.remote.counters();
         let net = self.transport.stats().total();
+        let ucx = self
+            .ucx_stats
+            .as_ref()
+            .map(|s| s.total())
+            .unwrap_or_default();
         NodeStatus {
             node_id: self.node_id,
             pool_id: format!("{:016x}", self.transport.pool_id().0),
@@ -210,10 +225,13 @@ impl StatusSources {
                 pages_spilled: remote.pages_spilled,
                 pages_fetched: remote.pages_fetched,
             },
-            peer_bytes_in: net.bytes_in,
-            peer_bytes_out: net.bytes_out,
-            frames_rejected: net.frames_rejected,
+            peer_bytes_in: net.bytes_in + ucx.bytes_in,
+            peer_bytes_out: net.bytes_out + ucx.bytes_out,
+            frames_rejected: net.frames_rejected + ucx.frames_rejected,
             clients: self.clients.load(Ordering::Relaxed),
+            page_transport: self.page_transport.to_string(),
+            ucx_bytes_in: ucx.bytes_in,
+            ucx_bytes_out: ucx.bytes_out,
         }
     }
 
@@ -428,6 +446,8 @@ impl NodeHandle {
             remote: self.remote(),
             service: self.service_counters().clone(),
             clients: self.clients().clone(),
+            page_transport: self.page_transport(),
+            ucx_stats: (self.page_transport() == "ucx").then(|| self.page_net_stats().clone()),
         }
     }
 
