@@ -5,23 +5,32 @@
 # more of the network) and appends a table, written from the runs' JSON, to RESULTS.md.
 #
 #   bench/cluster/demo_pool.sh [RESULTS.md] [PASSES...]     (default: 2 16 32 64)
+#
+# TRANSPORT=ucx moves the pages between nodes over UCX (a binary built with
+# `--features ucx`; UCX is kept on loopback with UCX_NET_DEVICES=lo unless set).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 results=${1:-bench/RESULTS.md}
 shift || true
 passes=("$@")
 [ ${#passes[@]} -gt 0 ] || passes=(2 16 32 64)
+transport=${TRANSPORT:-quic}
+if [ "$transport" = ucx ]; then
+    export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo} UCX_TLS=${UCX_TLS:-tcp,self}
+fi
 bin=./target/release/spillway
 [ -x "$bin" ] || cargo build --release -q
 dir=$(mktemp -d)
 trap '"$bin" cluster down --dir "$dir" >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
-"$bin" cluster up --nodes 3 --dir "$dir" --base-port 7900 >/dev/null
+"$bin" cluster up --nodes 3 --dir "$dir" --base-port 7900 --transport "$transport" >/dev/null
 out="$dir/runs.jsonl"
 for p in "${passes[@]}"; do
     "$bin" demo --connect "$dir/node-1/client.sock" --compute-passes "$p" --steps 8 --json \
         | python3 -c "import json,sys; r=json.load(sys.stdin); r['compute_passes']=$p; print(json.dumps(r))" >> "$out"
 done
-RUNS="$out" CMD="bench/cluster/demo_pool.sh $results ${passes[*]}" python3 - >> "$results" <<'PY'
+prefix=""
+[ "$transport" = quic ] || prefix="TRANSPORT=$transport "
+RUNS="$out" TRANSPORT="$transport" CMD="${prefix}bench/cluster/demo_pool.sh $results ${passes[*]}" python3 - >> "$results" <<'PY'
 import json, os, platform, datetime
 runs = [json.loads(l) for l in open(os.environ["RUNS"])]
 cores = os.cpu_count()
@@ -31,7 +40,7 @@ print(f"Command: `{os.environ['CMD']}`\n")
 print(f"Machine: {platform.node()}, {cores} cores, Linux {platform.release()}; load average (1 min) {load:.2f}\n")
 r0 = runs[0]
 ws, g, h = r0["working_set_bytes"], r0["gpu_budget_bytes"], r0["host_budget_bytes"]
-print(f"Working set {ws >> 20} MiB = {ws / (g + h):.1f}x (GPU {g >> 20} MiB + host {h >> 20} MiB); 2 MiB pages; sim device; 8 steps.\n")
+print(f"Working set {ws >> 20} MiB = {ws / (g + h):.1f}x (GPU {g >> 20} MiB + host {h >> 20} MiB); 2 MiB pages; sim device; 8 steps; pages between nodes over {os.environ['TRANSPORT'].upper()}.\n")
 print("| compute passes | hit rate, steps 2+ | stall s/step (2+) | wall s/step (2+) | from peers MiB/step | to peers MiB/step | corrupt pages | verified |")
 print("|---|---|---|---|---|---|---|---|")
 for r in runs:
