@@ -98,6 +98,32 @@ fn cuda_without_the_feature_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--features cuda"));
 }
 
+/// Asking for UCX without it is a clear error: without the feature, one naming the
+/// feature; with it but without the library, one naming the library (here: a path that
+/// does not exist, through SPILLWAY_UCX_LIB).
+#[test]
+fn ucx_without_the_feature_or_the_library_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["demo", "--transport", "ucx", "--steps", "1"])
+        .env("SPILLWAY_UCX_LIB", "/nonexistent/libucp.so.0")
+        .env("UCX_NET_DEVICES", "lo")
+        .output()
+        .expect("run spillway");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    if cfg!(feature = "ucx") {
+        assert!(err.contains("/nonexistent/libucp.so.0"), "{err}");
+        assert!(err.contains("libucx0"), "{err}");
+    } else {
+        assert!(err.contains("--features ucx"), "{err}");
+    }
+    if !cfg!(feature = "ucx") {
+        let out = spillway(&["bench", "remote", "--transport", "ucx"]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--features ucx"));
+    }
+}
+
 #[test]
 fn offload_bench_json_has_every_variant() {
     let dir = std::env::temp_dir().join(format!("spillway-offload-{}", std::process::id()));

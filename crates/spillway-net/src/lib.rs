@@ -231,6 +231,14 @@ pub enum NetError {
     /// The transport already serves (one server per transport).
     #[error("this transport is already serving")]
     AlreadyServing,
+    /// The transport cannot run here: its library is missing or refused to start (UCX).
+    #[error("the {transport} transport cannot start: {reason}")]
+    Unavailable {
+        /// Which transport.
+        transport: &'static str,
+        /// Why (the library's own words, with what to install).
+        reason: String,
+    },
     /// A hello did not arrive or was not answered in time.
     #[error("no hello from {addr} within {timeout_ms} ms")]
     HelloTimeout {

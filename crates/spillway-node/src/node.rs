@@ -93,7 +93,7 @@ pub enum NodeError {
     },
     /// The UCX transport (`transport = "ucx"`) could not be started: no libucx, or UCX
     /// refused (the error says which).
-    #[error("cannot start the UCX page transport (transport = \"ucx\"): {source}")]
+    #[error("cannot start the UCX page transport (transport = \"ucx\")")]
     Ucx {
         /// Why.
         #[source]

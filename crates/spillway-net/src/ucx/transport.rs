@@ -101,10 +101,7 @@ impl UcxTransport {
         worker_config: &UcxWorkerConfig,
     ) -> Result<UcxTransport, NetError> {
         config.validate()?;
-        let worker = Worker::start(worker_config).map_err(|e| NetError::Connect {
-            addr,
-            reason: format!("UCX worker: {e}"),
-        })?;
+        let worker = Worker::start(worker_config).map_err(unavailable)?;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| NetError::Io {
@@ -142,10 +139,7 @@ impl UcxTransport {
         worker_config: &UcxWorkerConfig,
     ) -> Result<UcxTransport, NetError> {
         config.validate()?;
-        let worker = Worker::start(worker_config).map_err(|e| NetError::Connect {
-            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-            reason: format!("UCX worker: {e}"),
-        })?;
+        let worker = Worker::start(worker_config).map_err(unavailable)?;
         Ok(UcxTransport {
             worker,
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
@@ -305,6 +299,14 @@ impl<H: Handler> ServeIntroduced for Serving<H> {
             cancel: self.cancel.child_token(),
         };
         serve_requests(conn, &self.ctx, &self.handler, &self.tasks);
+    }
+}
+
+/// A worker that cannot start: the transport is unavailable here.
+fn unavailable(e: UcxError) -> NetError {
+    NetError::Unavailable {
+        transport: "UCX",
+        reason: e.to_string(),
     }
 }
 
