@@ -1,5 +1,5 @@
 //! UCX (feature `ucx`): a safe wrapper over UCX's tagged messages, the base of the UCX
-//! transport of the remote tier (issue 4). UCX reaches RDMA, shared memory and TCP
+//! transport of the remote tier. UCX reaches RDMA, shared memory and TCP
 //! through one API; which one it uses is UCX's choice under `UCX_TLS` and
 //! `UCX_NET_DEVICES` (tests set `UCX_NET_DEVICES=lo UCX_TLS=tcp,self`: UCX over TCP
 //! otherwise uses every interface it finds).

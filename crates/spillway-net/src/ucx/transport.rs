@@ -2,28 +2,35 @@
 //! same frames and checks as QUIC (`spillway_types::wire`, page checksums, per-peer
 //! in-flight budgets, a bad frame closes its connection).
 //!
-//! Connection setup: a small TCP side channel at [`Transport::local_addr`]. The client
-//! sends its hello frame, the id it will receive replies under and its worker address;
-//! the server answers with the same. Each side then makes a UCX endpoint to the other.
-//! The side channel stays open as the connection's lifeline: when it closes, the server
-//! stops serving that connection.
+//! Connection setup, two ways:
+//! - introduced ([`UcxTransport::offer`], [`UcxTransport::accept`],
+//!   [`UcxTransport::complete`]): the two sides exchange a connection id and their worker
+//!   addresses over another, authenticated channel (nodes use their mutual-TLS QUIC
+//!   connection: `Request::UcxConnect`). Each side then makes a UCX endpoint to the
+//!   other; the served connection ends when UCX reports the peer lost or serving stops.
+//!   [`UcxTransport::introduced_only`] makes a transport that takes no other kind.
+//! - side channel ([`UcxTransport::bind`], [`Transport::connect`]): a small TCP channel at
+//!   [`Transport::local_addr`]. The client sends its hello frame, the id it will receive
+//!   replies under and its worker address; the server answers with the same. The side
+//!   channel stays open as the connection's lifeline. It is plain TCP: nothing
+//!   authenticates the peer beyond its hello (pool id), so it is for trusted networks and
+//!   benchmarks only.
 //!
 //! Tags: bits 63..62 say request (1) or reply (2); bits 61..32 the receiver's connection
 //! id (the server's for requests, the client's for replies: each side picks ids unique on
 //! its own worker); bits 31..0 the low bits of the request id (unique among a
 //! connection's requests in flight).
 //!
-//! Limits and gaps (issue 4):
-//! - the side channel is plain TCP: no TLS, so nothing authenticates the peer beyond its
-//!   hello (pool id). Use on trusted networks only, until the address exchange moves to
-//!   the pool's membership or a TLS channel;
+//! Limits and costs:
 //! - a received message is copied once out of the registered slot (the handler and
-//!   caller keep pages as `Bytes`); the host tier is not registered memory yet;
-//! - throughput: `spillway bench remote --transport ucx` on the 2-core VM (loopback,
-//!   `UCX_TLS=tcp,self`, 2 MiB pages) moved 1.5–1.7 GB/s against 7.2–7.7 GB/s of raw TCP
-//!   and 2.1–2.4 of QUIC in the same runs: below the issue's 0.8x of TCP. Suspects, not
-//!   yet measured apart: the copy out of the receive slot, one UCX thread per worker
-//!   doing all progress, checksums on both sides;
+//!   caller keep pages as `Bytes`);
+//! - a served connection keeps [`RECEIVERS_PER_CONNECTION`] receives posted; all
+//!   connections together at most half the worker's receive slots, so replies to this
+//!   side's own requests always find one;
+//! - throughput: `spillway bench remote --transport ucx` on a 2-core VM (loopback,
+//!   `UCX_TLS=tcp,self`, 2 MiB pages, 4 in flight) moved 1.7–1.8 GB/s against 6.9–7.4
+//!   GB/s of raw TCP in the same runs; UCX's TCP rendezvous sends 8 KiB active-message
+//!   copies (`UCX_TCP_TX_SEG_SIZE`/`UCX_TCP_RX_SEG_SIZE` of 256k reached 2.1 GB/s);
 //! - the largest frame is [`UcxWorkerConfig::recv_slot_bytes`] (a larger one fails its
 //!   request); the in-flight budget is [`QuicConfig::peer_bytes_in_flight_max`].
 
