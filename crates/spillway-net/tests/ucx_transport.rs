@@ -27,20 +27,18 @@ fn worker_config() -> UcxWorkerConfig {
 }
 
 async fn transport(pool: PoolId, node: u64) -> UcxTransport {
+    transport_with(pool, node, &worker_config()).await
+}
+
+async fn transport_with(pool: PoolId, node: u64, config: &UcxWorkerConfig) -> UcxTransport {
     assert!(
         std::env::var_os("UCX_NET_DEVICES").is_some(),
         "set UCX_NET_DEVICES=lo (and UCX_TLS=tcp,self): UCX over TCP otherwise uses every interface"
     );
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    UcxTransport::bind(
-        pool,
-        NodeId(node),
-        addr,
-        &QuicConfig::default(),
-        &worker_config(),
-    )
-    .await
-    .expect("bind")
+    UcxTransport::bind(pool, NodeId(node), addr, &QuicConfig::default(), config)
+        .await
+        .expect("bind")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,4 +107,59 @@ async fn a_node_of_another_pool_is_refused() {
     }
     serving.shutdown().await;
     assert_eq!(server.stats().handshakes_refused(), 1);
+}
+
+/// Connections introduced over another channel (as nodes do over QUIC): the server has
+/// receive slots for fewer connections than it serves, and idle connections must not
+/// keep a busy one's requests from being taken; each client reads back what it stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn introduced_connections_share_the_receivers_and_idle_ones_starve_nobody() {
+    let small = UcxWorkerConfig {
+        recv_slot_bytes: 1 << 20,
+        recv_slots_count: 4,
+        sends_in_flight_max: 16,
+    };
+    let server = transport_with(POOL, 1, &small).await;
+    let store = Arc::new(MemStore::new(1024));
+    let serving = server.serve(store.clone()).expect("serve");
+    // 4 slots: 2 receivers for requests; 4 clients, 3 of them idle after connecting.
+    let mut clients = Vec::new();
+    for node in 2..=5u64 {
+        let client = transport_with(POOL, node, &small).await;
+        let offer = client.offer();
+        let answer = within("accept", WAIT, server.accept(NodeId(node), &offer.bytes()))
+            .await
+            .expect("accept");
+        let conn = within("complete", WAIT, client.complete(NodeId(1), offer, &answer))
+            .await
+            .expect("complete");
+        assert_eq!(conn.peer(), NodeId(1));
+        clients.push((client, conn));
+    }
+    let (_, busy) = clients.last().unwrap();
+    for i in 0..16u32 {
+        let p = page(5, i, 64 << 10);
+        let stored = within("put", WAIT, busy.put_pages(vec![p.clone()]))
+            .await
+            .expect("put");
+        assert_eq!(stored, 1);
+        let (got, missing) = within("get", WAIT, busy.get_pages(vec![p.id]))
+            .await
+            .expect("get");
+        assert!(missing.is_empty());
+        assert_eq!(got, vec![p]);
+    }
+    // An idle one still works afterwards.
+    let (_, first) = &clients[0];
+    let p = page(2, 0, 1000);
+    assert_eq!(
+        within("put", WAIT, first.put_pages(vec![p])).await.unwrap(),
+        1
+    );
+    assert_eq!(store.len(), 17);
+    // A malformed introduction is refused with a reason, not a panic.
+    let e = server.accept(NodeId(9), b"xy").await.unwrap_err();
+    assert!(e.to_string().contains("introduction"), "{e}");
+    drop(clients);
+    serving.shutdown().await;
 }

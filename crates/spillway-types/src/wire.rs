@@ -1225,7 +1225,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"SPWY");
-        assert_eq!(&b[4..6], &[2, 0]);
+        assert_eq!(&b[4..6], &[3, 0]);
         assert_eq!(b[6], 6);
         assert_eq!(b[7], 0);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);

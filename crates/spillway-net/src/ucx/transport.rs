@@ -24,9 +24,11 @@
 //! Limits and costs:
 //! - a received message is copied once out of the registered slot (the handler and
 //!   caller keep pages as `Bytes`);
-//! - a served connection keeps [`RECEIVERS_PER_CONNECTION`] receives posted; all
-//!   connections together at most half the worker's receive slots, so replies to this
-//!   side's own requests always find one;
+//! - requests of all served connections are taken by one set of receives (half the
+//!   worker's receive slots), each dispatched by the connection id in its tag; replies
+//!   to this side's own requests always find a slot, and idle connections hold none. A
+//!   served connection ends when its side channel closes, a bad frame arrives, or a
+//!   reply cannot be sent (its peer is gone);
 //! - throughput: `spillway bench remote --transport ucx` on a 2-core VM (loopback,
 //!   `UCX_TLS=tcp,self`, 2 MiB pages, 4 in flight) moved 1.7–1.8 GB/s against 6.9–7.4
 //!   GB/s of raw TCP in the same runs; UCX's TCP rendezvous sends 8 KiB active-message
@@ -34,6 +36,7 @@
 //! - the largest frame is [`UcxWorkerConfig::recv_slot_bytes`] (a larger one fails its
 //!   request); the in-flight budget is [`QuicConfig::peer_bytes_in_flight_max`].
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -278,20 +281,20 @@ fn decode_intro(bytes: &[u8]) -> Result<(u32, &[u8]), String> {
     Ok((conn, &bytes[4..]))
 }
 
-/// Serves connections introduced over another channel, with the handler of `serve`.
+/// Serves connections introduced over another channel (their requests go to the handler
+/// of `serve` through the transport's receivers).
 trait ServeIntroduced: Send + Sync {
     fn conn_id(&self) -> u32;
     fn start(&self, peer: NodeId, ep: Endpoint, my_conn: u32, client_conn: u32);
 }
 
-struct Serving<H> {
+struct Serving {
     ctx: Arc<ServeCtx>,
-    handler: Arc<H>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 }
 
-impl<H: Handler> ServeIntroduced for Serving<H> {
+impl ServeIntroduced for Serving {
     fn conn_id(&self) -> u32 {
         self.ctx.conn_id()
     }
@@ -305,7 +308,7 @@ impl<H: Handler> ServeIntroduced for Serving<H> {
             client_conn,
             cancel: self.cancel.child_token(),
         };
-        serve_requests(conn, &self.ctx, &self.handler, &self.tasks);
+        serve_requests(conn, &self.ctx, &self.tasks);
     }
 }
 
@@ -526,24 +529,23 @@ impl Transport for UcxTransport {
             budget_permits: self.budget_permits,
             hello_timeout: self.hello_timeout,
             next_conn: AtomicU32::new(1),
-            receivers: Arc::new(tokio::sync::Semaphore::new(
-                (self.worker.recv_slots() / 2).max(1),
-            )),
+            conns: Mutex::new(HashMap::new()),
         });
+        for _ in 0..receivers_for(&self.worker) {
+            tasks.spawn(receive_requests(
+                ctx.clone(),
+                handler.clone(),
+                cancel.clone(),
+                tasks.clone(),
+            ));
+        }
         let _ = self.introduced.set(Arc::new(Serving {
             ctx: ctx.clone(),
-            handler: handler.clone(),
             cancel: cancel.clone(),
             tasks: tasks.clone(),
         }));
         if let Some(listener) = listener {
-            tasks.spawn(accept_loop(
-                listener,
-                ctx,
-                handler,
-                cancel.clone(),
-                tasks.clone(),
-            ));
+            tasks.spawn(accept_loop(listener, ctx, cancel.clone(), tasks.clone()));
         }
         Ok(Server::new(cancel, tasks))
     }
@@ -561,9 +563,8 @@ struct ServeCtx {
     budget_permits: u32,
     hello_timeout: Duration,
     next_conn: AtomicU32,
-    /// Receives posted for requests, all connections together: half the worker's receive
-    /// slots at most, so replies to this node's own requests always find one.
-    receivers: Arc<tokio::sync::Semaphore>,
+    /// The connections served, by the id their requests are tagged with.
+    conns: Mutex<HashMap<u32, ServedConn>>,
 }
 
 impl ServeCtx {
@@ -572,10 +573,9 @@ impl ServeCtx {
     }
 }
 
-async fn accept_loop<H: Handler>(
+async fn accept_loop(
     listener: TcpListener,
     ctx: Arc<ServeCtx>,
-    handler: Arc<H>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 ) {
@@ -595,18 +595,16 @@ async fn accept_loop<H: Handler>(
             stream,
             from,
             ctx.clone(),
-            handler.clone(),
             cancel.clone(),
             tasks.clone(),
         ));
     }
 }
 
-async fn serve_connection<H: Handler>(
+async fn serve_connection(
     mut side: TcpStream,
     from: SocketAddr,
     ctx: Arc<ServeCtx>,
-    handler: Arc<H>,
     cancel: CancellationToken,
     tasks: TaskTracker,
 ) {
@@ -664,13 +662,8 @@ async fn serve_connection<H: Handler>(
         client_conn: theirs.conn,
         cancel: conn_cancel,
     };
-    serve_requests(conn, &ctx, &handler, &tasks);
+    serve_requests(conn, &ctx, &tasks);
 }
-
-/// Receives posted per served connection at once: 4. Several keep a peer's requests
-/// moving while earlier ones are copied out and handled (one would serialize them on the
-/// rendezvous of each message).
-const RECEIVERS_PER_CONNECTION: usize = 4;
 
 /// One served connection: the client's endpoint and the ids each side receives under.
 #[derive(Clone)]
@@ -683,70 +676,74 @@ struct ServedConn {
     cancel: CancellationToken,
 }
 
-/// Serves `conn`'s requests with [`RECEIVERS_PER_CONNECTION`] receives posted, each
-/// request handled in its own task, until the connection ends.
-fn serve_requests<H: Handler>(
-    conn: ServedConn,
-    ctx: &Arc<ServeCtx>,
-    handler: &Arc<H>,
-    tasks: &TaskTracker,
-) {
-    for _ in 0..RECEIVERS_PER_CONNECTION {
-        tasks.spawn(receive_requests(
-            conn.clone(),
-            ctx.clone(),
-            handler.clone(),
-            tasks.clone(),
-        ));
-    }
+/// Starts serving `conn`: its requests are taken by the transport's receivers (see
+/// [`receive_requests`]) until the connection ends, when it is forgotten.
+fn serve_requests(conn: ServedConn, ctx: &Arc<ServeCtx>, tasks: &TaskTracker) {
+    let (id, cancel) = (conn.my_conn, conn.cancel.clone());
+    lock(&ctx.conns).insert(id, conn);
+    let ctx = ctx.clone();
+    tasks.spawn(async move {
+        cancel.cancelled().await;
+        lock(&ctx.conns).remove(&id);
+    });
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Receives posted for requests, all served connections together: half the worker's
+/// receive slots (at least one), so replies to this side's own requests always find a
+/// slot, and an idle connection holds none (a receive per connection would let idle ones
+/// starve busy ones).
+fn receivers_for(worker: &Worker) -> usize {
+    (worker.recv_slots() / 2).max(1)
+}
+
+/// One of the transport's receivers: takes any request, finds its connection by the
+/// connection id in its tag, and hands it to its own task; a request for no connection
+/// served here (or too large for a slot) is counted as rejected and dropped.
 async fn receive_requests<H: Handler>(
-    conn: ServedConn,
     ctx: Arc<ServeCtx>,
     handler: Arc<H>,
+    cancel: CancellationToken,
     tasks: TaskTracker,
 ) {
-    let state = ctx.stats.peer_state(conn.peer);
     loop {
-        let receiver = tokio::select! {
-            _ = conn.cancel.cancelled() => return,
-            r = ctx.receivers.clone().acquire_owned() => match r {
-                Ok(r) => r,
-                Err(_) => return,
-            },
-        };
         let got = tokio::select! {
-            _ = conn.cancel.cancelled() => return,
-            g = ctx.worker.recv(
-                tag(TAG_REQUEST, conn.my_conn, 0),
-                TAG_KIND_MASK | TAG_CONN_MASK,
-                Some(&conn.ep),
-            ) => g,
+            _ = cancel.cancelled() => return,
+            g = ctx.worker.recv(tag(TAG_REQUEST, 0, 0), TAG_KIND_MASK, None) => g,
         };
         let got = match got {
             Ok(g) => g,
-            Err(UcxError::MessageTooLarge { .. }) => {
-                // The request is lost; its sender times out or loses the connection.
-                state.reject();
-                conn.cancel.cancel();
-                return;
+            Err(UcxError::MessageTooLarge { slot_bytes }) => {
+                // Its sender is not known: the request is lost and its sender waits
+                // until its connection ends.
+                ctx.stats.unidentified_state().reject();
+                tracing::warn!(
+                    slot_bytes,
+                    "a UCX request larger than a receive slot was dropped"
+                );
+                continue;
             }
             Err(e) => {
-                tracing::debug!(peer = %conn.peer, error = %e, "UCX connection ended");
-                conn.cancel.cancel();
+                tracing::debug!(error = %e, "UCX receiver stopped");
                 return;
             }
         };
+        let conn_id = ((got.sender_tag() & TAG_CONN_MASK) >> 32) as u32;
+        let Some(conn) = lock(&ctx.conns).get(&conn_id).cloned() else {
+            ctx.stats.unidentified_state().reject();
+            continue;
+        };
         let frame = Bytes::copy_from_slice(got.bytes());
         drop(got);
-        drop(receiver);
         tasks.spawn(serve_request(
             frame,
             conn.peer,
             conn.ep.clone(),
             conn.client_conn,
-            state.clone(),
+            ctx.stats.peer_state(conn.peer),
             ctx.budget_permits,
             handler.clone(),
             conn.cancel.clone(),
@@ -814,7 +811,8 @@ async fn serve_request<H: Handler>(
         .send_parts(tag(TAG_REPLY, client_conn, request_id), parts)
         .await
     {
-        tracing::debug!(%peer, error = %e, "UCX reply not sent");
+        tracing::debug!(%peer, error = %e, "UCX reply not sent; the connection ends");
+        conn_cancel.cancel();
     }
 }
 
