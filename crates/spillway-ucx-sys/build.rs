@@ -32,10 +32,10 @@ fn main() {
     let mut builder = bindgen::Builder::default()
         .header_contents("wrapper.h", "#include <ucp/api/ucp.h>\n")
         .allowlist_function(
-            "ucp_(config_read|config_release|init_version|cleanup|get_version_string\
+            "ucp_(config_read|config_modify|config_release|init_version|cleanup|get_version_string\
              |worker_create|worker_destroy|worker_get_address|worker_release_address\
              |worker_progress|worker_get_efd|worker_arm\
-             |ep_create|ep_close_nbx|tag_send_nbx|tag_recv_nbx\
+             |ep_create|ep_close_nbx|tag_send_nbx|tag_recv_nbx|tag_probe_nb|tag_msg_recv_nbx\
              |request_check_status|request_free|request_cancel\
              |mem_map|mem_unmap)",
         )

@@ -73,6 +73,13 @@ struct RemoteReport {
     /// UCX throughput as a fraction of the TCP baseline.
     #[serde(skip_serializing_if = "Option::is_none")]
     ucx_over_tcp: Option<f64>,
+    /// The floor under the UCX transport: bare tagged messages of one page each between
+    /// two UCX workers (no frames, checksums or copies out of the receive slots).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ucx_raw_bytes_per_s: Option<f64>,
+    /// The UCX settings in effect (`UCX_*` environment variables).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ucx_env: Option<std::collections::BTreeMap<String, String>>,
     connections_per_peer: u32,
     worker_threads: usize,
     /// The QUIC configuration measured.
@@ -107,21 +114,35 @@ pub fn run_remote(args: RemoteArgs) -> Result<()> {
             args.in_flight,
         ))
         .context("measuring page throughput")?;
-    let ucx_bytes_per_s = if args.transport == Transport::Ucx {
-        Some(measure_ucx(
-            &runtime,
-            &config,
-            throughput.page_bytes,
-            throughput.total_bytes,
-            args.in_flight,
-        )?)
+    let (ucx_bytes_per_s, ucx_raw_bytes_per_s, ucx_env) = if args.transport == Transport::Ucx {
+        let env = std::env::vars()
+            .filter(|(k, _)| k.starts_with("UCX_"))
+            .collect();
+        (
+            Some(measure_ucx(
+                &runtime,
+                &config,
+                throughput.page_bytes,
+                throughput.total_bytes,
+                args.in_flight,
+            )?),
+            Some(measure_ucx_raw(
+                &runtime,
+                throughput.page_bytes,
+                throughput.total_bytes,
+                args.in_flight,
+            )?),
+            Some(env),
+        )
     } else {
-        None
+        (None, None, None)
     };
     let report = RemoteReport {
         transport: args.transport,
         ucx_over_tcp: ucx_bytes_per_s.map(|u| u / throughput.tcp_bytes_per_s),
         ucx_bytes_per_s,
+        ucx_raw_bytes_per_s,
+        ucx_env,
         quic_over_tcp: throughput.ratio(),
         throughput,
         connections_per_peer: config.connections_per_peer,
@@ -151,6 +172,81 @@ fn measure_ucx(
     bail!("--transport ucx: this build has no UCX transport (feature `ucx`)")
 }
 
+#[cfg(not(feature = "ucx"))]
+fn measure_ucx_raw(
+    _runtime: &tokio::runtime::Runtime,
+    _page_bytes: u64,
+    _total_bytes: u64,
+    _in_flight: usize,
+) -> Result<f64> {
+    bail!("--transport ucx: this build has no UCX transport (feature `ucx`)")
+}
+
+/// Bare tagged messages of `page_bytes` from one UCX worker to another in this process,
+/// `in_flight` sends at once and as many receives posted as the slots allow: bytes per
+/// second, best of the rounds. What UCX itself moves, under the transport's frames.
+#[cfg(feature = "ucx")]
+fn measure_ucx_raw(
+    runtime: &tokio::runtime::Runtime,
+    page_bytes: u64,
+    total_bytes: u64,
+    in_flight: usize,
+) -> Result<f64> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use spillway_net::ucx::{UcxWorkerConfig, Worker};
+
+    const TAG: u64 = 0x5a;
+    let in_flight = in_flight.max(1);
+    let slots = (in_flight * 2).clamp(4, 16);
+    let config = UcxWorkerConfig {
+        recv_slot_bytes: usize::try_from(page_bytes)?,
+        recv_slots_count: slots,
+        ..UcxWorkerConfig::default()
+    };
+    let pages = (total_bytes / page_bytes).max(1);
+    runtime.block_on(async {
+        let sender = Worker::start(&config)?;
+        let receiver = Worker::start(&config)?;
+        let ep = sender.connect(receiver.address()).await?;
+        let data = bytes::Bytes::from(vec![0x5au8; usize::try_from(page_bytes)?]);
+        let mut best = 0f64;
+        for _ in 0..spillway_net::bench::ROUNDS {
+            let (sent, received) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+            let start = std::time::Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..slots {
+                let (receiver, received) = (receiver.clone(), received.clone());
+                tasks.spawn(async move {
+                    while received.fetch_add(1, Ordering::Relaxed) < pages {
+                        let got = receiver.recv(TAG, u64::MAX, None).await?;
+                        anyhow::ensure!(got.bytes().len() as u64 == page_bytes, "short message");
+                    }
+                    Ok(())
+                });
+            }
+            for _ in 0..in_flight {
+                let (ep, sent, data) = (ep.clone(), sent.clone(), data.clone());
+                tasks.spawn(async move {
+                    while sent.fetch_add(1, Ordering::Relaxed) < pages {
+                        ep.send_parts(TAG, vec![data.clone()]).await?;
+                    }
+                    Ok(())
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.context("a UCX bench task")??;
+            }
+            best = best.max((pages * page_bytes) as f64 / start.elapsed().as_secs_f64());
+        }
+        drop(ep);
+        sender.shutdown().await;
+        receiver.shutdown().await;
+        Ok(best)
+    })
+}
+
 /// Pages put over the UCX transport between two loopback endpoints in this process,
 /// `in_flight` requests at once: bytes per second, best of the same rounds as the others.
 #[cfg(feature = "ucx")]
@@ -173,9 +269,11 @@ fn measure_ucx(
     const PAGE_IDS: u64 = 64;
     let in_flight = in_flight.max(1);
     let pages = (total_bytes / page_bytes).max(1);
+    // The transport receives into buffers of each message's length; the one slot only
+    // bounds a message's length.
     let worker = UcxWorkerConfig {
         recv_slot_bytes: usize::try_from(page_bytes)? + (64 << 10),
-        recv_slots_count: (in_flight * 2).clamp(4, 16),
+        recv_slots_count: 1,
         ..UcxWorkerConfig::default()
     };
     runtime.block_on(async {
@@ -235,6 +333,24 @@ fn table(r: &RemoteReport) -> String {
         }
         _ => String::new(),
     };
+    let ucx_raw_row = match r.ucx_raw_bytes_per_s {
+        Some(u) => format!(
+            "| UCX bare tagged messages (no frames, checksums or copies; the floor) | {} | {:.3} |\n",
+            gb(u),
+            u / t.tcp_bytes_per_s
+        ),
+        None => String::new(),
+    };
+    let ucx_env = match &r.ucx_env {
+        Some(env) if !env.is_empty() => format!(
+            "\nUCX settings: {}\n",
+            env.iter()
+                .map(|(k, v)| format!("`{k}={v}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => String::new(),
+    };
     let table = format!(
         "Pages of {} on 127.0.0.1, {} per method per round (best of {} rounds), {} requests in flight, {} QUIC connections, {} runtime threads.\n\n\
          | path | throughput | ratio to TCP |\n|---|---|---|\n\
@@ -254,5 +370,5 @@ fn table(r: &RemoteReport) -> String {
         gb(t.quic_bytes_per_s),
         r.quic_over_tcp,
     );
-    table + &ucx_row
+    table + &ucx_row + &ucx_raw_row + &ucx_env
 }

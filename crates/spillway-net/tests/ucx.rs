@@ -216,6 +216,56 @@ async fn a_message_larger_than_the_slot_fails_its_receive() {
     b.shutdown().await;
 }
 
+/// Receives into buffers of each message's own length: messages arrive intact, with
+/// their sender's tag; one longer than the bound is dropped with `MessageTooLarge` and
+/// the next one still arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_receives_get_whole_messages_and_bound_their_length() {
+    let (a, ab, b, _ba) = pair().await;
+    // The send starts first (a rendezvous send completes only once it is received).
+    let early = tokio::spawn({
+        let ab = ab.clone();
+        async move { ab.send(TAG_REQUEST | 7, header(1), payload(1)).await }
+    });
+    let (got, tag) = within(b.recv_owned(TAG_REQUEST, KIND_MASK, None, 4 << 20))
+        .await
+        .expect("receive");
+    within(early).await.expect("task").expect("send");
+    assert_eq!(tag, TAG_REQUEST | 7);
+    check_message(&got, 1);
+    // Received while it is sent.
+    let (got, sent) = tokio::join!(
+        within(b.recv_owned(TAG_REQUEST, u64::MAX, None, 4 << 20)),
+        within(ab.send(TAG_REQUEST, header(2), payload(2)))
+    );
+    sent.expect("send");
+    check_message(&got.expect("receive").0, 2);
+    // Too long for the bound, then one that fits.
+    let (got, sent) = tokio::join!(
+        within(b.recv_owned(TAG_REQUEST, u64::MAX, None, 4096)),
+        within(ab.send(TAG_REQUEST, header(3), payload(3)))
+    );
+    sent.expect("send");
+    match got {
+        Err(UcxError::MessageTooLarge { slot_bytes }) => assert_eq!(slot_bytes, 4096),
+        other => panic!("expected MessageTooLarge, got {other:?}"),
+    }
+    let (got, sent) = tokio::join!(
+        within(b.recv_owned(TAG_REQUEST, u64::MAX, None, 4 << 20)),
+        within(ab.send(TAG_REQUEST, header(4), payload(4)))
+    );
+    sent.expect("send");
+    check_message(&got.expect("receive").0, 4);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .expect("within the bound")
+}
+
 /// CPU time (user + system, clock ticks) of one thread of this process.
 fn thread_cpu_ticks(tid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");

@@ -109,8 +109,8 @@ async fn a_node_of_another_pool_is_refused() {
     assert_eq!(server.stats().handshakes_refused(), 1);
 }
 
-/// Connections introduced over another channel (as nodes do over QUIC): the server has
-/// receive slots for fewer connections than it serves, and idle connections must not
+/// Connections introduced over another channel (as nodes do over QUIC): the server takes
+/// requests for all of them through one set of receives, and idle connections must not
 /// keep a busy one's requests from being taken; each client reads back what it stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn introduced_connections_share_the_receivers_and_idle_ones_starve_nobody() {
@@ -122,7 +122,7 @@ async fn introduced_connections_share_the_receivers_and_idle_ones_starve_nobody(
     let server = transport_with(POOL, 1, &small).await;
     let store = Arc::new(MemStore::new(1024));
     let serving = server.serve(store.clone()).expect("serve");
-    // 4 slots: 2 receivers for requests; 4 clients, 3 of them idle after connecting.
+    // 4 clients, 3 of them idle after connecting.
     let mut clients = Vec::new();
     for node in 2..=5u64 {
         let client = transport_with(POOL, node, &small).await;

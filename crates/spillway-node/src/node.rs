@@ -532,9 +532,11 @@ fn start_ucx(
 /// frame's header and page descriptors.
 #[cfg(feature = "ucx")]
 const UCX_FRAME_HEADROOM_BYTES: u64 = 64 << 10;
-/// UCX receive slots of a node: 8 (half for peers' requests, half for replies to its own).
+/// UCX receive slots of a node: 1. Page traffic is received into buffers of each
+/// message's own length (`Worker::recv_owned`); the registered slot is the worker's
+/// bound on a message's length.
 #[cfg(feature = "ucx")]
-const UCX_RECV_SLOTS: usize = 8;
+const UCX_RECV_SLOTS: usize = 1;
 
 impl Drop for NodeHandle {
     fn drop(&mut self) {

@@ -16,7 +16,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::raw::{
-    self, CloseOp, EventFd, MemHandle, RawEp, RawWorker, RecvOp, RecvSlot, Region, SendOp,
+    self, CloseOp, EventFd, Landed, MemHandle, RawEp, RawWorker, RecvOp, RecvSlot, Region, SendOp,
 };
 use super::{Shared, UcxError, UcxWorkerConfig, WorkerStats};
 
@@ -46,6 +46,16 @@ pub(super) enum Command {
         from: Option<u64>,
         slot: RecvSlot,
         done: oneshot::Sender<Result<(RecvSlot, u64), UcxError>>,
+    },
+    /// A receive into a buffer of the message's own length (at most `max_bytes`), posted
+    /// once the message is there (a probe), so nothing is copied out of a slot.
+    RecvOwned {
+        id: u64,
+        tag: u64,
+        tag_mask: u64,
+        from: Option<u64>,
+        max_bytes: usize,
+        done: oneshot::Sender<Result<(Vec<u8>, u64), UcxError>>,
     },
     CancelRecv {
         id: u64,
@@ -164,12 +174,56 @@ struct PendingSend {
     endpoint: u64,
 }
 
+/// Who waits for a receive, and for what.
+enum RecvDone {
+    Slot(oneshot::Sender<Result<(RecvSlot, u64), UcxError>>),
+    Owned(oneshot::Sender<Result<(Vec<u8>, u64), UcxError>>),
+}
+
+impl RecvDone {
+    fn fail(self, e: UcxError) {
+        match self {
+            RecvDone::Slot(d) => {
+                let _ = d.send(Err(e));
+            }
+            RecvDone::Owned(d) => {
+                let _ = d.send(Err(e));
+            }
+        }
+    }
+
+    fn deliver(self, landed: Landed, sender_tag: u64) {
+        match (self, landed) {
+            (RecvDone::Slot(d), Landed::Slot(slot)) => {
+                let _ = d.send(Ok((slot, sender_tag)));
+            }
+            (RecvDone::Owned(d), Landed::Owned(buf)) => {
+                let _ = d.send(Ok((buf, sender_tag)));
+            }
+            // A receive lands where it was posted; the other pairs cannot happen.
+            (done, _) => done.fail(UcxError::Cancelled),
+        }
+    }
+}
+
+/// A receive waiting for its message to arrive before it is posted (`RecvOwned`).
+struct PendingProbe {
+    id: u64,
+    tag: u64,
+    tag_mask: u64,
+    from: Option<u64>,
+    max_bytes: usize,
+    done: oneshot::Sender<Result<(Vec<u8>, u64), UcxError>>,
+}
+
 struct PendingRecv {
     op: RecvOp,
-    done: oneshot::Sender<Result<(RecvSlot, u64), UcxError>>,
+    done: RecvDone,
     from: Option<u64>,
     /// Set when `from`'s peer was lost and the receive cancelled for it.
     peer_lost: Option<String>,
+    /// The longest message it takes.
+    max_bytes: usize,
 }
 
 struct Driver {
@@ -182,6 +236,8 @@ struct Driver {
     lost: HashMap<u64, String>,
     sends: HashMap<u64, PendingSend>,
     recvs: HashMap<u64, PendingRecv>,
+    /// Receives waiting for a matching message, in the order they were asked for.
+    probes: Vec<PendingProbe>,
     closing: Vec<CloseOp>,
     stats: Arc<WorkerStats>,
 }
@@ -199,6 +255,7 @@ impl Driver {
             lost: HashMap::new(),
             sends: HashMap::new(),
             recvs: HashMap::new(),
+            probes: Vec::new(),
             closing: Vec::new(),
             stats,
         })
@@ -213,6 +270,10 @@ impl Driver {
     ) -> Option<oneshot::Sender<()>> {
         loop {
             self.progress_until_idle();
+            if self.post_probed() {
+                // A message was taken: its receive may complete at once.
+                continue;
+            }
             if !self.closing.is_empty() {
                 self.closing.retain_mut(|c| !c.is_done());
             }
@@ -253,6 +314,39 @@ impl Driver {
                 break;
             }
         }
+    }
+
+    /// Posts the receives whose message has arrived; says whether any was.
+    fn post_probed(&mut self) -> bool {
+        let mut posted = false;
+        let mut i = 0;
+        while i < self.probes.len() {
+            let p = &self.probes[i];
+            let Some(probed) = self.worker.probe(p.tag, p.tag_mask) else {
+                i += 1;
+                continue;
+            };
+            let p = self.probes.remove(i);
+            posted = true;
+            match self.worker.recv_probed(p.id, probed, p.max_bytes) {
+                Ok(op) => {
+                    self.recvs.insert(
+                        p.id,
+                        PendingRecv {
+                            op,
+                            done: RecvDone::Owned(p.done),
+                            from: p.from,
+                            peer_lost: None,
+                            max_bytes: p.max_bytes,
+                        },
+                    );
+                }
+                Err(e) => {
+                    let _ = p.done.send(Err(e));
+                }
+            }
+        }
+        posted
     }
 
     fn handle(&mut self, command: Command) {
@@ -321,9 +415,10 @@ impl Driver {
                             id,
                             PendingRecv {
                                 op,
-                                done,
+                                done: RecvDone::Slot(done),
                                 from,
                                 peer_lost: None,
+                                max_bytes: self.region.slot_bytes(),
                             },
                         );
                     }
@@ -332,7 +427,38 @@ impl Driver {
                     }
                 }
             }
+            Command::RecvOwned {
+                id,
+                tag,
+                tag_mask,
+                from,
+                max_bytes,
+                done,
+            } => {
+                if let Some(endpoint) = from
+                    && let Some(status) = self.lost.get(&endpoint)
+                {
+                    let _ = done.send(Err(UcxError::PeerLost {
+                        endpoint,
+                        status: status.clone(),
+                    }));
+                    return;
+                }
+                self.probes.push(PendingProbe {
+                    id,
+                    tag,
+                    tag_mask,
+                    from,
+                    max_bytes,
+                    done,
+                });
+            }
             Command::CancelRecv { id } => {
+                if let Some(at) = self.probes.iter().position(|p| p.id == id) {
+                    let p = self.probes.remove(at);
+                    let _ = p.done.send(Err(UcxError::Cancelled));
+                    return;
+                }
                 if let Some(r) = self.recvs.get(&id) {
                     self.worker.cancel(&r.op);
                 }
@@ -373,27 +499,26 @@ impl Driver {
                 };
                 let _ = s.done.send(result);
             } else if let Some(mut r) = self.recvs.remove(&id) {
-                let result = match (r.op.status(), r.op.take_received()) {
-                    (Some(raw::OK), Some(received)) => {
+                let error = match (r.op.status(), r.op.take_received()) {
+                    (Some(raw::OK), Some((landed, sender_tag))) => {
                         self.stats.recvs_completed.fetch_add(1, Ordering::Relaxed);
-                        Ok(received)
+                        r.done.deliver(landed, sender_tag);
+                        continue;
                     }
-                    (Some(raw::TRUNCATED), _) => Err(UcxError::MessageTooLarge {
-                        slot_bytes: self.region.slot_bytes(),
-                    }),
-                    (Some(raw::CANCELED), _) => match (r.from, r.peer_lost.take()) {
-                        (Some(endpoint), Some(status)) => {
-                            Err(UcxError::PeerLost { endpoint, status })
-                        }
-                        _ => Err(UcxError::Cancelled),
+                    (Some(raw::TRUNCATED), _) => UcxError::MessageTooLarge {
+                        slot_bytes: r.max_bytes,
                     },
-                    (Some(status), _) => Err(UcxError::Call {
+                    (Some(raw::CANCELED), _) => match (r.from, r.peer_lost.take()) {
+                        (Some(endpoint), Some(status)) => UcxError::PeerLost { endpoint, status },
+                        _ => UcxError::Cancelled,
+                    },
+                    (Some(status), _) => UcxError::Call {
                         call: "ucp_tag_recv_nbx",
                         status: raw::status_name(status),
-                    }),
-                    (None, _) => Err(UcxError::Cancelled),
+                    },
+                    (None, _) => UcxError::Cancelled,
                 };
-                let _ = r.done.send(result);
+                r.done.fail(error);
             }
         }
     }
@@ -410,6 +535,16 @@ impl Driver {
                     r.peer_lost = Some(status.clone());
                     self.worker.cancel(&r.op);
                 }
+            }
+            let (lost, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.probes)
+                .into_iter()
+                .partition(|p| p.from == Some(endpoint));
+            self.probes = kept;
+            for p in lost {
+                let _ = p.done.send(Err(UcxError::PeerLost {
+                    endpoint,
+                    status: status.clone(),
+                }));
             }
             self.lost.insert(endpoint, status);
         }
@@ -455,7 +590,10 @@ impl Driver {
             let _ = s.done.send(Err(UcxError::Cancelled));
         }
         for (_, r) in self.recvs.drain() {
-            let _ = r.done.send(Err(UcxError::Cancelled));
+            r.done.fail(UcxError::Cancelled);
+        }
+        for p in self.probes.drain(..) {
+            let _ = p.done.send(Err(UcxError::Cancelled));
         }
         if !leaked
             && let Some(memh) = self.memh.take()

@@ -73,6 +73,14 @@ pub const RECV_SLOTS_DEFAULT: usize = 16;
 pub const RECV_REGION_BYTES_MAX: usize = 4 << 30;
 /// Default sends in flight per worker: 64.
 pub const SENDS_IN_FLIGHT_DEFAULT: usize = 64;
+/// UCX settings a worker applies unless the environment sets them (`UCX_<name>` or
+/// `UCX_TCP_<name>`): the TCP transport's segment sizes. UCX's TCP rendezvous moves a
+/// large message as a pipeline of active messages of one segment each (8 KiB sent, 64 KiB
+/// received by default: a system call and a copy per segment); 1 MiB segments moved 2 MiB
+/// pages about half again as fast on loopback (`spillway bench remote --transport ucx`,
+/// recorded in bench/RESULTS.md). UCX takes transport settings without their prefix here
+/// (`TX_SEG_SIZE`, not `TCP_TX_SEG_SIZE`), so they reach every transport that has them.
+pub const UCX_DEFAULTS: &[(&str, &str)] = &[("TX_SEG_SIZE", "1m"), ("RX_SEG_SIZE", "1m")];
 
 /// Tuning of one [`Worker`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,6 +280,11 @@ impl Worker {
         self.shared.recv_slots_count
     }
 
+    /// The longest message a receive takes ([`UcxWorkerConfig::recv_slot_bytes`]).
+    pub fn max_message_bytes(&self) -> usize {
+        self.shared.region.slot_bytes()
+    }
+
     /// Counters.
     pub fn stats(&self) -> &Arc<WorkerStats> {
         &self.shared.stats
@@ -338,6 +351,40 @@ impl Worker {
             slot,
             _permit: permit,
         })
+    }
+
+    /// Receives one message whose tag matches `tag` on the bits set in `tag_mask` into a
+    /// buffer of its own length, once it has arrived (UCX's probe, then a receive of that
+    /// message): no receive slot is held while waiting and nothing is copied out of one.
+    /// A message longer than `max_bytes` is dropped and fails the receive with
+    /// [`UcxError::MessageTooLarge`]. Returns the bytes and the sender's tag. With
+    /// `from` and dropping the future, as [`Worker::recv`].
+    pub async fn recv_owned(
+        &self,
+        tag: u64,
+        tag_mask: u64,
+        from: Option<&Endpoint>,
+        max_bytes: usize,
+    ) -> Result<(Bytes, u64), UcxError> {
+        let id = self.shared.next_id();
+        let (done, rx) = oneshot::channel();
+        self.shared.command(Command::RecvOwned {
+            id,
+            tag,
+            tag_mask,
+            from: from.map(|e| e.inner.id),
+            max_bytes,
+            done,
+        })?;
+        let mut guard = CancelOnDrop {
+            shared: &self.shared,
+            id,
+            armed: true,
+        };
+        let result = rx.await.map_err(|_| UcxError::WorkerStopped);
+        guard.armed = false;
+        let (buf, sender_tag) = result??;
+        Ok((Bytes::from(buf), sender_tag))
     }
 
     /// Stops the worker thread: cancels receives, closes endpoints, releases the

@@ -31,9 +31,16 @@
 //!    cleaning up the context; endpoints are closed before the worker is destroyed.
 //! 6. **The library stays.** [`sys::load`] keeps libucp loaded until the process exits,
 //!    so the function pointers every handle holds outlive it.
+//! 7. **A probed message is received.** [`RawWorker::probe`] takes a message out of UCX's
+//!    unexpected queue (`remove = 1`); the [`Probed`] handle it returns is consumed by
+//!    [`RawWorker::recv_probed`], which posts `ucp_tag_msg_recv_nbx` for it (into a buffer
+//!    of its length, or of none when it is too long, which UCX completes as truncated),
+//!    so no taken message is left unreceived. Its buffer is a `Vec` owned by the op
+//!    (invariant 3), handed out with its length set only after a successful completion,
+//!    when UCX has written that many bytes.
 
 use std::cell::{Cell, RefCell};
-use std::ffi::{CStr, c_void};
+use std::ffi::{CStr, CString, c_void};
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::rc::Rc;
@@ -120,6 +127,24 @@ impl Context {
         check("ucp_config_read", unsafe {
             ucp.ucp_config_read(ptr::null(), ptr::null(), &mut config)
         })?;
+        for (name, value) in super::UCX_DEFAULTS {
+            if std::env::var_os(format!("UCX_{name}")).is_some()
+                || std::env::var_os(format!("UCX_TCP_{name}")).is_some()
+            {
+                continue;
+            }
+            let (Ok(cname), Ok(cvalue)) = (CString::new(*name), CString::new(*value)) else {
+                continue;
+            };
+            // SAFETY: config came from ucp_config_read and is live; both strings are
+            // NUL-terminated and outlive the call (UCX copies the value).
+            let status = unsafe { ucp.ucp_config_modify(config, cname.as_ptr(), cvalue.as_ptr()) };
+            if status != OK {
+                // Not every build of UCX has every transport: a default it does not know
+                // is left out.
+                tracing::debug!(name, value, status = %status_name(status), "UCX default not applied");
+            }
+        }
         let params = sys::ucp_params_t {
             field_mask: u64::from(sys::UCP_PARAM_FIELD_FEATURES),
             features: u64::from(sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_WAKEUP),
@@ -396,6 +421,7 @@ impl RawWorker {
         let inner = NonNull::from(Box::leak(Box::new(RecvInner {
             state: OpState::new(id),
             slot: Some(slot),
+            owned: None,
             req: ptr::null_mut(),
         })));
         let mut cb = sys::ucp_request_param_t__bindgen_ty_1::default();
@@ -418,6 +444,72 @@ impl RawWorker {
             self.context
                 .ucp
                 .ucp_tag_recv_nbx(self.h, buf.cast(), len, tag, tag_mask, &param)
+        };
+        let op = RecvOp {
+            inner,
+            ucp: self.context.ucp,
+        };
+        op.set_request(r)?;
+        Ok(op)
+    }
+
+    /// Takes the first message matching `tag` under `tag_mask` out of UCX's unexpected
+    /// queue, if one is there; it must be handed to [`RawWorker::recv_probed`]
+    /// (invariant 7).
+    pub(super) fn probe(&self, tag: u64, tag_mask: u64) -> Option<Probed> {
+        let mut info = sys::ucp_tag_recv_info_t::default();
+        // SAFETY: worker live; info is an out parameter valid for the call.
+        let h = unsafe {
+            self.context
+                .ucp
+                .ucp_tag_probe_nb(self.h, tag, tag_mask, 1, &mut info)
+        };
+        (!h.is_null()).then_some(Probed {
+            h,
+            length: info.length,
+        })
+    }
+
+    /// Receives a probed message into a buffer of its own length, or, when it is longer
+    /// than `max_bytes`, into none (it completes as truncated and its bytes are dropped).
+    pub(super) fn recv_probed(
+        &self,
+        id: u64,
+        probed: Probed,
+        max_bytes: usize,
+    ) -> Result<RecvOp, UcxError> {
+        let len = if probed.length <= max_bytes {
+            probed.length
+        } else {
+            0
+        };
+        let mut buf: Vec<u8> = Vec::with_capacity(len.max(1));
+        let ptr = buf.as_mut_ptr();
+        let inner = NonNull::from(Box::leak(Box::new(RecvInner {
+            state: OpState::new(id),
+            slot: None,
+            owned: Some(buf),
+            req: ptr::null_mut(),
+        })));
+        let mut cb = sys::ucp_request_param_t__bindgen_ty_1::default();
+        cb.recv = Some(recv_done);
+        // SAFETY: inner is live until RecvOp::drop after completion (invariant 3).
+        let state = unsafe { ptr::addr_of!((*inner.as_ptr()).state).cast_mut() };
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+            cb,
+            user_data: state.cast(),
+            ..Default::default()
+        };
+        // SAFETY: worker live; probed.h came from this worker's probe and is consumed
+        // here, once (invariant 7); ptr..ptr+len is the capacity of the Vec that `inner`
+        // owns until completion (invariant 3).
+        let r = unsafe {
+            self.context
+                .ucp
+                .ucp_tag_msg_recv_nbx(self.h, ptr.cast(), len, probed.h, &param)
         };
         let op = RecvOp {
             inner,
@@ -626,8 +718,26 @@ impl Drop for SendOp {
 
 struct RecvInner {
     state: OpState,
+    /// Where a posted receive lands (`RawWorker::recv`).
     slot: Option<RecvSlot>,
+    /// Where a probed message lands (`RawWorker::recv_probed`): capacity is its length.
+    owned: Option<Vec<u8>>,
     req: sys::ucs_status_ptr_t,
+}
+
+/// A message taken out of the unexpected queue by [`RawWorker::probe`], to be received
+/// with [`RawWorker::recv_probed`] (invariant 7).
+pub(super) struct Probed {
+    h: sys::ucp_tag_message_h,
+    length: usize,
+}
+
+/// Where a completed receive's bytes are.
+pub(super) enum Landed {
+    /// In a registered slot.
+    Slot(RecvSlot),
+    /// In a buffer of its own.
+    Owned(Vec<u8>),
 }
 
 /// A posted receive; see [`SendOp`] for drop.
@@ -657,17 +767,28 @@ impl RecvOp {
         unsafe { (*self.inner.as_ptr()).state.status.get() }
     }
 
-    /// After a successful completion: the slot holding the message, its length set, and
-    /// the sender's tag.
-    pub(super) fn take_received(&mut self) -> Option<(RecvSlot, u64)> {
+    /// After a successful completion: where the message landed, its length set, and the
+    /// sender's tag.
+    pub(super) fn take_received(&mut self) -> Option<(Landed, u64)> {
         if self.status() != Some(sys::UCS_OK) {
             return None;
         }
-        // SAFETY: completed: UCX no longer writes inner or the slot.
+        // SAFETY: completed: UCX no longer writes inner, the slot or the buffer.
         let inner = unsafe { &mut *self.inner.as_ptr() };
-        let mut slot = inner.slot.take()?;
-        slot.len = inner.state.received_bytes.get().min(slot.region.slot_bytes);
-        Some((slot, inner.state.sender_tag.get()))
+        let received = inner.state.received_bytes.get();
+        let landed = if let Some(mut slot) = inner.slot.take() {
+            slot.len = received.min(slot.region.slot_bytes);
+            Landed::Slot(slot)
+        } else {
+            let mut buf = inner.owned.take()?;
+            let len = received.min(buf.capacity());
+            // SAFETY: the receive completed successfully, so UCX wrote the message's
+            // `received` bytes from the start of the buffer (invariant 7); no more than
+            // its capacity is exposed.
+            unsafe { buf.set_len(len) };
+            Landed::Owned(buf)
+        };
+        Some((landed, inner.state.sender_tag.get()))
     }
 }
 

@@ -22,19 +22,22 @@
 //! connection's requests in flight).
 //!
 //! Limits and costs:
-//! - a received message is copied once out of the registered slot (the handler and
-//!   caller keep pages as `Bytes`);
-//! - requests of all served connections are taken by one set of receives (half the
-//!   worker's receive slots), each dispatched by the connection id in its tag; replies
-//!   to this side's own requests always find a slot, and idle connections hold none. A
+//! - a message is received once it has arrived, into a buffer of its own length
+//!   ([`Worker::recv_owned`]): nothing is copied after UCX, and the buffer becomes the
+//!   pages' `Bytes`;
+//! - requests of all served connections are taken by one set of [`REQUEST_RECEIVES`]
+//!   receives, each dispatched by the connection id in its tag, so idle connections hold
+//!   none and starve no busy one. A
 //!   served connection ends when its side channel closes, a bad frame arrives, or a
 //!   reply cannot be sent (its peer is gone);
 //! - throughput: `spillway bench remote --transport ucx` on a 2-core VM (loopback,
 //!   `UCX_TLS=tcp,self`, 2 MiB pages, 4 in flight) moved 1.7–1.8 GB/s against 6.9–7.4
 //!   GB/s of raw TCP in the same runs; UCX's TCP rendezvous sends 8 KiB active-message
 //!   copies (`UCX_TCP_TX_SEG_SIZE`/`UCX_TCP_RX_SEG_SIZE` of 256k reached 2.1 GB/s);
-//! - the largest frame is [`UcxWorkerConfig::recv_slot_bytes`] (a larger one fails its
-//!   request); the in-flight budget is [`QuicConfig::peer_bytes_in_flight_max`].
+//! - the largest frame is [`UcxWorkerConfig::recv_slot_bytes`] (a larger one is dropped:
+//!   a reply fails its request, a request is counted as rejected and its sender waits
+//!   until its connection ends); the in-flight budget is
+//!   [`QuicConfig::peer_bytes_in_flight_max`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -531,7 +534,7 @@ impl Transport for UcxTransport {
             next_conn: AtomicU32::new(1),
             conns: Mutex::new(HashMap::new()),
         });
-        for _ in 0..receivers_for(&self.worker) {
+        for _ in 0..REQUEST_RECEIVES {
             tasks.spawn(receive_requests(
                 ctx.clone(),
                 handler.clone(),
@@ -692,13 +695,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Receives posted for requests, all served connections together: half the worker's
-/// receive slots (at least one), so replies to this side's own requests always find a
-/// slot, and an idle connection holds none (a receive per connection would let idle ones
-/// starve busy ones).
-fn receivers_for(worker: &Worker) -> usize {
-    (worker.recv_slots() / 2).max(1)
-}
+/// Requests taken at once, all served connections together: 8. Each waits for any
+/// request (a receive per connection would let idle connections starve busy ones) and
+/// holds no memory until one arrives; each request then runs in its own task.
+const REQUEST_RECEIVES: usize = 8;
 
 /// One of the transport's receivers: takes any request, finds its connection by the
 /// connection id in its tag, and hands it to its own task; a request for no connection
@@ -712,7 +712,12 @@ async fn receive_requests<H: Handler>(
     loop {
         let got = tokio::select! {
             _ = cancel.cancelled() => return,
-            g = ctx.worker.recv(tag(TAG_REQUEST, 0, 0), TAG_KIND_MASK, None) => g,
+            g = ctx.worker.recv_owned(
+                tag(TAG_REQUEST, 0, 0),
+                TAG_KIND_MASK,
+                None,
+                ctx.worker.max_message_bytes(),
+            ) => g,
         };
         let got = match got {
             Ok(g) => g,
@@ -731,13 +736,12 @@ async fn receive_requests<H: Handler>(
                 return;
             }
         };
-        let conn_id = ((got.sender_tag() & TAG_CONN_MASK) >> 32) as u32;
+        let (frame, sender_tag) = got;
+        let conn_id = ((sender_tag & TAG_CONN_MASK) >> 32) as u32;
         let Some(conn) = lock(&ctx.conns).get(&conn_id).cloned() else {
             ctx.stats.unidentified_state().reject();
             continue;
         };
-        let frame = Bytes::copy_from_slice(got.bytes());
-        drop(got);
         tasks.spawn(serve_request(
             frame,
             conn.peer,
@@ -885,9 +889,12 @@ impl Connection for UcxConnection {
                 .ok()
         };
         inner.state.add_out(parts_len(&parts));
-        let reply = inner
-            .worker
-            .recv(tag(TAG_REPLY, inner.my_conn, id), u64::MAX, Some(&inner.ep));
+        let reply = inner.worker.recv_owned(
+            tag(TAG_REPLY, inner.my_conn, id),
+            u64::MAX,
+            Some(&inner.ep),
+            inner.worker.max_message_bytes(),
+        );
         let send = inner
             .ep
             .send_parts(tag(TAG_REQUEST, inner.server_conn, id), parts);
@@ -912,7 +919,7 @@ impl Connection for UcxConnection {
         let reply = reply
             .ok_or_else(|| self.lost("request not sent"))?
             .map_err(|e| self.lost(e.to_string()))?;
-        let reply = Bytes::copy_from_slice(reply.bytes());
+        let (reply, _) = reply;
         let (_, message, payload) = match decode(&reply) {
             Ok(v) => v,
             Err(source) => {
