@@ -249,13 +249,45 @@ fn bench_remote_reports_both_paths_and_their_ratio() {
     assert!((ratio - quic / tcp).abs() < 1e-9, "{v}");
 }
 
+/// Without the `ucx` feature, `--transport ucx` names what is missing; with it (run with
+/// `UCX_NET_DEVICES=lo`), the JSON adds UCX beside QUIC and TCP, and the bare floor.
 #[test]
-fn bench_remote_over_ucx_names_the_missing_transport() {
-    let out = spillway(&["bench", "remote", "--transport", "ucx"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("ucx") && err.contains("no UCX transport"),
-        "{err}"
+fn bench_remote_over_ucx_reports_ucx_or_names_the_missing_transport() {
+    if !cfg!(feature = "ucx") {
+        let out = spillway(&["bench", "remote", "--transport", "ucx"]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("ucx") && err.contains("no UCX transport"),
+            "{err}"
+        );
+        return;
+    }
+    assert_eq!(
+        std::env::var("UCX_NET_DEVICES").as_deref(),
+        Ok("lo"),
+        "UCX tests run on loopback only: set UCX_NET_DEVICES=lo"
     );
+    let json = spillway_ok(&[
+        "bench",
+        "remote",
+        "--transport",
+        "ucx",
+        "--page-bytes",
+        "256KiB",
+        "--bytes",
+        "16MiB",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["transport"], "ucx");
+    let tcp = v["tcp_bytes_per_s"].as_f64().unwrap();
+    let ucx = v["ucx_bytes_per_s"].as_f64().unwrap();
+    let raw = v["ucx_raw_bytes_per_s"].as_f64().unwrap();
+    assert!(ucx > 0.0 && raw > 0.0, "{v}");
+    assert!(
+        (v["ucx_over_tcp"].as_f64().unwrap() - ucx / tcp).abs() < 1e-9,
+        "{v}"
+    );
+    assert_eq!(v["ucx_env"]["UCX_NET_DEVICES"], "lo", "{v}");
 }
