@@ -30,10 +30,11 @@
 //!   none and starve no busy one. A
 //!   served connection ends when its side channel closes, a bad frame arrives, or a
 //!   reply cannot be sent (its peer is gone);
-//! - throughput: `spillway bench remote --transport ucx` on a 2-core VM (loopback,
-//!   `UCX_TLS=tcp,self`, 2 MiB pages, 4 in flight) moved 1.7–1.8 GB/s against 6.9–7.4
-//!   GB/s of raw TCP in the same runs; UCX's TCP rendezvous sends 8 KiB active-message
-//!   copies (`UCX_TCP_TX_SEG_SIZE`/`UCX_TCP_RX_SEG_SIZE` of 256k reached 2.1 GB/s);
+//! - throughput: `spillway bench remote --transport ucx --in-flight 8` on a 2-core VM
+//!   (loopback, `UCX_TLS=tcp,self`, 2 MiB pages) moved 2.2-2.3 GB/s, 0.32-0.35x of raw
+//!   TCP in the same runs, under a floor of 3.6-3.7 GB/s (0.53-0.57x) for bare UCX tagged
+//!   messages without frames or checksums: UCX's TCP rendezvous copies every segment
+//!   on both sides (see `UCX_DEFAULTS`);
 //! - the largest frame is [`UcxWorkerConfig::recv_slot_bytes`] (a larger one is dropped:
 //!   a reply fails its request, a request is counted as rejected and its sender waits
 //!   until its connection ends); the in-flight budget is
