@@ -74,7 +74,8 @@ pub const RECV_REGION_BYTES_MAX: usize = 4 << 30;
 /// Default sends in flight per worker: 64.
 pub const SENDS_IN_FLIGHT_DEFAULT: usize = 64;
 /// UCX settings a worker applies unless the environment sets them (`UCX_<name>` or
-/// `UCX_TCP_<name>`): the TCP transport's segment sizes. UCX's TCP rendezvous moves a
+/// `UCX_TCP_<name>`), when TCP may be in use (`UCX_TLS` unset or naming it): the TCP
+/// transport's segment sizes. UCX's TCP rendezvous moves a
 /// large message as a pipeline of active messages of one segment each (8 KiB sent, 64 KiB
 /// received by default: a system call and a copy per segment); 1 MiB segments moved 2 MiB
 /// pages about half again as fast on loopback (`spillway bench remote --transport ucx`,

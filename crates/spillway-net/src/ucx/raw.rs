@@ -127,7 +127,12 @@ impl Context {
         check("ucp_config_read", unsafe {
             ucp.ucp_config_read(ptr::null(), ptr::null(), &mut config)
         })?;
-        for (name, value) in super::UCX_DEFAULTS {
+        // The defaults are the TCP transport's: UCX warns about settings no transport in
+        // use takes, so they apply only where TCP may be used.
+        let tcp_in_use = std::env::var("UCX_TLS")
+            .map(|tls| tls.contains("tcp") || tls.contains("all") || tls.starts_with('^'))
+            .unwrap_or(true);
+        for (name, value) in super::UCX_DEFAULTS.iter().filter(|_| tcp_in_use) {
             if std::env::var_os(format!("UCX_{name}")).is_some()
                 || std::env::var_os(format!("UCX_TCP_{name}")).is_some()
             {
