@@ -231,6 +231,19 @@ pub enum NetError {
     /// The transport already serves (one server per transport).
     #[error("this transport is already serving")]
     AlreadyServing,
+    /// A request longer than the transport's message bound (UCX: the receive bound both
+    /// sides share, `UcxWorkerConfig::recv_slot_bytes`); not sent.
+    #[error(
+        "a request of {frame_bytes} bytes to {peer} exceeds the transport's message bound of {limit_bytes} bytes"
+    )]
+    TooLarge {
+        /// The peer.
+        peer: NodeId,
+        /// The request's frame and pages.
+        frame_bytes: u64,
+        /// The bound.
+        limit_bytes: u64,
+    },
     /// The transport cannot run here: its library is missing or refused to start (UCX).
     #[error("the {transport} transport cannot start: {reason}")]
     Unavailable {

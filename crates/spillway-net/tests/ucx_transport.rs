@@ -157,6 +157,18 @@ async fn introduced_connections_share_the_receivers_and_idle_ones_starve_nobody(
         1
     );
     assert_eq!(store.len(), 17);
+    // A request longer than the bound both sides share is refused before it is sent,
+    // and the connection keeps working.
+    let e = within("put", WAIT, busy.put_pages(vec![page(5, 99, 2 << 20)]))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, NetError::TooLarge { .. }), "{e}");
+    let p = page(5, 100, 1000);
+    assert_eq!(
+        within("put", WAIT, busy.put_pages(vec![p])).await.unwrap(),
+        1
+    );
+    assert_eq!(store.len(), 18);
     // A malformed introduction is refused with a reason, not a panic.
     let e = server.accept(NodeId(9), b"xy").await.unwrap_err();
     assert!(e.to_string().contains("introduction"), "{e}");

@@ -35,9 +35,10 @@
 //!   TCP in the same runs, under a floor of 3.6-3.7 GB/s (0.53-0.57x) for bare UCX tagged
 //!   messages without frames or checksums: UCX's TCP rendezvous copies every segment
 //!   on both sides (see `UCX_DEFAULTS`);
-//! - the largest frame is [`UcxWorkerConfig::recv_slot_bytes`] (a larger one is dropped:
-//!   a reply fails its request, a request is counted as rejected and its sender waits
-//!   until its connection ends); the in-flight budget is
+//! - the largest frame is [`UcxWorkerConfig::recv_slot_bytes`], the same on both sides: a
+//!   longer request is refused before it is sent ([`NetError::TooLarge`]); a longer
+//!   reply fails its request; a longer request from a peer with a larger bound is
+//!   dropped and counted as rejected. The in-flight budget is
 //!   [`QuicConfig::peer_bytes_in_flight_max`].
 
 use std::collections::HashMap;
@@ -878,6 +879,17 @@ impl Connection for UcxConnection {
         let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
         let parts =
             frame_parts(id, &message, pages).map_err(|source| NetError::Encode { peer, source })?;
+        // The peer drops a message longer than its bound without knowing whose it was;
+        // both sides share the bound, so refuse it here, where the caller can be told.
+        let frame_bytes = parts_len(&parts);
+        let limit_bytes = inner.worker.max_message_bytes() as u64;
+        if frame_bytes > limit_bytes {
+            return Err(NetError::TooLarge {
+                peer,
+                frame_bytes,
+                limit_bytes,
+            });
+        }
         let permit = if payload_bytes == 0 {
             None
         } else {
