@@ -20,6 +20,10 @@ use super::raw::{
 };
 use super::{Shared, UcxError, UcxWorkerConfig, WorkerStats};
 
+/// Longest sleep of an idle worker without progressing: 50 ms. It wakes on its event fd
+/// or a command first; this bounds the wait if a wake-up is ever missed.
+pub(super) const IDLE_PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Progress calls at shutdown while cancelled operations complete, at most.
 const SHUTDOWN_PROGRESS_CALLS_MAX: u32 = 100_000;
 
@@ -112,6 +116,7 @@ fn run(
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()
     {
         Ok(r) => r,
@@ -268,9 +273,15 @@ impl Driver {
         mut commands: mpsc::UnboundedReceiver<Command>,
         efd: &AsyncFd<EventFd>,
     ) -> Option<oneshot::Sender<()>> {
+        let mut woke_by_timer = false;
         loop {
-            self.progress_until_idle();
-            if self.post_probed() {
+            let events = self.progress_until_idle();
+            let posted = self.post_probed();
+            if woke_by_timer && (events > 0 || posted) {
+                self.stats.missed_wakeups.fetch_add(1, Ordering::Relaxed);
+            }
+            woke_by_timer = false;
+            if posted {
                 // A message was taken: its receive may complete at once.
                 continue;
             }
@@ -301,18 +312,25 @@ impl Driver {
                         return None;
                     }
                 },
+                // A safety net: progress now and then even when no wake-up came, so work
+                // that arrived without one (counted in `missed_wakeups`) waits at most
+                // this long.
+                _ = tokio::time::sleep(IDLE_PROGRESS_INTERVAL) => woke_by_timer = true,
             }
         }
     }
 
-    fn progress_until_idle(&mut self) {
+    /// Progresses until UCX reports no more events; returns how many it reported.
+    fn progress_until_idle(&mut self) -> u64 {
+        let mut total = 0;
         loop {
             let events = self.worker.progress();
             self.stats.progress_calls.fetch_add(1, Ordering::Relaxed);
             self.complete();
             if events == 0 {
-                break;
+                return total;
             }
+            total += u64::from(events);
         }
     }
 

@@ -209,6 +209,8 @@ pub struct WorkerStats {
     pub sends_completed: AtomicU64,
     /// Messages received.
     pub recvs_completed: AtomicU64,
+    /// Times the idle timer found work that no wake-up had announced.
+    pub missed_wakeups: AtomicU64,
 }
 
 pub(crate) struct Shared {

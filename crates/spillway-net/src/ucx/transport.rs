@@ -628,6 +628,24 @@ async fn serve_connection(
         return;
     }
     let my_conn = ctx.conn_id();
+    let ep = match ctx.worker.connect(&theirs.address).await {
+        Ok(ep) => ep,
+        Err(e) => {
+            tracing::warn!(%from, error = %e, "UCX endpoint to a client failed");
+            return;
+        }
+    };
+    // Served before the client learns our id: its first request may follow at once, and
+    // a request for a connection not yet served would be dropped.
+    let conn_cancel = cancel.child_token();
+    let conn = ServedConn {
+        peer: theirs.hello.node_id,
+        ep,
+        my_conn,
+        client_conn: theirs.conn,
+        cancel: conn_cancel.clone(),
+    };
+    serve_requests(conn, &ctx, &tasks);
     let hello = Hello {
         pool_id: ctx.pool_id,
         node_id: ctx.node_id,
@@ -637,37 +655,19 @@ async fn serve_connection(
         .await
         .is_err()
     {
+        conn_cancel.cancel();
         return;
     }
-    let ep = match ctx.worker.connect(&theirs.address).await {
-        Ok(ep) => ep,
-        Err(e) => {
-            tracing::warn!(%from, error = %e, "UCX endpoint to a client failed");
-            return;
-        }
-    };
     ctx.stats.connection_accepted();
-    let conn_cancel = cancel.child_token();
     // The side channel's end (EOF or error) closes the connection.
-    let lifeline = {
-        let conn_cancel = conn_cancel.clone();
-        async move {
-            let mut byte = [0u8; 1];
-            tokio::select! {
-                _ = side.read(&mut byte) => conn_cancel.cancel(),
-                _ = conn_cancel.cancelled() => {}
-            }
+    let lifeline = async move {
+        let mut byte = [0u8; 1];
+        tokio::select! {
+            _ = side.read(&mut byte) => conn_cancel.cancel(),
+            _ = conn_cancel.cancelled() => {}
         }
     };
     tasks.spawn(lifeline);
-    let conn = ServedConn {
-        peer: theirs.hello.node_id,
-        ep,
-        my_conn,
-        client_conn: theirs.conn,
-        cancel: conn_cancel,
-    };
-    serve_requests(conn, &ctx, &tasks);
 }
 
 /// One served connection: the client's endpoint and the ids each side receives under.
