@@ -414,13 +414,8 @@ impl Driver {
                 slot,
                 done,
             } => {
-                if let Some(endpoint) = from
-                    && let Some(status) = self.lost.get(&endpoint)
-                {
-                    let _ = done.send(Err(UcxError::PeerLost {
-                        endpoint,
-                        status: status.clone(),
-                    }));
+                if let Some(e) = self.lost_error(from) {
+                    let _ = done.send(Err(e));
                     return;
                 }
                 let Some(memh) = &self.memh else {
@@ -453,13 +448,8 @@ impl Driver {
                 max_bytes,
                 done,
             } => {
-                if let Some(endpoint) = from
-                    && let Some(status) = self.lost.get(&endpoint)
-                {
-                    let _ = done.send(Err(UcxError::PeerLost {
-                        endpoint,
-                        status: status.clone(),
-                    }));
+                if let Some(e) = self.lost_error(from) {
+                    let _ = done.send(Err(e));
                     return;
                 }
                 self.probes.push(PendingProbe {
@@ -566,6 +556,16 @@ impl Driver {
             }
             self.lost.insert(endpoint, status);
         }
+    }
+
+    /// The error of a receive expected from `from`, if that peer is already lost.
+    fn lost_error(&self, from: Option<u64>) -> Option<UcxError> {
+        let endpoint = from?;
+        let status = self.lost.get(&endpoint)?;
+        Some(UcxError::PeerLost {
+            endpoint,
+            status: status.clone(),
+        })
     }
 
     fn send_error(&self, endpoint: u64, status: i8) -> UcxError {

@@ -341,14 +341,7 @@ impl Worker {
             slot,
             done,
         })?;
-        let mut guard = CancelOnDrop {
-            shared: &self.shared,
-            id,
-            armed: true,
-        };
-        let result = rx.await.map_err(|_| UcxError::WorkerStopped);
-        guard.armed = false;
-        let (slot, sender_tag) = result??;
+        let (slot, sender_tag) = self.wait_receive(id, rx).await?;
         Ok(Received {
             sender_tag,
             slot,
@@ -379,6 +372,16 @@ impl Worker {
             max_bytes,
             done,
         })?;
+        let (buf, sender_tag) = self.wait_receive(id, rx).await?;
+        Ok((Bytes::from(buf), sender_tag))
+    }
+
+    /// Waits for receive `id`'s outcome; dropping the future cancels the receive.
+    async fn wait_receive<T>(
+        &self,
+        id: u64,
+        rx: oneshot::Receiver<Result<T, UcxError>>,
+    ) -> Result<T, UcxError> {
         let mut guard = CancelOnDrop {
             shared: &self.shared,
             id,
@@ -386,8 +389,7 @@ impl Worker {
         };
         let result = rx.await.map_err(|_| UcxError::WorkerStopped);
         guard.armed = false;
-        let (buf, sender_tag) = result??;
-        Ok((Bytes::from(buf), sender_tag))
+        result?
     }
 
     /// Stops the worker thread: cancels receives, closes endpoints, releases the

@@ -127,20 +127,13 @@ impl UcxTransport {
             context: "reading the side channel's address".into(),
             source,
         })?;
-        Ok(UcxTransport {
+        Ok(UcxTransport::new(
             worker,
-            addr,
-            listener: Mutex::new(Some(listener)),
-            side_channel: true,
             pool_id,
             node_id,
-            stats: Arc::new(NetStats::new(config.peer_permits())),
-            budget_permits: config.peer_permits(),
-            hello_timeout: Duration::from_millis(config.hello_timeout_ms),
-            serving: AtomicBool::new(false),
-            next_conn: AtomicU32::new(1),
-            introduced: OnceLock::new(),
-        })
+            config,
+            Some((addr, listener)),
+        ))
     }
 
     /// Starts a UCX worker with no side channel: connections come only through
@@ -155,11 +148,28 @@ impl UcxTransport {
     ) -> Result<UcxTransport, NetError> {
         config.validate()?;
         let worker = Worker::start(worker_config).map_err(unavailable)?;
-        Ok(UcxTransport {
+        Ok(UcxTransport::new(worker, pool_id, node_id, config, None))
+    }
+
+    /// A transport over `worker`, with the side channel `side` (its address and listener)
+    /// or none.
+    fn new(
+        worker: Worker,
+        pool_id: PoolId,
+        node_id: NodeId,
+        config: &QuicConfig,
+        side: Option<(SocketAddr, TcpListener)>,
+    ) -> UcxTransport {
+        let side_channel = side.is_some();
+        let (addr, listener) = match side {
+            Some((addr, listener)) => (addr, Some(listener)),
+            None => (SocketAddr::from(([0, 0, 0, 0], 0)), None),
+        };
+        UcxTransport {
             worker,
-            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-            listener: Mutex::new(None),
-            side_channel: false,
+            addr,
+            listener: Mutex::new(listener),
+            side_channel,
             pool_id,
             node_id,
             stats: Arc::new(NetStats::new(config.peer_permits())),
@@ -168,7 +178,7 @@ impl UcxTransport {
             serving: AtomicBool::new(false),
             next_conn: AtomicU32::new(1),
             introduced: OnceLock::new(),
-        })
+        }
     }
 
     /// The UCX worker (counters, version).
