@@ -89,7 +89,6 @@ pub(super) fn start(config: &UcxWorkerConfig) -> Result<Arc<Shared>, UcxError> {
         os_thread_id: ready.os_thread_id,
         commands,
         recv_slots: Arc::new(Semaphore::new(ready.region_slots)),
-        recv_slots_count: ready.region_slots,
         region: ready.region,
         sends: Arc::new(Semaphore::new(ready.sends_max)),
         address: ready.address,

@@ -218,7 +218,6 @@ pub(crate) struct Shared {
     commands: mpsc::UnboundedSender<Command>,
     region: Arc<raw::Region>,
     recv_slots: Arc<Semaphore>,
-    recv_slots_count: usize,
     sends: Arc<Semaphore>,
     address: Vec<u8>,
     next_id: AtomicU64,
@@ -275,12 +274,6 @@ impl Worker {
     /// (`/proc/self/task/<id>/stat`); `None` where it cannot be read.
     pub fn os_thread_id(&self) -> Option<u32> {
         self.shared.os_thread_id
-    }
-
-    /// Receive slots: receives that can be in flight at once
-    /// ([`UcxWorkerConfig::recv_slots_count`]).
-    pub fn recv_slots(&self) -> usize {
-        self.shared.recv_slots_count
     }
 
     /// The longest message a receive takes ([`UcxWorkerConfig::recv_slot_bytes`]).

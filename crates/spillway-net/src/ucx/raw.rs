@@ -423,26 +423,7 @@ impl RawWorker {
         slot: RecvSlot,
     ) -> Result<RecvOp, UcxError> {
         let (buf, len) = slot.raw_parts();
-        let inner = NonNull::from(Box::leak(Box::new(RecvInner {
-            state: OpState::new(id),
-            slot: Some(slot),
-            owned: None,
-            req: ptr::null_mut(),
-        })));
-        let mut cb = sys::ucp_request_param_t__bindgen_ty_1::default();
-        cb.recv = Some(recv_done);
-        // SAFETY: inner is live until RecvOp::drop after completion (invariant 3).
-        let state = unsafe { ptr::addr_of!((*inner.as_ptr()).state).cast_mut() };
-        let param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
-                | sys::UCP_OP_ATTR_FIELD_USER_DATA
-                | sys::UCP_OP_ATTR_FIELD_MEMH
-                | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
-            cb,
-            user_data: state.cast(),
-            memh: memh.h,
-            ..Default::default()
-        };
+        let (inner, param) = recv_parts(id, Some(slot), None, Some(memh));
         // SAFETY: worker live; buf..buf+len is a slot of the registered region, lent to
         // this receive alone and kept alive by `inner` (invariant 4).
         let r = unsafe {
@@ -490,24 +471,7 @@ impl RawWorker {
         };
         let mut buf: Vec<u8> = Vec::with_capacity(len.max(1));
         let ptr = buf.as_mut_ptr();
-        let inner = NonNull::from(Box::leak(Box::new(RecvInner {
-            state: OpState::new(id),
-            slot: None,
-            owned: Some(buf),
-            req: ptr::null_mut(),
-        })));
-        let mut cb = sys::ucp_request_param_t__bindgen_ty_1::default();
-        cb.recv = Some(recv_done);
-        // SAFETY: inner is live until RecvOp::drop after completion (invariant 3).
-        let state = unsafe { ptr::addr_of!((*inner.as_ptr()).state).cast_mut() };
-        let param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
-                | sys::UCP_OP_ATTR_FIELD_USER_DATA
-                | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
-            cb,
-            user_data: state.cast(),
-            ..Default::default()
-        };
+        let (inner, param) = recv_parts(id, None, Some(buf), None);
         // SAFETY: worker live; probed.h came from this worker's probe and is consumed
         // here, once (invariant 7); ptr..ptr+len is the capacity of the Vec that `inner`
         // owns until completion (invariant 3).
@@ -728,6 +692,41 @@ struct RecvInner {
     /// Where a probed message lands (`RawWorker::recv_probed`): capacity is its length.
     owned: Option<Vec<u8>>,
     req: sys::ucs_status_ptr_t,
+}
+
+/// A receive's op state, owning where it lands (`slot` or `owned`), and the request
+/// parameters that report its completion to [`recv_done`] (with `memh` when it lands in
+/// registered memory). The op is leaked until [`RecvOp`] frees it after completion
+/// (invariant 3).
+fn recv_parts(
+    id: u64,
+    slot: Option<RecvSlot>,
+    owned: Option<Vec<u8>>,
+    memh: Option<&MemHandle>,
+) -> (NonNull<RecvInner>, sys::ucp_request_param_t) {
+    let inner = NonNull::from(Box::leak(Box::new(RecvInner {
+        state: OpState::new(id),
+        slot,
+        owned,
+        req: ptr::null_mut(),
+    })));
+    let mut cb = sys::ucp_request_param_t__bindgen_ty_1::default();
+    cb.recv = Some(recv_done);
+    // SAFETY: inner is live until RecvOp::drop after completion (invariant 3).
+    let state = unsafe { ptr::addr_of!((*inner.as_ptr()).state).cast_mut() };
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+        cb,
+        user_data: state.cast(),
+        ..Default::default()
+    };
+    if let Some(memh) = memh {
+        param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
+        param.memh = memh.h;
+    }
+    (inner, param)
 }
 
 /// A message taken out of the unexpected queue by [`RawWorker::probe`], to be received
