@@ -230,6 +230,29 @@ struct State {
     /// Guards dropped whose release waits for the device's queued work (a fence).
     pending_releases: u64,
     names: HashMap<BufferId, Arc<str>>,
+    remote_errors_log: LogLimit,
+}
+
+/// At most one log line a second for a kind of repeated error; counts what it held back.
+#[derive(Debug, Default)]
+struct LogLimit {
+    last: Option<Duration>,
+    suppressed: u64,
+}
+
+impl LogLimit {
+    /// Interval between lines: 1 s.
+    const INTERVAL: Duration = Duration::from_secs(1);
+
+    /// `Some(lines held back since the last one)` when a line may be written at `now`.
+    fn should_log(&mut self, now: Duration) -> Option<u64> {
+        if self.last.is_some_and(|l| now < l + Self::INTERVAL) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
 }
 
 struct Shared {
@@ -331,11 +354,34 @@ impl Shared {
         }
     }
 
+    /// Waits for a completion or for the core's timer (`poll_timeout`), whichever comes
+    /// first; at the timer, lets the core start what waited for it.
+    fn wait<'a>(&'a self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let Some(at) = state.core.poll_timeout() else {
+            return self.cond.wait(state).expect("pool state poisoned");
+        };
+        let timeout = at.saturating_sub(self.now());
+        let (mut state, _) = self
+            .cond
+            .wait_timeout(state, timeout)
+            .expect("pool state poisoned");
+        let now = self.now();
+        if state.core.poll_timeout().is_some_and(|at| at <= now) {
+            state.core.handle_timeout(now);
+            self.drive(&mut state);
+        }
+        state
+    }
+
     fn on_remote_completion(&self, c: RemoteCompletion) {
         let mut state = self.lock();
         let now = self.now();
         if let Err(e) = &c.result {
-            tracing::error!(error = %e, "remote tier op failed");
+            // Spills that fail are retried with backoff: say so once a second, not per try.
+            let shown = state.remote_errors_log.should_log(now);
+            if let Some(suppressed) = shown {
+                tracing::error!(error = %e, suppressed, "remote tier op failed");
+            }
         }
         state.core.handle_remote_done(c.id, c.result, now);
         self.drive(&mut state);
@@ -444,6 +490,7 @@ impl Pool {
                 stall: Duration::ZERO,
                 pending_releases: 0,
                 names: HashMap::new(),
+                remote_errors_log: LogLimit::default(),
             }),
             cond: Condvar::new(),
             device: OnceLock::new(),
@@ -573,7 +620,7 @@ impl Pool {
             {
                 break l;
             }
-            state = self.shared.cond.wait(state).expect("pool state poisoned");
+            state = self.shared.wait(state);
         };
         let page_bytes = state.core.config().page_size.bytes();
         drop(state);
@@ -648,7 +695,7 @@ impl Pool {
                 Err(CoreError::HeldAcquiresExceedBudget { .. } | CoreError::BufferBusy { .. })
                     if state.pending_releases > 0 =>
                 {
-                    state = self.shared.cond.wait(state).expect("pool state poisoned");
+                    state = self.shared.wait(state);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -657,7 +704,7 @@ impl Pool {
         loop {
             match state.core.is_ready(id) {
                 Ok(true) => break,
-                Ok(false) => state = self.shared.cond.wait(state).expect("pool state poisoned"),
+                Ok(false) => state = self.shared.wait(state),
                 Err(e) => {
                     state.core.release(id, self.shared.now());
                     return Err(e.into());
@@ -715,7 +762,7 @@ impl Pool {
     pub fn quiesce(&self) {
         let mut state = self.shared.lock();
         while state.core.transfers_in_flight() > 0 || state.pending_releases > 0 {
-            state = self.shared.cond.wait(state).expect("pool state poisoned");
+            state = self.shared.wait(state);
         }
     }
 

@@ -93,4 +93,25 @@ pub enum CoreError {
     /// A copy failed on the device; the pages involved are unusable.
     #[error("device copy failed: {0}")]
     DeviceFailed(String),
+    /// A page could not be brought back from the remote tier (after the tier's own
+    /// retries and grace): its bytes cannot be had.
+    #[error("page {page} could not be fetched: {reason}")]
+    FetchFailed {
+        /// The page.
+        page: spillway_types::PageId,
+        /// The tier's message.
+        reason: String,
+    },
+    /// The remote tier refused every spill for a whole deadline: the pool cannot make room.
+    #[error(
+        "the remote tier refused spills for {failing_ms} ms ({attempts} attempts, with backoff): {reason}"
+    )]
+    SpillsFailing {
+        /// How long spills failed without one success.
+        failing_ms: u64,
+        /// Failed attempts in that time.
+        attempts: u64,
+        /// The tier's last message.
+        reason: String,
+    },
 }

@@ -58,6 +58,7 @@ use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, TransferId,
 use crate::error::CoreError;
 use crate::eviction::{Clock, EvictionPolicy, NextUse, VictimView};
 use crate::predictor::{Predictor, PredictorStats};
+use crate::retry::{Backoff, Verdict};
 
 /// The first this many predicted accesses are always considered for prefetch (planning
 /// only happens at accesses, so the next few must be covered whatever their timing).
@@ -73,6 +74,13 @@ pub const REMOTE_LEAD_FACTOR: f64 = 16.0;
 /// Time added to the horizon for what bandwidth does not explain: the OS descheduling a
 /// copy thread, driver latency. A few scheduler time slices.
 pub const JITTER_MARGIN: Duration = Duration::from_millis(10);
+/// First wait before a spill is tried again after the remote tier refused one: 10 ms.
+pub const SPILL_RETRY_MIN: Duration = Duration::from_millis(10);
+/// Longest wait between spill attempts: 1 s.
+pub const SPILL_RETRY_MAX: Duration = Duration::from_secs(1);
+/// Spills failing this long without one success fail the pool: 120 s (longer than the
+/// node's peer grace, so a paused peer costs a stall, not the job).
+pub const SPILL_DEADLINE: Duration = Duration::from_secs(120);
 /// Weight of the newest copy in the bandwidth estimate.
 const BANDWIDTH_ALPHA: f64 = 0.2;
 
@@ -404,7 +412,9 @@ pub struct PoolCore {
     predictor: Predictor,
     bandwidth: [Bandwidth; 2],
     stats: CoreStats,
-    failed: Option<String>,
+    failed: Option<CoreError>,
+    /// Backoff of spills after the remote tier refused one (back-pressure, not a spin).
+    spill_retry: Backoff,
     remote_pages_max: u64,
     remote_pages: u64,
     remote_ops: HashMap<TransferId, RemoteInFlight>,
@@ -528,6 +538,7 @@ impl PoolCore {
             bandwidth: [bw; 2],
             stats: CoreStats::default(),
             failed: None,
+            spill_retry: Backoff::new(SPILL_RETRY_MIN, SPILL_RETRY_MAX, SPILL_DEADLINE),
             remote_pages_max: cfg.remote_pages(),
             remote_pages: 0,
             remote_ops: HashMap::new(),
@@ -755,7 +766,7 @@ impl PoolCore {
         now: Duration,
     ) -> Result<(AcquireId, bool), CoreError> {
         if let Some(f) = &self.failed {
-            return Err(CoreError::DeviceFailed(f.clone()));
+            return Err(f.clone());
         }
         let b = self.live(id)?;
         match mode {
@@ -827,7 +838,7 @@ impl PoolCore {
     /// Whether every page of the acquire is resident (its frames may be used).
     pub fn is_ready(&self, acquire: AcquireId) -> Result<bool, CoreError> {
         if let Some(f) = &self.failed {
-            return Err(CoreError::DeviceFailed(f.clone()));
+            return Err(f.clone());
         }
         let a = self
             .acquires
@@ -1011,6 +1022,20 @@ impl PoolCore {
     }
 
     /// The next copy to start, if any.
+    /// When the driver must call [`PoolCore::handle_timeout`] if nothing else happens
+    /// first: the end of a spill backoff. `None`: no timer is armed.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.failed.is_some() {
+            return None;
+        }
+        self.spill_retry.retry_at()
+    }
+
+    /// The instant of [`PoolCore::poll_timeout`] has come: starts what waited for it.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        self.pump(now);
+    }
+
     pub fn poll_transfer(&mut self) -> Option<Transfer> {
         self.out.pop_front()
     }
@@ -1074,11 +1099,14 @@ impl PoolCore {
             (RemoteKind::Fetch | RemoteKind::Zero, Host::Fetching { slot }, Err(e)) => {
                 self.stats.remote_errors += 1;
                 self.page_mut(pid).host = Host::Slot { slot, clean: false };
-                self.failed
-                    .get_or_insert(format!("page {pid} could not be fetched: {e}"));
+                self.failed.get_or_insert(CoreError::FetchFailed {
+                    page: pid,
+                    reason: e,
+                });
             }
             (RemoteKind::Spill, Host::Spilling { slot }, Ok(())) => {
                 self.spilling -= 1;
+                self.spill_retry.on_success();
                 self.stats.remote_bytes_out += op.bytes;
                 if wanted || freed {
                     self.page_mut(pid).host = Host::Slot { slot, clean: true };
@@ -1087,11 +1115,19 @@ impl PoolCore {
                     self.free_slots.push(slot);
                 }
             }
-            (RemoteKind::Spill, Host::Spilling { slot }, Err(_)) => {
-                // The driver logged the tier's message; the page stays in its slot.
+            (RemoteKind::Spill, Host::Spilling { slot }, Err(e)) => {
+                // The page stays in its slot; spills wait out a backoff, and fail the pool
+                // once they have failed for `SPILL_DEADLINE` without one success.
                 self.spilling -= 1;
                 self.stats.remote_errors += 1;
                 self.page_mut(pid).host = Host::Slot { slot, clean: false };
+                if let Verdict::GiveUp(failing_for) = self.spill_retry.on_failure(now) {
+                    self.failed.get_or_insert(CoreError::SpillsFailing {
+                        failing_ms: failing_for.as_millis() as u64,
+                        attempts: self.spill_retry.failures(),
+                        reason: e,
+                    });
+                }
             }
             (kind, state, _) => panic!("completion of {kind:?} for {pid} in state {state:?}"),
         }
@@ -1124,7 +1160,7 @@ impl PoolCore {
         let page = self.page_mut(pid);
         page.in_flight -= 1;
         if let Err(e) = result {
-            self.failed.get_or_insert(e);
+            self.failed.get_or_insert(CoreError::DeviceFailed(e));
         }
         let (freed, wanted) = {
             let b = &self.buffers[&pid.buffer];
@@ -1608,7 +1644,10 @@ impl PoolCore {
             return Spilled::Freed;
         }
         let bytes = self.page_len(self.buffers[&pid.buffer].bytes, pid.index);
-        if !self.may_issue_remote(RemoteKind::Spill, bytes) || !self.remote_space_for(pid) {
+        if !self.spill_retry.ready(now)
+            || !self.may_issue_remote(RemoteKind::Spill, bytes)
+            || !self.remote_space_for(pid)
+        {
             return Spilled::Blocked;
         }
         self.spilling += 1;

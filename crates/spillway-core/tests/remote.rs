@@ -269,6 +269,127 @@ fn freeing_buffers_drops_their_remote_copies() {
     assert_eq!(m.core.stats().remote_pages, 0);
 }
 
+/// Refuses every spill the core has issued (as a tier with no room does); returns how many.
+fn refuse_spills(m: &mut Model, now: Duration) -> usize {
+    m.collect();
+    let mut refused = 0;
+    let mut kept = VecDeque::new();
+    while let Some(op) = m.net.pop_front() {
+        if op.kind == RemoteKind::Spill {
+            m.core
+                .handle_remote_done(op.id, Err("no peer has room".into()), now);
+            refused += 1;
+        } else {
+            kept.push_back(op);
+        }
+    }
+    m.net = kept;
+    refused
+}
+
+#[test]
+fn refused_spills_back_off_then_fail_the_pool_with_a_typed_error() {
+    // Regression: a refused spill was issued again at once, forever (a livelock with
+    // thousands of errors a second). Now spills wait out a doubling backoff, the core asks
+    // to be woken through `poll_timeout`, and after `SPILL_DEADLINE` the pool fails.
+    let mut m = Model::new(1, 2, 16, Policy::Clock);
+    let bufs: Vec<BufferId> = (0..6).map(|_| m.core.alloc(PAGE).unwrap()).collect();
+    // Fill GPU and host with dirty pages, so the next acquire needs a spill.
+    for &b in &bufs[..3] {
+        let (h, _) = m.acquire(b, AccessMode::Exclusive);
+        m.release(h);
+        while m.finish_gpu() {}
+    }
+    let start = m.t();
+    let (h, _) = m
+        .core
+        .begin_acquire(bufs[3], AccessMode::Exclusive, start)
+        .unwrap();
+    m.collect();
+    while m.finish_gpu() {}
+    assert_eq!(
+        refuse_spills(&mut m, start),
+        1,
+        "one spill issued for the acquire"
+    );
+    assert!(!m.core.is_ready(h).unwrap());
+    // Nothing happens until the timer: no spill is issued in between.
+    let at = m.core.poll_timeout().expect("a backoff timer is armed");
+    assert_eq!(at, start + spillway_core::pool::SPILL_RETRY_MIN);
+    m.core.handle_timeout(at - Duration::from_millis(1));
+    assert_eq!(
+        refuse_spills(&mut m, at),
+        0,
+        "no spill before the backoff ends"
+    );
+    // Each retry comes after a wait twice as long, up to the max.
+    let mut now = at;
+    let mut waits = Vec::new();
+    let mut tries = 0;
+    loop {
+        m.core.handle_timeout(now);
+        let n = refuse_spills(&mut m, now);
+        tries += n;
+        match m.core.is_ready(h) {
+            Ok(false) => {}
+            Ok(true) => panic!("an acquire became ready with every spill refused"),
+            Err(e) => {
+                assert!(
+                    matches!(e, spillway_core::CoreError::SpillsFailing { .. }),
+                    "{e:?}"
+                );
+                assert!(e.to_string().contains("no peer has room"), "{e}");
+                break;
+            }
+        }
+        assert_eq!(n, 1, "one attempt per timer");
+        let next = m.core.poll_timeout().expect("still backing off");
+        waits.push((next - now).as_millis());
+        now = next;
+        assert!(tries < 1000, "spills retried without bound: {tries}");
+    }
+    let failed_after = now - start;
+    assert!(
+        failed_after >= spillway_core::pool::SPILL_DEADLINE
+            && failed_after <= spillway_core::pool::SPILL_DEADLINE + Duration::from_secs(1),
+        "gave up after {failed_after:?}"
+    );
+    assert_eq!(&waits[..4], &[20, 40, 80, 160]);
+    assert!(waits.iter().all(|&w| w <= 1000), "{waits:?}");
+    // About SPILL_DEADLINE / SPILL_RETRY_MAX attempts, not thousands.
+    assert!(tries < 140, "{tries} attempts in {failed_after:?}");
+    assert_eq!(m.core.poll_timeout(), None, "no timer once failed");
+}
+
+#[test]
+fn a_spill_that_lands_after_refusals_resets_the_backoff() {
+    let mut m = Model::new(1, 2, 16, Policy::Clock);
+    let bufs: Vec<BufferId> = (0..6).map(|_| m.core.alloc(PAGE).unwrap()).collect();
+    for &b in &bufs[..3] {
+        let (h, _) = m.acquire(b, AccessMode::Exclusive);
+        m.release(h);
+        while m.finish_gpu() {}
+    }
+    let start = m.t();
+    let (h, _) = m
+        .core
+        .begin_acquire(bufs[3], AccessMode::Exclusive, start)
+        .unwrap();
+    m.collect();
+    while m.finish_gpu() {}
+    assert_eq!(refuse_spills(&mut m, start), 1);
+    let at = m.core.poll_timeout().unwrap();
+    m.core.handle_timeout(at);
+    m.now = (at.as_micros() / 100) as u64 + 1;
+    // This time the tier takes it: the acquire completes and no timer is left.
+    while !m.core.is_ready(h).unwrap() {
+        assert!(m.finish_gpu() | m.finish_net(), "stuck");
+    }
+    assert_eq!(m.core.poll_timeout(), None);
+    let now = m.t();
+    m.core.release(h, now);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Alloc(u64),

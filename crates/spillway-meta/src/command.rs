@@ -114,8 +114,10 @@ impl MemberInfo {
 pub enum Update {
     /// The pages of `extent` now live at `holder` (replacing any earlier record of those
     /// pages). Refused unless `holder` is up and at `epoch`, no covered page has a record
-    /// with a newer `version`, and the holder has room: either in `reservation` (which is
-    /// consumed) or in its free capacity.
+    /// with a newer `version`, and the holder has room: either in `reservation`, which
+    /// pays for every page of the extent (pages already at the holder included: what they
+    /// did not need returns to free capacity), or in its free capacity, which pays only
+    /// for pages not already there.
     Place {
         /// The pages.
         extent: Extent,

@@ -362,7 +362,9 @@ impl MetaState {
     }
 
     /// Applies one batch: the clock first (expiring what lapsed), then each update.
-    pub(crate) fn apply_batch(&mut self, batch: &Batch) -> Vec<Result<(), Rejection>> {
+    /// Deterministic: the group applies committed batches through this; proposers' tests
+    /// and simulations may apply batches to a state of their own.
+    pub fn apply_batch(&mut self, batch: &Batch) -> Vec<Result<(), Rejection>> {
         self.advance_clock(batch.now_ms);
         batch.updates.iter().map(|u| self.apply_update(u)).collect()
     }
@@ -524,8 +526,14 @@ impl MetaState {
                 pages_already_there += hi - lo;
             }
         }
-        let needed_bytes = (u64::from(extent.page_count) - pages_already_there) * self.page_bytes;
+        let extent_bytes = u64::from(extent.page_count) * self.page_bytes;
+        let needed_bytes = extent_bytes - pages_already_there * self.page_bytes;
         match reservation {
+            // A reservation pays for every page of the extent, pages already at the holder
+            // included: the proposer spent them from its share and cannot know which pages
+            // the directory already places there, so charging less would leave bytes
+            // reserved that the proposer counts as spent (they would leak until expiry).
+            // What the pages already there did not need returns to free capacity.
             Some(id) => {
                 let r = self
                     .reservations
@@ -538,11 +546,11 @@ impl MetaState {
                         node,
                     });
                 }
-                if r.bytes < needed_bytes {
+                if r.bytes < extent_bytes {
                     return Err(Rejection::ReservationTooSmall {
                         id,
                         remaining_bytes: r.bytes,
-                        needed_bytes,
+                        needed_bytes: extent_bytes,
                     });
                 }
             }
@@ -567,11 +575,11 @@ impl MetaState {
         // Accepted: from here on nothing fails.
         if let Some(id) = reservation {
             let r = self.reservations.get_mut(&id).expect("checked above");
-            r.bytes -= needed_bytes;
+            r.bytes -= extent_bytes;
             if r.bytes == 0 {
                 self.reservations.remove(&id);
             }
-            self.usage_mut(node).reserved_bytes -= needed_bytes;
+            self.usage_mut(node).reserved_bytes -= extent_bytes;
         }
         let mut cuts = Vec::new();
         self.directory.insert(
@@ -975,6 +983,46 @@ mod tests {
         assert!(matches!(
             apply(&mut s, 100, vec![reserve(3, 1, 50)])[0],
             Err(Rejection::AlreadyExpired { .. })
+        ));
+    }
+
+    #[test]
+    fn a_reservation_pays_for_pages_already_at_the_holder_and_frees_what_they_did_not_need() {
+        // Regression: re-placing pages already at the holder took only the new pages from
+        // the reservation, while the proposer counted every page as spent: the rest stayed
+        // reserved until expiry, and repeated re-spills reserved a node full.
+        let mut s = state(&[8 * PAGE]);
+        let reserve = |id, bytes| Update::Reserve {
+            id: ReservationId(id),
+            node: NodeId(1),
+            bytes,
+            expires_at_ms: 1_000_000,
+        };
+        let with = |id, version| Update::Place {
+            extent: Extent::new(BufferId(1), 0, 3),
+            holder: NodeId(1),
+            epoch: Epoch(1),
+            version,
+            reservation: Some(ReservationId(id)),
+        };
+        assert_eq!(
+            apply(&mut s, 1, vec![reserve(1, 3 * PAGE), with(1, 1)]),
+            vec![Ok(()), Ok(())]
+        );
+        assert!(s.reservation(ReservationId(1)).is_none(), "spent to zero");
+        // The same three pages again, from a new reservation of three pages.
+        assert_eq!(
+            apply(&mut s, 2, vec![reserve(2, 4 * PAGE), with(2, 2)]),
+            vec![Ok(()), Ok(())]
+        );
+        assert_eq!(s.reservation(ReservationId(2)).unwrap().bytes, PAGE);
+        let u = s.usage(NodeId(1)).unwrap();
+        assert_eq!((u.used_bytes, u.reserved_bytes), (3 * PAGE, PAGE));
+        assert_eq!(s.free_bytes(NodeId(1)), Some(4 * PAGE));
+        // A reservation smaller than the extent is refused, even if only new pages count.
+        assert!(matches!(
+            apply(&mut s, 3, vec![with(2, 3)])[0],
+            Err(Rejection::ReservationTooSmall { needed_bytes, .. }) if needed_bytes == 3 * PAGE
         ));
     }
 

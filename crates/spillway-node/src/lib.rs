@@ -13,7 +13,8 @@
 //! - [`service`]: the peer [`Handler`](spillway_net::Handler): pages to the host tier,
 //!   Raft messages and proposals to the metadata group.
 //! - [`remote`]: [`RemoteService`], the remote tier of this node's local clients (pages
-//!   spilled to peers, placed in the replicated directory).
+//!   spilled to peers, placed in the replicated directory); `ledger`, the sans-IO record of
+//!   the reservations it holds on peers and spends.
 //! - [`http`]: `/metrics` (Prometheus) and `/status` (JSON) on `metrics_addr`.
 //! - [`local`]: the Unix socket for this machine's clients.
 //! - [`node`]: [`Node::start`] and the [`NodeHandle`] with the counters and the graceful
@@ -23,6 +24,7 @@
 
 pub mod config;
 pub mod http;
+mod ledger;
 pub mod local;
 pub mod meta;
 pub mod node;

@@ -51,6 +51,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::config::NodeConfig;
+use crate::ledger::{Ledger, Spent};
 use crate::meta::{MetaDriver, Outcome, Peers, ProposeFailure};
 
 /// Bits of a remote buffer id that carry the client's own buffer number.
@@ -207,6 +208,9 @@ pub struct RemoteCounters {
     pub pages_fetched: u64,
     /// Failed operations (spill, fetch or discard calls that returned an error).
     pub errors: u64,
+    /// Bytes of this node's reservations on peers not spent yet (the group's reserved
+    /// bytes for this node, once its placements have committed).
+    pub reserved_unspent_bytes: u64,
     /// Per peer.
     pub per_peer: BTreeMap<NodeId, PeerRemoteCounters>,
 }
@@ -218,18 +222,10 @@ struct Held {
     checksum: u64,
 }
 
-/// A reservation this node holds on a peer.
-#[derive(Clone, Copy, Debug)]
-struct HeldReservation {
-    id: ReservationId,
-    remaining_bytes: u64,
-    spend_until_ms: u64,
-}
-
 #[derive(Debug, Default)]
 struct Inner {
     pages: HashMap<(u32, PageId), Held>,
-    reservations: HashMap<NodeId, Vec<HeldReservation>>,
+    ledger: Ledger,
     per_peer: BTreeMap<NodeId, PeerRemoteCounters>,
     errors: u64,
 }
@@ -282,7 +278,7 @@ struct Planned {
     checksum: u64,
     holder: NodeId,
     epoch: Epoch,
-    reservation: Option<ReservationId>,
+    reservation: Option<Spent>,
 }
 
 impl RemoteService {
@@ -451,7 +447,7 @@ impl RemoteService {
             if !retry {
                 let (_, e) = failures.into_iter().next().expect("a failure");
                 plan.append(&mut pending);
-                self.drop_copies(client, &plan).await;
+                self.abandon(client, &plan).await;
                 return Err(e);
             }
             let failed: Vec<NodeId> = failures.iter().map(|(p, _)| *p).collect();
@@ -464,11 +460,19 @@ impl RemoteService {
                 .into_iter()
                 .partition(|p| failed.contains(&p.holder));
             plan.extend(ok);
+            // Their pages go elsewhere: what they spent on the failed peers comes back.
+            self.refund(&redo);
             let redo_pages = redo
                 .into_iter()
                 .map(|p| (p.client_page, p.data, p.checksum))
                 .collect();
-            pending = self.plan_and_reserve(client, redo_pages, &excluded).await?;
+            pending = match self.plan_and_reserve(client, redo_pages, &excluded).await {
+                Ok(p) => p,
+                Err(e) => {
+                    self.abandon(client, &plan).await;
+                    return Err(e);
+                }
+            };
         }
         if let Err(e) = self.place(&plan).await {
             self.drop_copies(client, &plan).await;
@@ -520,16 +524,7 @@ impl RemoteService {
                 {
                     continue;
                 }
-                let ours: u64 = inner
-                    .reservations
-                    .get(&m.id)
-                    .map(|rs| {
-                        rs.iter()
-                            .filter(|r| r.spend_until_ms > spend_limit)
-                            .map(|r| r.remaining_bytes)
-                            .sum()
-                    })
-                    .unwrap_or(0);
+                let ours = inner.ledger.unspent_on(m.id, spend_limit);
                 room.insert(m.id, (m.free_bytes(), ours, m.epoch));
             }
         }
@@ -581,6 +576,14 @@ impl RemoteService {
             *need_per_peer.entry(*peer).or_default() += self.page_bytes;
         }
         let mut reserves = Vec::new();
+        // Reservations this node will not spend any more are given back now, not at expiry.
+        let releases: Vec<Update> = self
+            .lock()
+            .ledger
+            .take_lapsing(spend_limit)
+            .into_iter()
+            .map(|id| Update::Release { id })
+            .collect();
         for (peer, need) in &need_per_peer {
             let (free, ours, _) = room[peer];
             if *need > ours {
@@ -604,26 +607,22 @@ impl RemoteService {
                 ));
             }
         }
-        if !reserves.is_empty() {
-            let outcomes = meta
-                .propose(reserves.iter().map(|r| r.3.clone()).collect())
-                .await?;
+        if !reserves.is_empty() || !releases.is_empty() {
+            let mut updates: Vec<Update> = reserves.iter().map(|r| r.3.clone()).collect();
+            updates.extend(releases);
+            // Releases may find their reservation already expired: their outcomes are not
+            // looked at.
+            let outcomes = meta.propose(updates).await?;
             let mut inner = self.lock();
             let mut refused = None;
             for ((peer, id, bytes, _), outcome) in reserves.iter().zip(&outcomes) {
                 match outcome {
-                    Outcome::Accepted => {
-                        inner
-                            .reservations
-                            .entry(*peer)
-                            .or_default()
-                            .push(HeldReservation {
-                                id: *id,
-                                remaining_bytes: *bytes,
-                                spend_until_ms: now
-                                    + (RESERVATION_TTL - RESERVATION_MARGIN).as_millis() as u64,
-                            })
-                    }
+                    Outcome::Accepted => inner.ledger.add(
+                        *peer,
+                        *id,
+                        *bytes,
+                        now + (RESERVATION_TTL - RESERVATION_MARGIN).as_millis() as u64,
+                    ),
                     Outcome::Rejected { reason } => {
                         refused.get_or_insert(RemoteError::ReservationRefused {
                             peer: *peer,
@@ -641,15 +640,7 @@ impl RemoteService {
         let mut inner = self.lock();
         let mut plan = Vec::with_capacity(pages.len());
         for ((client_page, data, checksum), holder) in pages.into_iter().zip(assigned) {
-            let reservation = inner.reservations.get_mut(&holder).and_then(|rs| {
-                rs.retain(|r| r.remaining_bytes >= self.page_bytes && r.spend_until_ms > now);
-                rs.iter_mut()
-                    .find(|r| r.spend_until_ms > spend_limit)
-                    .map(|r| {
-                        r.remaining_bytes -= self.page_bytes;
-                        r.id
-                    })
-            });
+            let reservation = inner.ledger.spend(holder, self.page_bytes, spend_limit);
             plan.push(Planned {
                 client_page,
                 remote: remote_page_id(self.node, client, client_page),
@@ -727,6 +718,40 @@ impl RemoteService {
         failures.into_iter().collect()
     }
 
+    /// Gives back the reservation bytes `plan` spent (nothing of it was proposed).
+    fn refund(&self, plan: &[Planned]) {
+        let mut inner = self.lock();
+        for p in plan {
+            if let Some(spent) = p.reservation {
+                inner.ledger.refund(p.holder, spent, self.page_bytes);
+            }
+        }
+    }
+
+    /// After a spill failed before placing: refunds its reservations and drops its copies.
+    async fn abandon(&self, client: u32, plan: &[Planned]) {
+        self.refund(plan);
+        self.drop_copies(client, plan).await;
+    }
+
+    /// Forgets reservations whose state in the group is uncertain and releases them there
+    /// (best effort: one that cannot be released expires with its TTL).
+    async fn forget_reservations(&self, ids: impl IntoIterator<Item = ReservationId>) {
+        let releases: Vec<Update> = {
+            let mut inner = self.lock();
+            ids.into_iter()
+                .filter(|id| inner.ledger.forget(*id))
+                .map(|id| Update::Release { id })
+                .collect()
+        };
+        if releases.is_empty() {
+            return;
+        }
+        if let Err(e) = self.pool().0.propose(releases).await {
+            tracing::debug!(error = %e, "could not release reservations; they lapse at expiry");
+        }
+    }
+
     /// Best effort after a failed spill: deletes what may have reached the holders, unless
     /// an earlier spill of the same page is recorded on that holder (then it stays).
     async fn drop_copies(&self, client: u32, plan: &[Planned]) {
@@ -755,11 +780,12 @@ impl RemoteService {
         let version = self.next_version.fetch_add(1, Ordering::Relaxed);
         let mut extents: Vec<(Extent, NodeId, Epoch, Option<ReservationId>)> = Vec::new();
         for p in plan {
+            let reservation = p.reservation.map(|s| s.id);
             if let Some((e, holder, _, res)) = extents.last_mut()
                 && e.buffer == p.remote.buffer
                 && e.end_page() == u64::from(p.remote.index)
                 && *holder == p.holder
-                && *res == p.reservation
+                && *res == reservation
             {
                 e.page_count += 1;
                 continue;
@@ -768,7 +794,7 @@ impl RemoteService {
                 Extent::new(p.remote.buffer, p.remote.index, 1),
                 p.holder,
                 p.epoch,
-                p.reservation,
+                reservation,
             ));
         }
         let updates: Vec<Update> = extents
@@ -782,8 +808,19 @@ impl RemoteService {
             })
             .collect();
         let meta = self.pool().0;
-        let outcomes = meta.propose(updates).await?;
-        // Refused placements: once more from free capacity (a lapsed reservation).
+        let used: Vec<ReservationId> = extents.iter().filter_map(|e| e.3).collect();
+        let outcomes = match meta.propose(updates).await {
+            Ok(o) => o,
+            Err(e) => {
+                // The placements may or may not have committed: the reservations they
+                // spent can no longer be counted on.
+                self.forget_reservations(used).await;
+                return Err(e.into());
+            }
+        };
+        // Refused placements: once more from free capacity (a lapsed reservation). A
+        // reservation that paid for a refused placement is given up: the group and this
+        // node would otherwise disagree on what is left of it.
         let retry: Vec<usize> = outcomes
             .iter()
             .enumerate()
@@ -793,6 +830,8 @@ impl RemoteService {
         if retry.is_empty() {
             return Ok(());
         }
+        self.forget_reservations(retry.iter().filter_map(|&i| extents[i].3))
+            .await;
         let updates: Vec<Update> = retry
             .iter()
             .map(|&i| {
@@ -1111,19 +1150,7 @@ impl RemoteService {
         view.members
             .iter()
             .filter(|m| m.id != self.node && m.state == MemberState::Up && peers.reachable(m.id))
-            .map(|m| {
-                let ours: u64 = inner
-                    .reservations
-                    .get(&m.id)
-                    .map(|rs| {
-                        rs.iter()
-                            .filter(|r| r.spend_until_ms > now)
-                            .map(|r| r.remaining_bytes)
-                            .sum()
-                    })
-                    .unwrap_or(0);
-                m.free_bytes() + ours
-            })
+            .map(|m| m.free_bytes() + inner.ledger.unspent_on(m.id, now))
             .sum()
     }
 
@@ -1132,6 +1159,7 @@ impl RemoteService {
         let inner = self.lock();
         let mut c = RemoteCounters {
             errors: inner.errors,
+            reserved_unspent_bytes: inner.ledger.remaining().values().sum(),
             per_peer: inner.per_peer.clone(),
             ..RemoteCounters::default()
         };
