@@ -90,11 +90,30 @@ fn cluster_init_lays_out_a_pool_and_refuses_to_overwrite_it() {
     }
     for f in [
         "pool/ca.pem",
-        "pool/node-1.pem",
-        "pool/node-3.key.pem",
+        "pool/ca.key.pem",
+        "node-1/pool/ca.pem",
+        "node-1/pool/node-1.pem",
+        "node-3/pool/node-3.key.pem",
         "node-2.toml",
     ] {
         assert!(pool.dir.join(f).exists(), "{f} missing");
+    }
+    // The CA key stays in the operator's directory: no node's directory, nor the pool
+    // directory its config names, holds it.
+    for (k, node) in nodes.iter().enumerate() {
+        let config: toml::Table = toml::from_str(&read(std::path::Path::new(
+            node["config"].as_str().unwrap(),
+        )))
+        .expect("the node config is TOML");
+        let pool_dir = config["pool_dir"].as_str().expect("a pool_dir").to_string();
+        for dir in [pool.dir.join(format!("node-{}", k + 1)), pool_dir.into()] {
+            assert!(
+                !contains_file(&dir, "ca.key.pem"),
+                "node {}: the CA key is under {}",
+                k + 1,
+                dir.display()
+            );
+        }
     }
 
     let again = spillway(&[
@@ -122,6 +141,18 @@ fn cluster_init_lays_out_a_pool_and_refuses_to_overwrite_it() {
     assert_ne!(read(&pool.dir.join("pool/pool_id")), pool_id);
     assert_eq!(pool.spec().nodes.len(), 2);
     assert!(!pool.dir.join("node-3.toml").exists());
+}
+
+/// Whether a file named `name` lies anywhere under `dir`.
+fn contains_file(dir: &std::path::Path, name: &str) -> bool {
+    std::fs::read_dir(dir).unwrap().any(|entry| {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            contains_file(&path, name)
+        } else {
+            path.file_name().is_some_and(|n| n == name)
+        }
+    })
 }
 
 #[test]

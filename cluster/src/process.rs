@@ -232,6 +232,7 @@ mod tests {
             client_socket: tmp.path().join("c.sock"),
             config: tmp.path().join("node-1.toml"),
             data_dir: tmp.path().join("d"),
+            pool_dir: tmp.path().join("pool"),
             log: tmp.path().join("node.log"),
             pid_file: tmp.path().join("node.pid"),
         };

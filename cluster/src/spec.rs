@@ -2,10 +2,18 @@
 //!
 //! ```text
 //! D/cluster.json          the pool: id, and per node its id, addresses, config, log, pid file
-//! D/pool/                 the pool's CA and node certificates (spillway_net::certs layout)
+//! D/pool/                 the pool's CA: pool_id, ca.pem, ca.key.pem (the operator's: no
+//!                         node reads it)
 //! D/node-<id>.toml        node <id>'s configuration (spillway node --config)
 //! D/node-<id>/            node <id>'s data directory, node.log, node.pid, client.sock
+//! D/node-<id>/pool/       node <id>'s pool directory (its config's pool_dir): pool_id,
+//!                         ca.pem, node-<id>.pem, node-<id>.key.pem; never the CA key
 //! ```
+//!
+//! `init` issues every node's certificate and key into its own directory up front
+//! (`spillway_net::certs::init_pool`); a node only reads them. So a node's directory can
+//! go to another machine without the CA key, and one compromised node cannot mint
+//! certificates for others.
 //!
 //! Ports are on 127.0.0.1 from a base port P: node k (from 1) takes P + 2(k-1) for peers
 //! (UDP, QUIC) and the next port for `/status` and `/metrics` (TCP). With the default P,
@@ -48,7 +56,8 @@ pub const HEARTBEAT_TICKS: usize = 10;
 pub const ELECTION_TICKS: (usize, usize) = (50, 80);
 /// The file that describes a pool.
 pub const SPEC_FILE: &str = "cluster.json";
-/// Where the certificates go, under the pool directory.
+/// Where the pool's CA goes, under the pool directory; also the name of each node's own
+/// pool directory, under its node directory.
 pub const CERTS_DIR: &str = "pool";
 /// Largest `cluster.json` read: 1 MiB (64 nodes take about 30 KiB).
 const SPEC_BYTES_MAX: u64 = 1 << 20;
@@ -80,6 +89,11 @@ pub struct NodeSpec {
     pub config: PathBuf,
     /// Its data directory.
     pub data_dir: PathBuf,
+    /// Its pool directory (its config's `pool_dir`): its certificate and key and the CA's
+    /// certificate, never the CA's key. Empty in pools laid out before nodes had their
+    /// own.
+    #[serde(default)]
+    pub pool_dir: PathBuf,
     /// Where its stdout and stderr go.
     pub log: PathBuf,
     /// Its pid while it runs.
@@ -93,7 +107,8 @@ pub struct ClusterSpec {
     pub pool_id: String,
     /// The pool directory (absolute).
     pub dir: PathBuf,
-    /// The certificate directory (absolute).
+    /// The pool's CA directory (absolute): its certificate and key, for the operator; no
+    /// node reads it.
     pub certs_dir: PathBuf,
     /// The nodes, by id.
     pub nodes: Vec<NodeSpec>,
@@ -218,11 +233,11 @@ fn fresh_pool_id() -> PoolId {
 }
 
 /// Node `node`'s configuration in the pool `spec`: loopback addresses, data directory
-/// under the pool directory, the pool's certificates.
+/// under the pool directory, its own pool directory (its certificate, not the CA's key).
 pub fn node_config(spec: &ClusterSpec, node: &NodeSpec, host_tier_bytes: u64) -> NodeConfig {
     let mut config = NodeConfig::new(
         NodeId(node.id),
-        spec.certs_dir.clone(),
+        node.pool_dir.clone(),
         node.data_dir.clone(),
         host_tier_bytes,
     );
@@ -243,9 +258,9 @@ pub fn node_config(spec: &ClusterSpec, node: &NodeSpec, host_tier_bytes: u64) ->
     config
 }
 
-/// Lays out a pool of `opts.nodes` nodes in `dir` (created if missing): certificates,
-/// node configs, `cluster.json`. Refuses an existing pool unless `opts.force`, and even
-/// then while one of its nodes runs.
+/// Lays out a pool of `opts.nodes` nodes in `dir` (created if missing): the CA, each
+/// node's certificate in its own directory, node configs, `cluster.json`. Refuses an
+/// existing pool unless `opts.force`, and even then while one of its nodes runs.
 pub fn init(dir: &Path, opts: &InitOptions) -> Result<ClusterSpec, ClusterError> {
     opts.validate()?;
     fs::create_dir_all(dir).map_err(io_at(dir))?;
@@ -261,14 +276,8 @@ pub fn init(dir: &Path, opts: &InitOptions) -> Result<ClusterSpec, ClusterError>
         remove_pool(&dir)?;
     }
 
-    let ids: Vec<u64> = (1..=u64::from(opts.nodes)).collect();
-    let node_ids: Vec<NodeId> = ids.iter().map(|&i| NodeId(i)).collect();
     let pool_id = fresh_pool_id();
-    certs::init_pool_dir(&certs_dir, pool_id, &node_ids).map_err(|source| ClusterError::Certs {
-        dir: certs_dir.clone(),
-        source,
-    })?;
-    let nodes = (1..=opts.nodes)
+    let nodes: Vec<NodeSpec> = (1..=opts.nodes)
         .map(|k| {
             let (peer_addr, metrics_addr) = node_addrs(opts.base_port, k);
             let node_dir = dir.join(format!("node-{k}"));
@@ -279,11 +288,20 @@ pub fn init(dir: &Path, opts: &InitOptions) -> Result<ClusterSpec, ClusterError>
                 client_socket: node_dir.join("client.sock"),
                 config: dir.join(format!("node-{k}.toml")),
                 data_dir: node_dir.join("data"),
+                pool_dir: node_dir.join(CERTS_DIR),
                 log: node_dir.join("node.log"),
                 pid_file: node_dir.join("node.pid"),
             }
         })
         .collect();
+    let node_dirs: Vec<(NodeId, PathBuf)> = nodes
+        .iter()
+        .map(|n| (NodeId(n.id), n.pool_dir.clone()))
+        .collect();
+    certs::init_pool(&certs_dir, pool_id, &node_dirs).map_err(|source| ClusterError::Certs {
+        dir: certs_dir.clone(),
+        source,
+    })?;
     let spec = ClusterSpec {
         pool_id: format!("{:016x}", pool_id.0),
         dir: dir.clone(),
@@ -400,9 +418,62 @@ mod tests {
                 spec.nodes.iter().map(|n| (n.id, n.peer_addr)).collect();
             assert_eq!(members, expected);
             assert!(config.data_dir.starts_with(&spec.dir));
-            spillway_net::certs::NodeIdentity::load(&spec.certs_dir, NodeId(node.id)).unwrap();
+            assert_eq!(config.pool_dir, node.pool_dir);
+            assert!(
+                node.pool_dir
+                    .starts_with(spec.dir.join(format!("node-{}", node.id)))
+            );
+            spillway_net::certs::NodeIdentity::load(&config.pool_dir, NodeId(node.id)).unwrap();
         }
         assert_eq!(ClusterSpec::load(&dir).unwrap(), spec);
+    }
+
+    /// Every file under `dir`, at any depth.
+    fn files_under(dir: &Path) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files.extend(files_under(&path));
+            } else {
+                files.push(path);
+            }
+        }
+        files
+    }
+
+    #[test]
+    fn init_keeps_the_ca_key_out_of_every_node_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let spec = init(tmp.path(), &opts(3)).unwrap();
+        assert!(spec.certs_dir.join("ca.key.pem").exists());
+        for node in &spec.nodes {
+            let config = NodeConfig::load(&node.config).unwrap();
+            let node_dir = spec.dir.join(format!("node-{}", node.id));
+            for dir in [&node_dir, &config.pool_dir] {
+                let keys: Vec<PathBuf> = files_under(dir)
+                    .into_iter()
+                    .filter(|f| f.file_name().is_some_and(|n| n == "ca.key.pem"))
+                    .collect();
+                assert!(keys.is_empty(), "node {}: {keys:?}", node.id);
+            }
+            // The node's directory holds its own certificate and key, and no other node's.
+            let mut names: Vec<String> = fs::read_dir(&config.pool_dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let k = node.id;
+            assert_eq!(
+                names,
+                [
+                    "ca.pem".to_string(),
+                    format!("node-{k}.key.pem"),
+                    format!("node-{k}.pem"),
+                    "pool_id".to_string()
+                ]
+            );
+        }
     }
 
     #[test]

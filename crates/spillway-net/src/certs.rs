@@ -1,19 +1,38 @@
-//! The pool's certificate authority and the node certificates it signs, as PEM files in a
-//! directory. This backs `spillway cluster init`.
+//! The pool's certificate authority and the node certificates it signs, as PEM files in
+//! directories. This backs `spillway cluster init`.
 //!
-//! Layout of a pool directory (keys are written with mode 0600):
+//! Two kinds of directory; keys are written with mode 0600, and nothing is overwritten.
+//!
+//! The CA's directory ([`PoolCa::write`], [`PoolCa::load`]): the operator's, never a
+//! node's, because whoever reads the CA key can mint a certificate for any node id.
 //!
 //! ```text
 //! pool_id                 the pool id, 16 hex digits
-//! ca.pem, ca.key.pem      the pool's CA certificate and key (the key signs new nodes;
-//!                         keep it off the nodes if you can)
+//! ca.pem, ca.key.pem      the pool's CA certificate and key
+//! ```
+//!
+//! A node's pool directory ([`PoolCa::write_node_dir`]; the node config's `pool_dir`, read
+//! by [`NodeIdentity::load`] at start, which warns if a CA key lies there too):
+//!
+//! ```text
+//! pool_id, ca.pem         as above: the CA certificate, to check peers; no CA key
 //! node-<id>.pem           node <id>'s certificate, signed by the CA
 //! node-<id>.key.pem       node <id>'s key
 //! ```
 //!
-//! Every node certificate is valid for both TLS roles (each node connects and serves) and
-//! carries two DNS names: [`SERVER_NAME`], which every client checks (any pool member may
-//! serve any address), and `node-<id>.spillway`, which names the node.
+//! [`init_pool`] writes one CA directory and one directory per node. [`init_pool_dir`]
+//! writes one directory of the second kind holding several nodes, for nodes that run
+//! together (in one process, in tests); it writes no CA key and hands the CA back in
+//! memory.
+//!
+//! Node identity: every node certificate is valid for both TLS roles (each node connects
+//! and serves) and carries two DNS names (subject alternative names): [`SERVER_NAME`],
+//! which every client checks (any pool member may serve any address), and
+//! `node-<id>.spillway` ([`node_dns_name`]: the id in decimal, no leading zeros), which
+//! names the node. A certificate names exactly one node; [`cert_node_id`] reads it. The
+//! transport knows a peer by the node its certificate names, and refuses a hello that
+//! names another (`quic`), so a holder of one node's certificate cannot act as another
+//! node.
 //!
 //! Keys are ECDSA P-256. Validity runs from 2025 to 2125: the pool's CA is the trust root
 //! of a closed deployment, and rotation (a new CA, nodes re-issued) is an explicit act.
@@ -33,6 +52,90 @@ use spillway_types::{NodeId, PoolId};
 
 /// The TLS server name every node's certificate carries and every client checks.
 pub const SERVER_NAME: &str = "spillway-node";
+
+/// The CA key's file in the CA's directory; never in a node's.
+const CA_KEY_FILE: &str = "ca.key.pem";
+
+/// The DNS name by which node `node`'s certificate names it: `node-<id>.spillway`.
+pub fn node_dns_name(node: NodeId) -> String {
+    format!("node-{}.spillway", node.0)
+}
+
+/// Why a certificate names no node (see [`cert_node_id`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CertIdError {
+    /// The peer presented no certificate.
+    #[error("no certificate")]
+    NoCertificate,
+    /// The certificate is not DER X.509 (TLS accepted it, so this is not expected).
+    #[error("the certificate cannot be parsed: {reason}")]
+    Unparsable {
+        /// The parser's error.
+        reason: String,
+    },
+    /// No DNS name of the form `node-<id>.spillway`.
+    #[error("the certificate names no node (no DNS name node-<id>.spillway)")]
+    NoNodeName,
+    /// A DNS name `node-….spillway` whose id is not a canonical decimal number.
+    #[error("the certificate's DNS name {name:?} has no decimal node id")]
+    BadNodeName {
+        /// The name.
+        name: String,
+    },
+    /// Two different node names.
+    #[error("the certificate names two nodes, {first} and {second}")]
+    SeveralNodes {
+        /// The first named.
+        first: NodeId,
+        /// Another one.
+        second: NodeId,
+    },
+}
+
+/// The node a certificate names: its one DNS name `node-<id>.spillway` (compared without
+/// regard to case, as DNS names are). Only parses: the caller has checked the certificate
+/// against the pool's CA (TLS does). Never panics, whatever the bytes.
+pub fn cert_node_id(cert: &CertificateDer<'_>) -> Result<NodeId, CertIdError> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| {
+        CertIdError::Unparsable {
+            reason: e.to_string(),
+        }
+    })?;
+    let san = parsed
+        .subject_alternative_name()
+        .map_err(|e| CertIdError::Unparsable {
+            reason: e.to_string(),
+        })?
+        .ok_or(CertIdError::NoNodeName)?;
+    let mut found: Option<NodeId> = None;
+    for name in &san.value.general_names {
+        let x509_parser::extensions::GeneralName::DNSName(name) = name else {
+            continue;
+        };
+        let lower = name.to_ascii_lowercase();
+        let Some(digits) = lower
+            .strip_prefix("node-")
+            .and_then(|rest| rest.strip_suffix(".spillway"))
+        else {
+            continue;
+        };
+        let id = digits
+            .parse::<u64>()
+            .ok()
+            .filter(|id| id.to_string() == digits)
+            .map(NodeId)
+            .ok_or_else(|| CertIdError::BadNodeName {
+                name: name.to_string(),
+            })?;
+        match found {
+            Some(first) if first != id => {
+                return Err(CertIdError::SeveralNodes { first, second: id });
+            }
+            _ => found = Some(id),
+        }
+    }
+    found.ok_or(CertIdError::NoNodeName)
+}
 
 /// Certificates could not be made, written or read.
 #[derive(Debug, thiserror::Error)]
@@ -148,11 +251,8 @@ impl PoolCa {
     pub fn issue_node(&self, node: NodeId) -> Result<NodeIdentity, CertError> {
         let what = format!("certificate of {node}");
         let key = KeyPair::generate().map_err(generate_err(what.clone()))?;
-        let mut params = CertificateParams::new(vec![
-            SERVER_NAME.to_string(),
-            format!("node-{}.spillway", node.0),
-        ])
-        .map_err(generate_err(what.clone()))?;
+        let mut params = CertificateParams::new(vec![SERVER_NAME.to_string(), node_dns_name(node)])
+            .map_err(generate_err(what.clone()))?;
         let mut name = DistinguishedName::new();
         name.push(DnType::OrganizationName, "Spillway");
         name.push(DnType::CommonName, format!("{} {node}", self.pool_id));
@@ -179,9 +279,20 @@ impl PoolCa {
         )
     }
 
-    /// Writes `pool_id`, `ca.pem` and `ca.key.pem` into `dir` (created if missing).
-    /// Refuses to overwrite existing files.
+    /// Writes the CA's directory (`pool_id`, `ca.pem` and `ca.key.pem`) into `dir`
+    /// (created if missing): the operator's directory, never a node's. Refuses to
+    /// overwrite existing files.
     pub fn write(&self, dir: &Path) -> Result<(), CertError> {
+        self.write_public(dir)?;
+        write_new(
+            &dir.join(CA_KEY_FILE),
+            self.key.serialize_pem().as_bytes(),
+            true,
+        )
+    }
+
+    /// Writes `pool_id` and `ca.pem` (no key) into `dir`, created if missing.
+    fn write_public(&self, dir: &Path) -> Result<(), CertError> {
         fs::create_dir_all(dir).map_err(|source| CertError::Io {
             path: dir.to_path_buf(),
             source,
@@ -191,19 +302,25 @@ impl PoolCa {
             format!("{:016x}\n", self.pool_id.0).as_bytes(),
             false,
         )?;
-        write_new(&dir.join("ca.pem"), self.cert_pem.as_bytes(), false)?;
-        write_new(
-            &dir.join("ca.key.pem"),
-            self.key.serialize_pem().as_bytes(),
-            true,
-        )
+        write_new(&dir.join("ca.pem"), self.cert_pem.as_bytes(), false)
+    }
+
+    /// Issues node `node`'s certificate and writes its pool directory into `dir` (created
+    /// if missing): `pool_id`, `ca.pem`, `node-<id>.pem`, `node-<id>.key.pem`, and never
+    /// the CA key. Refuses to overwrite; checks every file before writing any.
+    pub fn write_node_dir(&self, node: NodeId, dir: &Path) -> Result<NodeIdentity, CertError> {
+        let identity = self.issue_node(node)?;
+        refuse_existing(node_dir_files(dir, node))?;
+        self.write_public(dir)?;
+        identity.write(dir)?;
+        Ok(identity)
     }
 
     /// Reads the CA written by [`PoolCa::write`], to sign more nodes.
     pub fn load(dir: &Path) -> Result<PoolCa, CertError> {
         let pool_id = read_pool_id(dir)?;
         let cert_pem = read_string(&dir.join("ca.pem"))?;
-        let key_path = dir.join("ca.key.pem");
+        let key_path = dir.join(CA_KEY_FILE);
         let key = KeyPair::from_pem(&read_string(&key_path)?).map_err(|e| CertError::Invalid {
             path: key_path,
             problem: e.to_string(),
@@ -253,6 +370,8 @@ fn node_file(dir: &Path, node: NodeId, suffix: &str) -> PathBuf {
 impl NodeIdentity {
     /// An identity from PEM text: the CA certificate that peers must be signed by, this
     /// node's certificate (chain) and key. `origin` names where they came from, for errors.
+    /// Does not check that the certificate names `node_id` ([`NodeIdentity::load`] does,
+    /// and so does every peer).
     pub fn from_pem(
         pool_id: PoolId,
         node_id: NodeId,
@@ -315,40 +434,110 @@ impl NodeIdentity {
         )
     }
 
-    /// Reads node `node`'s identity from a pool directory (`pool_id`, `ca.pem`,
-    /// `node-<id>.pem`, `node-<id>.key.pem`). The CA key is not needed.
+    /// Reads node `node`'s identity from its pool directory (`pool_id`, `ca.pem`,
+    /// `node-<id>.pem`, `node-<id>.key.pem`), and checks that the certificate names
+    /// `node` (peers would refuse it otherwise). The CA key is not needed, and a warning
+    /// is logged if it lies in `dir`.
     pub fn load(dir: &Path, node: NodeId) -> Result<NodeIdentity, CertError> {
         let pool_id = read_pool_id(dir)?;
         let ca_pem = read_string(&dir.join("ca.pem"))?;
         let cert_path = node_file(dir, node, ".pem");
         let cert_pem = read_string(&cert_path)?;
         let key_pem = read_string(&node_file(dir, node, ".key.pem"))?;
-        NodeIdentity::from_pem(pool_id, node, &ca_pem, &cert_pem, &key_pem, &cert_path)
+        let identity =
+            NodeIdentity::from_pem(pool_id, node, &ca_pem, &cert_pem, &key_pem, &cert_path)?;
+        match cert_node_id(&identity.chain[0]) {
+            Ok(named) if named == node => {}
+            Ok(named) => {
+                return Err(CertError::Invalid {
+                    path: cert_path,
+                    problem: format!("the certificate is {named}'s, not {node}'s"),
+                });
+            }
+            Err(e) => {
+                return Err(CertError::Invalid {
+                    path: cert_path,
+                    problem: e.to_string(),
+                });
+            }
+        }
+        let ca_key = dir.join(CA_KEY_FILE);
+        if ca_key.exists() {
+            tracing::warn!(
+                path = %ca_key.display(),
+                "the pool's CA key lies in a node's pool directory: whoever reads it can mint \
+                 a certificate for any node; keep it in the operator's directory only"
+            );
+        }
+        Ok(identity)
     }
 }
 
-/// Creates a pool directory: a new CA for `pool_id` and a certificate for each of `nodes`.
-/// What `spillway cluster init` does. Fails without writing anything over existing files.
+/// The files [`PoolCa::write_node_dir`] writes.
+fn node_dir_files(dir: &Path, node: NodeId) -> [PathBuf; 4] {
+    [
+        dir.join("pool_id"),
+        dir.join("ca.pem"),
+        node_file(dir, node, ".pem"),
+        node_file(dir, node, ".key.pem"),
+    ]
+}
+
+/// [`CertError::Exists`] for the first of `paths` that exists.
+fn refuse_existing(paths: impl IntoIterator<Item = PathBuf>) -> Result<(), CertError> {
+    match paths.into_iter().find(|p| p.exists()) {
+        Some(path) => Err(CertError::Exists { path }),
+        None => Ok(()),
+    }
+}
+
+/// Lays out a pool for nodes that run apart: a new CA for `pool_id` in `ca_dir` (with its
+/// key), and for each `(node, dir)` of `nodes` the node's pool directory in `dir` (see
+/// [`PoolCa::write_node_dir`]; no CA key). What `spillway cluster init` does. Checks every
+/// file before writing any, and fails without writing over existing files.
+pub fn init_pool(
+    ca_dir: &Path,
+    pool_id: PoolId,
+    nodes: &[(NodeId, PathBuf)],
+) -> Result<PoolCa, CertError> {
+    let ca = PoolCa::generate(pool_id)?;
+    let identities = nodes
+        .iter()
+        .map(|(n, _)| ca.issue_node(*n))
+        .collect::<Result<Vec<_>, _>>()?;
+    refuse_existing(
+        ["pool_id", "ca.pem", CA_KEY_FILE]
+            .iter()
+            .map(|f| ca_dir.join(f))
+            .chain(nodes.iter().flat_map(|(n, d)| node_dir_files(d, *n))),
+    )?;
+    ca.write(ca_dir)?;
+    for ((_, dir), identity) in nodes.iter().zip(&identities) {
+        ca.write_public(dir)?;
+        identity.write(dir)?;
+    }
+    Ok(ca)
+}
+
+/// Creates one pool directory shared by `nodes`, for nodes that run together (in one
+/// process, in tests): a new CA for `pool_id`, `pool_id`, `ca.pem` and each node's
+/// certificate and key. The CA key is not written: the CA comes back in memory (to issue
+/// more nodes; [`PoolCa::write`] keeps it, in another directory). Fails without writing
+/// anything over existing files.
 pub fn init_pool_dir(dir: &Path, pool_id: PoolId, nodes: &[NodeId]) -> Result<PoolCa, CertError> {
     let ca = PoolCa::generate(pool_id)?;
     let identities = nodes
         .iter()
         .map(|n| ca.issue_node(*n))
         .collect::<Result<Vec<_>, _>>()?;
-    for path in ["pool_id", "ca.pem", "ca.key.pem"]
-        .iter()
-        .map(|f| dir.join(f))
-        .chain(
+    refuse_existing(
+        ["pool_id", "ca.pem"].iter().map(|f| dir.join(f)).chain(
             nodes
                 .iter()
                 .flat_map(|n| [node_file(dir, *n, ".pem"), node_file(dir, *n, ".key.pem")]),
-        )
-    {
-        if path.exists() {
-            return Err(CertError::Exists { path });
-        }
-    }
-    ca.write(dir)?;
+        ),
+    )?;
+    ca.write_public(dir)?;
     for id in &identities {
         id.write(dir)?;
     }
@@ -419,36 +608,175 @@ mod tests {
         dir
     }
 
+    #[cfg(unix)]
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    fn file_names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
-    fn init_writes_a_pool_that_loads_back() {
+    fn init_pool_dir_writes_nodes_that_load_back_and_no_ca_key() {
         let dir = temp_dir("init");
         let nodes = [NodeId(1), NodeId(2)];
-        init_pool_dir(&dir, PoolId(0xabc), &nodes).unwrap();
+        let ca = init_pool_dir(&dir, PoolId(0xabc), &nodes).unwrap();
         for n in nodes {
             let id = NodeIdentity::load(&dir, n).unwrap();
             assert_eq!(id.pool_id, PoolId(0xabc));
             assert_eq!(id.node_id, n);
             assert_eq!(id.chain.len(), 1);
         }
+        assert!(!dir.join(CA_KEY_FILE).exists());
         #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            for f in ["ca.key.pem", "node-1.key.pem"] {
-                let mode = fs::metadata(dir.join(f)).unwrap().permissions().mode();
-                assert_eq!(mode & 0o777, 0o600, "{f}");
-            }
-        }
-        // A second init never overwrites the CA.
+        assert_eq!(mode(&dir.join("node-1.key.pem")), 0o600);
+        // A second init never overwrites.
         assert!(matches!(
             init_pool_dir(&dir, PoolId(1), &nodes),
             Err(CertError::Exists { .. })
         ));
-        // The CA loads back and signs new nodes.
-        let ca = PoolCa::load(&dir).unwrap();
-        assert_eq!(ca.pool_id(), PoolId(0xabc));
+        // The CA, kept in memory, signs new nodes.
         ca.issue_node(NodeId(3)).unwrap().write(&dir).unwrap();
         NodeIdentity::load(&dir, NodeId(3)).unwrap();
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn init_pool_keeps_the_ca_key_out_of_every_node_dir() {
+        let root = temp_dir("init-pool");
+        let ca_dir = root.join("ca");
+        let node_dir = |n: u64| root.join(format!("node-{n}"));
+        let nodes: Vec<(NodeId, PathBuf)> = (1..=2).map(|n| (NodeId(n), node_dir(n))).collect();
+        init_pool(&ca_dir, PoolId(0xabc), &nodes).unwrap();
+        assert_eq!(file_names(&ca_dir), ["ca.key.pem", "ca.pem", "pool_id"]);
+        #[cfg(unix)]
+        assert_eq!(mode(&ca_dir.join(CA_KEY_FILE)), 0o600);
+        for (n, dir) in &nodes {
+            let k = n.0;
+            assert_eq!(
+                file_names(dir),
+                [
+                    "ca.pem".to_string(),
+                    format!("node-{k}.key.pem"),
+                    format!("node-{k}.pem"),
+                    "pool_id".to_string()
+                ]
+            );
+            #[cfg(unix)]
+            assert_eq!(mode(&dir.join(format!("node-{k}.key.pem"))), 0o600);
+            let id = NodeIdentity::load(dir, *n).unwrap();
+            assert_eq!((id.pool_id, id.node_id), (PoolId(0xabc), *n));
+        }
+        // A second init writes nothing, not even where nothing was.
+        let more = [nodes.clone(), vec![(NodeId(4), node_dir(4))]].concat();
+        assert!(matches!(
+            init_pool(&ca_dir, PoolId(1), &more),
+            Err(CertError::Exists { .. })
+        ));
+        assert!(!node_dir(4).exists());
+        // The operator's CA loads back and lays out another node's directory.
+        let ca = PoolCa::load(&ca_dir).unwrap();
+        assert_eq!(ca.pool_id(), PoolId(0xabc));
+        let three = ca.write_node_dir(NodeId(3), &node_dir(3)).unwrap();
+        assert_eq!(cert_node_id(&three.chain[0]), Ok(NodeId(3)));
+        assert!(!node_dir(3).join(CA_KEY_FILE).exists());
+        NodeIdentity::load(&node_dir(3), NodeId(3)).unwrap();
+        assert!(matches!(
+            ca.write_node_dir(NodeId(3), &node_dir(3)),
+            Err(CertError::Exists { .. })
+        ));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn load_refuses_a_certificate_of_another_node() {
+        let dir = temp_dir("swapped");
+        init_pool_dir(&dir, PoolId(5), &[NodeId(2), NodeId(3)]).unwrap();
+        // Node 3's certificate and key under node 2's names.
+        for suffix in [".pem", ".key.pem"] {
+            fs::remove_file(node_file(&dir, NodeId(2), suffix)).unwrap();
+            fs::copy(
+                node_file(&dir, NodeId(3), suffix),
+                node_file(&dir, NodeId(2), suffix),
+            )
+            .unwrap();
+        }
+        let e = NodeIdentity::load(&dir, NodeId(2)).unwrap_err();
+        match &e {
+            CertError::Invalid { path, problem } => {
+                assert!(path.ends_with("node-2.pem"), "{e}");
+                assert!(problem.contains("node#3"), "{e}");
+            }
+            other => panic!("{other}"),
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn self_signed(names: &[&str]) -> CertificateDer<'static> {
+        let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        rcgen::generate_simple_self_signed(names)
+            .unwrap()
+            .cert
+            .der()
+            .clone()
+    }
+
+    #[test]
+    fn a_certificate_names_exactly_one_node() {
+        let ca = PoolCa::generate(PoolId(9)).unwrap();
+        let issued = ca.issue_node(NodeId(4095)).unwrap();
+        assert_eq!(cert_node_id(&issued.chain[0]), Ok(NodeId(4095)));
+        assert_eq!(
+            cert_node_id(&self_signed(&[
+                SERVER_NAME,
+                "NODE-5.Spillway",
+                "node-5.spillway"
+            ])),
+            Ok(NodeId(5))
+        );
+        assert_eq!(
+            cert_node_id(&self_signed(&[SERVER_NAME])),
+            Err(CertIdError::NoNodeName)
+        );
+        assert_eq!(
+            cert_node_id(&self_signed(&["node-.spillway.example"])),
+            Err(CertIdError::NoNodeName)
+        );
+        for bad in [
+            "node-02.spillway",
+            "node-+2.spillway",
+            "node-x.spillway",
+            "node-.spillway",
+        ] {
+            assert_eq!(
+                cert_node_id(&self_signed(&[bad])),
+                Err(CertIdError::BadNodeName {
+                    name: bad.to_string()
+                }),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            cert_node_id(&self_signed(&["node-1.spillway", "node-2.spillway"])),
+            Err(CertIdError::SeveralNodes {
+                first: NodeId(1),
+                second: NodeId(2)
+            })
+        );
+        // Garbage is an error, never a panic.
+        for junk in [&b""[..], b"\x30", b"\x30\x82\xff\xff", &[0xa5; 300]] {
+            assert!(matches!(
+                cert_node_id(&CertificateDer::from(junk.to_vec())),
+                Err(CertIdError::Unparsable { .. })
+            ));
+        }
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //!   transport, [`Transport::serve`]s its peer page service through a [`Handler`], and
 //!   [`Transport::connect`]s to peers to put, get and delete pages.
 //! - [`quic`]: the real transport, QUIC (`quinn`) with mutual TLS (`rustls`, ring): both
-//!   sides must hold a certificate of the pool's CA ([`certs`]), tuned as `FACTS.md`
-//!   measured ([`QuicConfig`]).
+//!   sides must hold a certificate of the pool's CA ([`certs`]), which names their node,
+//!   tuned as `FACTS.md` measured ([`QuicConfig`]).
 //! - [`sim`]: the in-memory twin for tests, with the same trait and the same frame checks.
 //! - [`mem_store`]: a handler that keeps pages in memory (tests, bench, a first host tier).
 //! - [`bench`](mod@bench): page throughput over QUIC against raw TCP, measured in one run.
@@ -22,7 +22,9 @@
 //! Connections carry one request per stream, so requests to one peer proceed in parallel
 //! and a slow one does not block the rest. The first stream of a connection carries the
 //! [`wire::Hello`](spillway_types::wire::Hello) exchange, which names the peer's node and
-//! checks pool id and protocol version.
+//! checks pool id and protocol version. Over QUIC the node a hello names must be the one
+//! the peer's certificate names, or the hello is refused; the in-memory twin has no
+//! certificates and takes the hello's word.
 
 pub mod bench;
 pub mod certs;
@@ -66,7 +68,9 @@ pub trait Handler: Send + Sync + 'static {
 /// A connection to one peer, as returned by [`Transport::connect`]. Cheap to clone; all
 /// clones share the connection and its in-flight budget.
 pub trait Connection: Clone + Send + Sync + 'static {
-    /// The peer's node id, as it said in its hello (its certificate is from the pool's CA).
+    /// The peer's node id. Over QUIC it is the node the peer's certificate (from the pool's
+    /// CA) names, which its hello had to repeat; a caller that dialled an address for a
+    /// given node compares it with that node.
     fn peer(&self) -> NodeId;
 
     /// Sends `request` and waits for the reply. A [`Response::Error`] from the peer comes
@@ -130,7 +134,8 @@ pub trait Transport: Send + Sync + 'static {
     fn local_addr(&self) -> SocketAddr;
 
     /// Connects to the node at `addr` and exchanges hellos. Fails if the peer is not of
-    /// this pool (certificate or pool id) or speaks another protocol version.
+    /// this pool (certificate or pool id), speaks another protocol version, or (QUIC) names
+    /// another node in its hello than in its certificate.
     fn connect(
         &self,
         addr: SocketAddr,
@@ -184,6 +189,20 @@ pub enum NetError {
         expected: PoolId,
         /// Its pool.
         found: PoolId,
+    },
+    /// The peer's hello names another node than its certificate does (or its certificate
+    /// names none); the connection was closed.
+    #[error(
+        "the peer at {addr} says it is {claimed} but its certificate names {}",
+        certified.map_or_else(|| "no node".to_string(), |n| n.to_string())
+    )]
+    IdentityMismatch {
+        /// Where the peer is.
+        addr: SocketAddr,
+        /// The node its hello names.
+        claimed: NodeId,
+        /// The node its certificate names, if any.
+        certified: Option<NodeId>,
     },
     /// The connection to a peer was lost or closed while a request was in flight.
     #[error("connection to {peer} lost: {reason}")]

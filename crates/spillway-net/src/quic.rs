@@ -1,9 +1,18 @@
 //! The QUIC transport: `quinn` with mutual TLS (`rustls`, ring provider).
 //!
 //! One [`QuicTransport`] per node: one UDP socket and one quinn endpoint, both client
-//! (connect) and server (serve). Both TLS roles check the peer against the pool's CA
-//! only: the server requires a client certificate, the client checks the server's
-//! certificate and its name [`SERVER_NAME`]. TLS 1.3 only, ALPN `spillway/1`.
+//! (connect) and server (serve). Both TLS roles check the peer against the pool's CA:
+//! the server requires a client certificate, the client checks the server's certificate
+//! and its name [`SERVER_NAME`]. TLS 1.3 only, ALPN `spillway/1`.
+//!
+//! Peer identity: a peer is the node its certificate names ([`cert_node_id`], the DNS name
+//! `node-<id>.spillway`), not whatever its hello says. The server refuses a hello whose
+//! node id differs from its certificate's, or a certificate that names no node, with an
+//! [`ErrorCode::IdentityMismatch`] reply; it logs a warning and counts it in
+//! [`NetStats::handshakes_refused`]. The client checks the server's hello reply the same
+//! way ([`NetError::IdentityMismatch`]), so [`Connection::peer`] is the node the server's
+//! certificate names, and a caller that dialled an address for a given node compares it
+//! (the node's Raft transport does).
 //!
 //! A [`QuicConnection`] to a peer is several QUIC connections ("lanes",
 //! [`QuicConfig::connections_per_peer`]) used in turn: quinn drives each connection from
@@ -42,7 +51,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::certs::{CertError, NodeIdentity, SERVER_NAME};
+use crate::certs::{CertError, CertIdError, NodeIdentity, SERVER_NAME, cert_node_id};
 use crate::config::permits_for;
 use crate::stats::PeerState;
 use crate::{
@@ -55,7 +64,8 @@ pub const ALPN: &[u8] = b"spillway/1";
 pub const CLOSE_BAD_FRAME: u32 = 1;
 /// Connection close code: the server is shutting down.
 pub const CLOSE_SHUTDOWN: u32 = 2;
-/// Connection close code: the hello was refused (another pool or version).
+/// Connection close code: the hello was refused (another pool or version, or a node id its
+/// certificate does not name).
 pub const CLOSE_REFUSED: u32 = 3;
 
 /// A node's QUIC endpoint.
@@ -328,6 +338,21 @@ impl QuicTransport {
                 found: hello.pool_id,
             });
         }
+        let certified = peer_node_id(&conn);
+        if certified.as_ref() != Ok(&hello.node_id) {
+            tracing::warn!(
+                %addr,
+                cert_node = %certified_name(&certified),
+                claimed_node = %hello.node_id,
+                "refusing a server: its hello names another node than its certificate"
+            );
+            conn.close(VarInt::from_u32(CLOSE_REFUSED), b"identity mismatch");
+            return Err(NetError::IdentityMismatch {
+                addr,
+                claimed: hello.node_id,
+                certified: certified.ok(),
+            });
+        }
         let state = self.stats.peer_state(hello.node_id);
         state.add_out(sent);
         state.add_in(reply.wire_bytes);
@@ -344,6 +369,27 @@ impl QuicTransport {
 
     fn hello_timeout(&self) -> Duration {
         Duration::from_millis(self.config.hello_timeout_ms)
+    }
+}
+
+/// The node `conn`'s peer certificate names (its end-entity certificate; TLS has checked
+/// the chain against the pool's CA).
+fn peer_node_id(conn: &quinn::Connection) -> Result<NodeId, CertIdError> {
+    let certs = conn
+        .peer_identity()
+        .and_then(|any| {
+            any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                .ok()
+        })
+        .ok_or(CertIdError::NoCertificate)?;
+    cert_node_id(certs.first().ok_or(CertIdError::NoCertificate)?)
+}
+
+/// A certificate's node for logs: its id, or why it has none.
+fn certified_name(certified: &Result<NodeId, CertIdError>) -> String {
+    match certified {
+        Ok(node) => node.to_string(),
+        Err(e) => format!("none ({e})"),
     }
 }
 
@@ -635,9 +681,19 @@ async fn serve_connection<H: Handler>(incoming: quinn::Incoming, slot: Connectio
     };
     let (conn, peer) = match identified {
         Ok(Ok(v)) => v,
-        Ok(Err(reason)) => {
+        Ok(Err(Refused::Other(reason))) => {
             ctx.stats.handshake_refused();
             tracing::info!(%remote, %reason, "refused a connection");
+            return;
+        }
+        Ok(Err(Refused::Identity { certified, claimed })) => {
+            ctx.stats.handshake_refused();
+            tracing::warn!(
+                %remote,
+                cert_node = %certified_name(&certified),
+                claimed_node = %claimed,
+                "refused a connection: its hello names another node than its certificate"
+            );
             return;
         }
         Err(_) => {
@@ -673,13 +729,33 @@ async fn serve_connection<H: Handler>(incoming: quinn::Incoming, slot: Connectio
     }
 }
 
-/// Completes TLS (which checks the client's certificate) and the hello exchange. Returns
+/// Why [`accept_hello`] refused a connection.
+enum Refused {
+    /// TLS, the hello frame, its pool or its version (logged at info by the caller).
+    Other(String),
+    /// The hello names a node its certificate does not (logged as a warning).
+    Identity {
+        /// The node the certificate names, or why it names none.
+        certified: Result<NodeId, CertIdError>,
+        /// The node the hello names.
+        claimed: NodeId,
+    },
+}
+
+impl From<String> for Refused {
+    fn from(reason: String) -> Self {
+        Refused::Other(reason)
+    }
+}
+
+/// Completes TLS (which checks the client's certificate against the pool's CA) and the
+/// hello exchange, and checks that the hello names the node the certificate does. Returns
 /// the connection and the peer's node id, or why it was refused (already counted where a
 /// frame was bad).
 async fn accept_hello<H: Handler>(
     incoming: quinn::Incoming,
     ctx: &ServeCtx<H>,
-) -> Result<(quinn::Connection, NodeId), String> {
+) -> Result<(quinn::Connection, NodeId), Refused> {
     let conn = incoming
         .accept()
         .map_err(|e| format!("QUIC: {e}"))?
@@ -692,10 +768,12 @@ async fn accept_hello<H: Handler>(
     let unidentified = ctx.stats.unidentified_state();
     let head = match read_head(&mut recv).await {
         Ok(head) => head,
-        Err(ReadFail::Stream(reason)) => return Err(format!("reading the hello: {reason}")),
+        Err(ReadFail::Stream(reason)) => {
+            return Err(format!("reading the hello: {reason}").into());
+        }
         Err(ReadFail::Wire(e)) => {
             reject(&conn, unidentified, &e);
-            return Err(format!("bad hello frame: {e}"));
+            return Err(format!("bad hello frame: {e}").into());
         }
     };
     let hello = match head.message {
@@ -706,9 +784,10 @@ async fn accept_hello<H: Handler>(
                 reason: "the first frame of a connection must be a hello".to_string(),
             };
             reject(&conn, unidentified, &e);
-            return Err(e.to_string());
+            return Err(e.to_string().into());
         }
     };
+    let certified = peer_node_id(&conn);
     let refusal = if hello.pool_id != ctx.hello.pool_id {
         Some(ErrorReply::new(
             ErrorCode::PoolMismatch,
@@ -722,6 +801,15 @@ async fn accept_hello<H: Handler>(
                 hello.protocol_version
             ),
         ))
+    } else if certified.as_ref() != Ok(&hello.node_id) {
+        Some(ErrorReply::new(
+            ErrorCode::IdentityMismatch,
+            format!(
+                "your hello says {} but your certificate names {}",
+                hello.node_id,
+                certified_name(&certified)
+            ),
+        ))
     } else {
         None
     };
@@ -730,15 +818,22 @@ async fn accept_hello<H: Handler>(
         None => Message::HelloReply(ctx.hello),
     };
     let frame = wire::encode_frame(head.header.request_id, &reply).expect("a hello reply encodes");
-    let sent = write_frame(&mut send, frame, Vec::new())
-        .await
-        .map_err(|e| format!("answering the hello: {e}"))?;
+    let sent = write_frame(&mut send, frame, Vec::new()).await;
     if let Some(e) = refusal {
         // Let the error reply reach the peer before closing; bounded by the hello timeout.
-        let _ = send.stopped().await;
+        if sent.is_ok() {
+            let _ = send.stopped().await;
+        }
         conn.close(VarInt::from_u32(CLOSE_REFUSED), b"hello refused");
-        return Err(format!("hello refused: {:?}: {}", e.code, e.message));
+        return Err(match e.code {
+            ErrorCode::IdentityMismatch => Refused::Identity {
+                certified,
+                claimed: hello.node_id,
+            },
+            _ => Refused::Other(format!("hello refused: {:?}: {}", e.code, e.message)),
+        });
     }
+    let sent = sent.map_err(|e| format!("answering the hello: {e}"))?;
     let state = ctx.stats.peer_state(hello.node_id);
     state.add_in(head.wire_bytes);
     state.add_out(sent);

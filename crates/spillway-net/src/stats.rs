@@ -1,9 +1,10 @@
 //! Counters of a transport, per peer: what the node's `/metrics` will export.
 //!
-//! Peers are keyed by the node id of their hello. Frames rejected before a peer has said
-//! who it is (a bad hello, or garbage on a fresh connection) are counted under
-//! [`NetStats::unidentified`]. The map grows only with nodes that passed mutual TLS with
-//! the pool's CA, so it is bounded by the pool's membership.
+//! Peers are keyed by node id: over QUIC, the node their certificate names, which their
+//! hello must repeat. Frames rejected before a peer has said who it is (a bad hello, or
+//! garbage on a fresh connection) are counted under [`NetStats::unidentified`]. The map
+//! grows only with nodes that passed mutual TLS with the pool's CA, so it is bounded by
+//! the pool's membership.
 //!
 //! Lock order: the map's mutex is held only to find or insert an entry, never across an
 //! await; the counters themselves are atomics.
@@ -141,7 +142,7 @@ impl NetStats {
     }
 
     /// Incoming connections that failed the TLS handshake (no certificate of the pool's CA)
-    /// or the hello (another pool or version).
+    /// or the hello (another pool or version, or a node id its certificate does not name).
     pub fn handshakes_refused(&self) -> u64 {
         self.handshakes_refused.load(Ordering::Relaxed)
     }

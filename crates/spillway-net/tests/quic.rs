@@ -216,6 +216,71 @@ async fn a_peer_of_another_pool_id_is_refused_at_hello() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_naming_another_node_than_the_certificate_is_refused_and_counted() {
+    let pool = Pool::new("identity");
+    let (server, _serving, _) = pool.server();
+    // A valid pool certificate of node 2, and a hello that says node 3.
+    let mut liar = pool.identity(2);
+    liar.node_id = NodeId(3);
+    let liar = QuicTransport::bind(loopback(), liar, QuicConfig::default()).unwrap();
+    let err = within("refused connect", WAIT, liar.connect(server.local_addr()))
+        .await
+        .unwrap_err();
+    match &err {
+        NetError::Connect { reason, .. } => {
+            assert!(reason.contains("IdentityMismatch"), "{err}");
+            assert!(
+                reason.contains("node#2") && reason.contains("node#3"),
+                "{err}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+    wait_for("the server to count the refusal", WAIT, || {
+        server.stats().handshakes_refused() == 1
+    })
+    .await;
+    assert_eq!(server.stats().connections_accepted(), 0);
+    assert!(server.stats().peers().is_empty());
+
+    // The same certificate with its own node id in the hello is accepted.
+    let honest = pool.transport(2);
+    let conn = within("connect", WAIT, honest.connect(server.local_addr()))
+        .await
+        .unwrap();
+    assert_eq!(conn.peer(), NodeId(1));
+    assert_eq!(conn.put_pages(vec![page(2, 0, 100)]).await.unwrap(), 1);
+    assert_eq!(server.stats().handshakes_refused(), 1);
+    assert_eq!(
+        server.stats().connections_accepted(),
+        u64::from(QuicConfig::default().connections_per_peer)
+    );
+    let peers: Vec<NodeId> = server.stats().peers().into_keys().collect();
+    assert_eq!(peers, [NodeId(2)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_hello_names_another_node_is_refused_by_the_client() {
+    let pool = Pool::new("identity-server");
+    // Node 1's certificate, serving as "node 4".
+    let mut liar = pool.identity(1);
+    liar.node_id = NodeId(4);
+    let impostor = QuicTransport::bind(loopback(), liar, QuicConfig::default()).unwrap();
+    let _serving = impostor.serve(Arc::new(MemStore::new(8))).unwrap();
+    let client = pool.transport(2);
+    let err = within("connect", WAIT, client.connect(impostor.local_addr()))
+        .await
+        .unwrap_err();
+    match err {
+        NetError::IdentityMismatch {
+            claimed, certified, ..
+        } => assert_eq!((claimed, certified), (NodeId(4), Some(NodeId(1)))),
+        other => panic!("{other}"),
+    }
+    assert!(client.stats().peers().is_empty());
+}
+
 /// Sends `bytes` on a new stream of `conn`, as a broken peer would, and waits until the
 /// server closes the connection for a bad frame.
 async fn send_raw_and_expect_close(conn: &QuicConnection, bytes: &[u8]) {

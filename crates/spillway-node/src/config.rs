@@ -296,10 +296,11 @@ const FIELD_DOCS: &[FieldDoc] = &[
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// This node's id in the pool (required, not 0). Must match a certificate in
-    /// `pool_dir` (`node-<id>.pem`); peers know the node by it.
+    /// `pool_dir` (`node-<id>.pem`, which names this id); peers know the node by it.
     pub node_id: NodeId,
-    /// The pool directory made by `init_pool_dir` (required): the pool's CA certificate and
-    /// this node's certificate and key. Whoever can read it can join the pool.
+    /// The node's pool directory (required; `cluster init` writes one per node): the pool's
+    /// CA certificate and this node's certificate and key, never the CA's key. Whoever can
+    /// read it can join the pool as this node, and only as this node.
     pub pool_dir: PathBuf,
     /// Where peers reach this node (UDP, QUIC). Port 0 picks a free port (tests). A
     /// loopback address enables the large loopback MTU ([`QuicConfig::loopback_mtu_bytes`]).

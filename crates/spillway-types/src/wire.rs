@@ -449,6 +449,9 @@ pub enum ErrorCode {
     Unavailable,
     /// The node failed for a reason of its own.
     Internal,
+    /// The peer's hello names another node than its certificate does (or its certificate
+    /// names none): it is refused, whatever else it says.
+    IdentityMismatch,
 }
 
 /// A request failed.
