@@ -8,13 +8,21 @@
 //! sleep. Accesses whose phase starts with `opt` (an optimizer writing parameters)
 //! acquire exclusively and write a new version of the data, which later accesses check.
 //! A step ends where the trace's step number changes, and the pool is told (`step()`).
+//!
+//! Before anything is allocated, the trace is checked against the memory it would take
+//! ([`ReplayError`]): every page of every buffer lives in the host tier of this one-process
+//! pool, and the pool allocates its budgets up front (the `sim` device's GPU frames in
+//! host memory too). A trace that cannot fit fails at once, naming the sizes, instead of
+//! after filling memory for as long as it takes to find out.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use spillway_client::{Buffer, DeviceChoice, Guard, PageSize, Policy, Pool, PoolBuilder, pattern};
+use spillway_client::{
+    Buffer, DeviceChoice, Guard, PageSize, Policy, Pool, PoolBuilder, fmt_bytes, pattern,
+};
 
 use crate::trace::Trace;
 use crate::workload::{RunReport, StepReport, write_pattern};
@@ -52,6 +60,144 @@ impl Default for ReplayConfig {
             time_scale: 1.0,
             nodes: 1,
         }
+    }
+}
+
+/// Why a trace cannot be replayed as configured, found before anything is allocated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    /// The host budget cannot hold every page of the trace's buffers, as the one-process
+    /// pool needs.
+    #[error(
+        "the trace's {buffers} buffers hold {} ({trace_bytes} bytes), {} ({pages_bytes} bytes) \
+         in pages of {}, but the host budget is {} ({host_budget_bytes} bytes): every page \
+         lives in the host tier; raise --host-budget{}",
+        fmt_bytes(*trace_bytes),
+        fmt_bytes(*pages_bytes),
+        fmt_bytes(*page_bytes),
+        fmt_bytes(*host_budget_bytes),
+        smaller_page_hint(*trace_bytes, *pages_bytes)
+    )]
+    HostBudgetTooSmall {
+        /// Distinct buffers of the trace.
+        buffers: usize,
+        /// Their bytes.
+        trace_bytes: u64,
+        /// Their bytes in whole pages.
+        pages_bytes: u64,
+        /// The page size.
+        page_bytes: u64,
+        /// The host budget.
+        host_budget_bytes: u64,
+    },
+    /// The pool's budgets, allocated when it is built, exceed the memory this machine has
+    /// available.
+    #[error(
+        "the trace's {buffers} buffers hold {} ({trace_bytes} bytes), {} ({pages_bytes} bytes) \
+         in pages of {}; replaying them needs {} ({needed_bytes} bytes) of memory up front \
+         (host tier {}, GPU frames in host memory {}), but this machine has {} \
+         ({available_bytes} bytes) available; replay a smaller trace or on a larger machine{}",
+        fmt_bytes(*trace_bytes),
+        fmt_bytes(*pages_bytes),
+        fmt_bytes(*page_bytes),
+        fmt_bytes(*needed_bytes),
+        fmt_bytes(*host_budget_bytes),
+        fmt_bytes(*sim_gpu_bytes),
+        fmt_bytes(*available_bytes),
+        smaller_page_hint(*trace_bytes, *pages_bytes)
+    )]
+    NotEnoughMemory {
+        /// Distinct buffers of the trace.
+        buffers: usize,
+        /// Their bytes.
+        trace_bytes: u64,
+        /// Their bytes in whole pages.
+        pages_bytes: u64,
+        /// The page size.
+        page_bytes: u64,
+        /// The host budget.
+        host_budget_bytes: u64,
+        /// The GPU budget when the device is `sim` (its frames are host memory), else 0.
+        sim_gpu_bytes: u64,
+        /// `host_budget_bytes + sim_gpu_bytes`.
+        needed_bytes: u64,
+        /// `MemAvailable` of /proc/meminfo.
+        available_bytes: u64,
+    },
+}
+
+/// A hint when whole pages more than double the trace's bytes (small buffers).
+fn smaller_page_hint(trace_bytes: u64, pages_bytes: u64) -> &'static str {
+    if pages_bytes / 2 > trace_bytes {
+        "; the buffers are small for the page size: a smaller --page-size wastes less"
+    } else {
+        ""
+    }
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes, `None` where unknown.
+fn memory_available_bytes() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kib| kib.saturating_mul(1024))
+}
+
+/// Checks that a pool of these budgets can hold `trace` and fits in `available_bytes` of
+/// memory (`None`: unknown, not checked), before any of it is allocated.
+fn check_fits(
+    trace: &Trace,
+    page_size: PageSize,
+    device: DeviceChoice,
+    gpu_budget_bytes: u64,
+    host_budget_bytes: u64,
+    available_bytes: Option<u64>,
+) -> Result<(), ReplayError> {
+    let page_bytes = page_size.bytes();
+    // At most 2^20 buffers of at most 1 TiB (the trace's limits): no overflow.
+    let pages_bytes: u64 = trace
+        .buffers
+        .iter()
+        .map(|(_, b)| page_size.pages_for(*b) * page_bytes)
+        .sum();
+    let buffers = trace.buffers.len();
+    let trace_bytes = trace.buffer_bytes_total();
+    if pages_bytes > host_budget_bytes {
+        return Err(ReplayError::HostBudgetTooSmall {
+            buffers,
+            trace_bytes,
+            pages_bytes,
+            page_bytes,
+            host_budget_bytes,
+        });
+    }
+    // With `auto` in a CUDA build the frames may be on a GPU: counted as not.
+    let sim = match device {
+        DeviceChoice::Sim => true,
+        DeviceChoice::Cuda => false,
+        DeviceChoice::Auto => !cfg!(feature = "cuda"),
+    };
+    let sim_gpu_bytes = if sim { gpu_budget_bytes } else { 0 };
+    let needed_bytes = host_budget_bytes.saturating_add(sim_gpu_bytes);
+    match available_bytes {
+        Some(available_bytes) if needed_bytes > available_bytes => {
+            Err(ReplayError::NotEnoughMemory {
+                buffers,
+                trace_bytes,
+                pages_bytes,
+                page_bytes,
+                host_budget_bytes,
+                sim_gpu_bytes,
+                needed_bytes,
+                available_bytes,
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -126,6 +272,14 @@ pub fn replay(
         .gpu_budget_bytes
         .unwrap_or_else(|| (working_set / 3).div_ceil(page) * page);
     let host_budget = cfg.host_budget_bytes.unwrap_or(pages_total * page);
+    check_fits(
+        trace,
+        cfg.page_size,
+        cfg.device,
+        gpu_budget,
+        host_budget,
+        memory_available_bytes(),
+    )?;
     let pool: Pool = PoolBuilder::new()
         .gpu_budget_bytes(gpu_budget)
         .host_budget_bytes(host_budget)
@@ -354,5 +508,80 @@ mod tests {
             assert_eq!(r.run.corrupt_pages, 0, "{name}");
             assert_eq!(r.run.steps.len(), t.steps.len(), "{name}");
         }
+    }
+
+    /// 300k buffers of 64 KiB (issue 13): refused before anything is allocated, naming
+    /// the sizes, whether the host budget or the machine is what is too small.
+    #[test]
+    fn a_trace_larger_than_its_budget_or_the_machine_is_refused_before_allocating() {
+        let mut text = String::new();
+        for i in 0..300_000 {
+            text += &format!(
+                "{{\"step\": 0, \"buffer\": \"b{i}\", \"bytes\": 65536, \"phase\": \"fwd\"}}\n"
+            );
+        }
+        let t = parse_trace(text.as_bytes()).unwrap();
+        let page = PageSize::new(256 << 10).unwrap();
+        let pages_bytes = 300_000 * (256 << 10);
+        let e = check_fits(&t, page, DeviceChoice::Sim, 1 << 30, 1 << 30, None).unwrap_err();
+        assert_eq!(
+            e,
+            ReplayError::HostBudgetTooSmall {
+                buffers: 300_000,
+                trace_bytes: 300_000 * 65536,
+                pages_bytes,
+                page_bytes: 256 << 10,
+                host_budget_bytes: 1 << 30,
+            }
+        );
+        let text = e.to_string();
+        for size in ["19660800000 bytes", "78643200000 bytes", "1073741824 bytes"] {
+            assert!(text.contains(size), "{text}");
+        }
+        assert!(text.contains("--page-size"), "{text}");
+
+        let gpu = pages_bytes / 3;
+        let e =
+            check_fits(&t, page, DeviceChoice::Sim, gpu, pages_bytes, Some(8 << 30)).unwrap_err();
+        assert!(
+            matches!(e, ReplayError::NotEnoughMemory { needed_bytes, available_bytes, .. }
+                if needed_bytes == pages_bytes + gpu && available_bytes == 8 << 30),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("8589934592 bytes"), "{e}");
+        // A CUDA device keeps its frames on the GPU: only the host tier counts.
+        check_fits(
+            &t,
+            page,
+            DeviceChoice::Cuda,
+            gpu,
+            pages_bytes,
+            Some(pages_bytes),
+        )
+        .unwrap();
+        // Unknown available memory is not checked.
+        check_fits(&t, page, DeviceChoice::Sim, gpu, pages_bytes, None).unwrap();
+    }
+
+    #[test]
+    fn replay_returns_the_typed_error_before_building_the_pool() {
+        let t = dense_trace(1, 3, 1 << 20);
+        let e = replay(
+            &t,
+            "x",
+            &ReplayConfig {
+                host_budget_bytes: Some(1 << 20),
+                ..cfg(Policy::Learned)
+            },
+            |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e.downcast_ref::<ReplayError>(),
+                Some(ReplayError::HostBudgetTooSmall { .. })
+            ),
+            "{e:?}"
+        );
     }
 }

@@ -16,23 +16,46 @@ const COMPUTE_PASSES_DEFAULT: u32 = 2;
 /// the loop needs more compute per byte for prefetch to hide it.
 const COMPUTE_PASSES_REMOTE_DEFAULT: u32 = 64;
 
+// Bounds of the size flags, checked by clap before any arithmetic: with them no size the
+// demo computes (MiB to bytes, layers times bytes, pages times page size) can overflow a
+// u64, so a huge value is refused instead of wrapping to a small one.
+/// Most layers: 65536.
+const LAYERS_MAX: u64 = 1 << 16;
+/// Largest `--weight-mib` and `--act-mib`: 1 TiB, a trace's largest buffer
+/// (`spillway_bench::trace::BUFFER_BYTES_MAX`).
+const LAYER_MIB_MAX: u64 = 1 << 20;
+/// Largest `--gpu-budget-mib` and `--host-budget-mib`: 16 TiB. 0 is let through for the
+/// pool to refuse with its own words.
+const BUDGET_MIB_MAX: u64 = 1 << 24;
+/// Page sizes in KiB: 64 KiB to 64 MiB (`spillway_types::limits`); the pool also wants a
+/// power of two.
+const PAGE_KIB_MIN: u64 = 64;
+/// See [`PAGE_KIB_MIN`].
+const PAGE_KIB_MAX: u64 = 64 << 10;
+/// Largest `bench gpu-offload --hidden`: a layer of 65536^2 bf16 is 8 GiB.
+const GPU_HIDDEN_MAX: u64 = 1 << 16;
+/// Largest `bench gpu-offload --batch`: 2^20 rows (activations of 2^37 bytes at most).
+const GPU_BATCH_MAX: u64 = 1 << 20;
+
 /// The loop's shape, shared by the demo and the offload benchmark.
 #[derive(Debug, Clone, Args)]
 pub struct ShapeArgs {
-    /// Number of layers.
-    #[arg(long, default_value_t = 24)]
+    /// Number of layers (1 to 65536).
+    #[arg(long, default_value_t = 24,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=LAYERS_MAX))]
     layers: usize,
-    /// MiB of weights per layer.
-    #[arg(long, default_value_t = 8)]
+    /// MiB of weights per layer (1 to 1048576).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=LAYER_MIB_MAX))]
     weight_mib: u64,
-    /// MiB of activation per layer.
-    #[arg(long, default_value_t = 4)]
+    /// MiB of activation per layer (1 to 1048576).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=LAYER_MIB_MAX))]
     act_mib: u64,
-    /// GPU budget in MiB (default: a third of the working set).
-    #[arg(long)]
+    /// GPU budget in MiB, at most 16777216 (default: a third of the working set).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=BUDGET_MIB_MAX))]
     gpu_budget_mib: Option<u64>,
     /// Page size in KiB (a power of two from 64 KiB to 64 MiB).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048,
+          value_parser = clap::value_parser!(u64).range(PAGE_KIB_MIN..=PAGE_KIB_MAX))]
     page_kib: u64,
     /// Steps (iterations) to run.
     #[arg(long, default_value_t = 6)]
@@ -62,9 +85,6 @@ impl ShapeArgs {
         };
         if self.steps == 0 {
             bail!("--steps must be at least 1");
-        }
-        if self.weight_mib == 0 || self.act_mib == 0 {
-            bail!("--weight-mib and --act-mib must be at least 1");
         }
         cfg.gpu_budget_bytes = match self.gpu_budget_mib {
             Some(m) => m << 20,
@@ -102,9 +122,9 @@ pub struct DemoArgs {
     /// with the node, the remote tier is the node's peers.
     #[arg(long, value_name = "SOCKET")]
     connect: Option<PathBuf>,
-    /// Host tier budget in MiB, with a remote tier (default: a sixth of the working set;
-    /// the GPU budget then defaults to a twelfth).
-    #[arg(long)]
+    /// Host tier budget in MiB, with a remote tier, at most 16777216 (default: a sixth of
+    /// the working set; the GPU budget then defaults to a twelfth).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=BUDGET_MIB_MAX))]
     host_budget_mib: Option<u64>,
     /// How pages move between the in-process nodes: `quic`, or `ucx` (a build with the
     /// `ucx` feature and libucx; set `UCX_NET_DEVICES=lo` to keep UCX on loopback).
@@ -134,23 +154,28 @@ pub enum BenchCommand {
 /// Arguments of `spillway bench gpu-offload`.
 #[derive(Debug, Args)]
 pub struct GpuOffloadArgs {
-    /// Layers.
-    #[arg(long, default_value_t = 48)]
+    /// Layers (1 to 65536).
+    #[arg(long, default_value_t = 48,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=LAYERS_MAX))]
     layers: usize,
-    /// Hidden size: each layer is hidden x hidden bf16.
-    #[arg(long, default_value_t = 8192)]
+    /// Hidden size: each layer is hidden x hidden bf16 (1 to 65536: 8 GiB a layer; cuBLAS
+    /// takes it as an i32).
+    #[arg(long, default_value_t = 8192,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=GPU_HIDDEN_MAX))]
     hidden: usize,
     /// Layers the GPU budget holds.
     #[arg(long, default_value_t = 8)]
     slots: usize,
-    /// Batch sizes, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+    /// Batch sizes, comma-separated (each 1 to 1048576; cuBLAS takes them as i32).
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=GPU_BATCH_MAX))]
     batch: Vec<usize>,
     /// Timed steps per variant and batch (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     iters: usize,
-    /// Page size in KiB (at least 2048).
-    #[arg(long, default_value_t = 8192)]
+    /// Page size in KiB (a power of two from 2048 to 65536).
+    #[arg(long, default_value_t = 8192,
+          value_parser = clap::value_parser!(u64).range(2048..=PAGE_KIB_MAX))]
     page_kib: u64,
     /// Print one JSON object.
     #[arg(long)]

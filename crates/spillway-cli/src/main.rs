@@ -9,6 +9,11 @@
 //!   machine;
 //! - `spillway status`: every node's `/status`;
 //! - `spillway bench remote`: page throughput over QUIC against raw TCP, same run.
+//!
+//! Output to a reader that went away (`spillway status | head -1`) ends the command the
+//! way it ends `cat` or `ls`: SIGPIPE, quietly, instead of a panic from `println!`. Only
+//! the node daemon keeps the Rust default (SIGPIPE ignored): it must outlive a closed log
+//! pipe. Sockets are unaffected either way: std and the node send with `MSG_NOSIGNAL`.
 
 mod bench_remote;
 mod cluster_cmd;
@@ -60,6 +65,10 @@ enum BenchCommand {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    let daemon = matches!(&cli.command, Command::Node(n) if !n.check_only());
+    if !daemon {
+        default_sigpipe();
+    }
     // A daemon logs what it does; the other commands only warnings.
     let default_log = if matches!(cli.command, Command::Node(_)) {
         "info"
@@ -86,3 +95,22 @@ fn main() -> Result<()> {
         Command::Status(args) => status::run_status(args),
     }
 }
+
+/// Restores SIGPIPE's default action (end the process), which the Rust runtime sets to
+/// "ignore" so that a write to a closed pipe returns `BrokenPipe` and `println!` panics.
+#[cfg(unix)]
+fn default_sigpipe() {
+    unsafe extern "C" {
+        /// `signal(2)` of the C library std links; `handler` 0 is `SIG_DFL`.
+        fn signal(signum: std::ffi::c_int, handler: usize) -> usize;
+    }
+    const SIG_DFL: usize = 0;
+    // SAFETY: called at the start of main before any thread is spawned; `SIG_DFL` installs
+    // no handler of ours, so no Rust code runs in signal context.
+    unsafe {
+        signal(rustix::process::Signal::PIPE.as_raw(), SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn default_sigpipe() {}

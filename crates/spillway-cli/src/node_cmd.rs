@@ -93,6 +93,13 @@ fn config_help() -> String {
     text
 }
 
+impl NodeArgs {
+    /// Whether the command only checks the file (`--check`) rather than running a node.
+    pub fn check_only(&self) -> bool {
+        self.check
+    }
+}
+
 /// Runs `spillway node`.
 pub fn run_node(args: NodeArgs) -> Result<()> {
     let config = NodeConfig::load(&args.config)?;

@@ -264,3 +264,167 @@ fn replay_of_a_malformed_trace_names_the_line() {
     assert!(!out.status.success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A size flag too large for its unit is refused, never wrapped (issue 13: `--act-mib
+/// 17592186044417` is 2^64 + 1 MiB, which wrapped to 1 MiB and ran).
+#[test]
+fn size_flags_beyond_their_range_are_refused_not_wrapped() {
+    let cases: &[(&str, &str)] = &[
+        ("--act-mib", "17592186044417"),
+        ("--weight-mib", "17592186044417"),
+        ("--gpu-budget-mib", "17592186044417"),
+        ("--host-budget-mib", "17592186044417"),
+        // 2^54 + 64 KiB: shifted to bytes it wrapped to a valid 64 KiB page.
+        ("--page-kib", "18014398509481984064"),
+        ("--page-kib", "18014398509482048"),
+        ("--layers", "1152921504606846976"),
+    ];
+    for (flag, value) in cases {
+        let out = spillway(&["demo", "--steps", "1", "--device", "sim", flag, value]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value} was accepted: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value),
+            "{flag} {value}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{flag} {value} ran");
+    }
+    let out = spillway(&["bench", "offload", "--weight-mib", "17592186044417"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--weight-mib"));
+    let out = spillway(&["bench", "gpu-offload", "--page-kib", "18014398509482048"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--page-kib"));
+}
+
+/// A node config that lends nothing is refused by `--check`, naming the field (issue 13:
+/// it passed, and `cluster up` waited 30 s for the node's capacity before failing).
+#[test]
+fn node_check_refuses_a_config_that_lends_nothing() {
+    let dir = std::env::temp_dir().join(format!("spillway-lend-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("node.toml");
+    let base =
+        "node_id = 1\npool_dir = \"/pool\"\ndata_dir = \"/data\"\nhost_tier_bytes = 1073741824\n";
+    std::fs::write(&path, format!("{base}lend_bytes = 0\n")).unwrap();
+    let out = spillway(&["node", "--check", "--config", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "lend_bytes = 0 passed --check");
+    assert!(err.contains("`lend_bytes`"), "{err}");
+    assert!(err.contains(path.to_str().unwrap()), "{err}");
+    // Without it, the node lends its whole host tier.
+    std::fs::write(&path, base).unwrap();
+    let out = spillway(&["node", "--check", "--config", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("lend_bytes = 1073741824"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Writes a trace of `buffers` buffers of `bytes` each, one access each, to `name`.
+fn big_trace(dir: &std::path::Path, name: &str, buffers: usize, bytes: u64) -> String {
+    use std::io::Write as _;
+    let path = dir.join(name);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    for i in 0..buffers {
+        writeln!(
+            f,
+            "{{\"step\": 0, \"buffer\": \"b{i}\", \"bytes\": {bytes}, \"phase\": \"fwd\"}}"
+        )
+        .unwrap();
+    }
+    f.flush().unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// A trace that cannot fit fails at once with the sizes (issue 13: 300k buffers of
+/// 64 KiB took 6.4 GB for 23 s before `out of host memory`).
+#[test]
+fn replay_of_a_trace_that_cannot_fit_fails_at_once_naming_the_sizes() {
+    let dir = std::env::temp_dir().join(format!("spillway-big-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    // The issue's trace against a host budget of 1 GiB.
+    let path = big_trace(&dir, "300k.jsonl", 300_000, 64 << 10);
+    let started = std::time::Instant::now();
+    let out = spillway(&["replay", &path, "--device", "sim", "--host-budget", "1GiB"]);
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for size in [
+        "300000 buffers",
+        "19660800000 bytes",
+        "78643200000 bytes",
+        "1073741824 bytes",
+    ] {
+        assert!(err.contains(size), "{size} missing: {err}");
+    }
+    assert!(err.contains("--host-budget"), "{err}");
+    assert!(took.as_secs() < 10, "took {took:?}");
+    println!("300k x 64 KiB against a 1 GiB host budget: refused in {took:?}");
+
+    // 64 buffers of 1 TiB with the default budgets: no machine has the memory.
+    let path = big_trace(&dir, "huge.jsonl", 64, 1 << 40);
+    let started = std::time::Instant::now();
+    let out = spillway(&["replay", &path, "--device", "sim"]);
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("70368744177664 bytes"), "{err}");
+    assert!(err.contains("available"), "{err}");
+    assert!(took.as_secs() < 10, "took {took:?}");
+    println!("64 x 1 TiB with default budgets: refused in {took:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `spillway status` into a pipe whose reader is gone ends quietly (issue 13: `spillway
+/// status | true` panicked with exit code 101): the status comes from a stand-in node
+/// that answers only after the reader has closed, so the first line already meets the
+/// broken pipe.
+#[test]
+fn printing_into_a_closed_pipe_ends_quietly() {
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::process::Stdio;
+
+    for json in [false, true] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut args = vec!["status", "--node", &addr, "--timeout-ms", "10000"];
+        if json {
+            args.push("--json");
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run spillway");
+        drop(child.stdout.take());
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut request = [0u8; 1024];
+        let _ = conn.read(&mut request).unwrap();
+        let body = r#"{"node_id":1,"role":"leader","leader":1,"term":2,"members":[]}"#;
+        write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        drop(conn);
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "json {json}: {err}");
+        assert!(!err.contains("Broken pipe"), "json {json}: {err}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(13),
+            "json {json}: {:?}",
+            out.status
+        );
+    }
+}

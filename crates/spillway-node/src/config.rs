@@ -201,7 +201,7 @@ const FIELD_DOCS: &[FieldDoc] = &[
     },
     FieldDoc {
         key: "lend_bytes",
-        doc: "bytes of the host tier lent to the pool's other nodes (at most host_tier_bytes)",
+        doc: "bytes of the host tier lent to the pool's other nodes (one page to host_tier_bytes)",
         default: "host_tier_bytes",
     },
     FieldDoc {
@@ -351,8 +351,9 @@ pub struct NodeConfig {
     #[serde(default = "default_election_ticks_max")]
     pub election_ticks_max: usize,
     /// Bytes of the host tier lent to the pool's other nodes (default: all of
-    /// `host_tier_bytes`). Peers place pages here through the directory; what is lent is
-    /// not available to this node's own clients when peers use it.
+    /// `host_tier_bytes`; at least one page). Peers place pages here through the
+    /// directory; what is lent is not available to this node's own clients when peers use
+    /// it.
     #[serde(default = "default_lend_bytes")]
     pub lend_bytes: u64,
     /// Capacity reserved on a peer at a time when spilling (default 64 MiB, at least one
@@ -652,6 +653,18 @@ impl NodeConfig {
                 ),
             );
         }
+        // A member with no room for a page would never be ready: `cluster up` waits for
+        // every member's lent capacity, and peers could place nothing on it.
+        if self.lend_bytes < page {
+            return err(
+                "lend_bytes",
+                format!(
+                    "is {} but a node lends at least one page ({page} bytes) to its peers; \
+                     leave it out to lend the whole host tier",
+                    self.lend_bytes
+                ),
+            );
+        }
         if self.reserve_chunk_bytes < page
             || self.reserve_chunk_bytes > limits::PAGE_BYTES_MAX * 1024
         {
@@ -783,7 +796,7 @@ host_tier_bytes = 1073741824
     #[test]
     fn members_and_raft_timing_parse() {
         let text = format!(
-            "{MINIMAL}listen_addr = \"0.0.0.0:7700\"\ntick_ms = 50\nelection_ticks = 10\nelection_ticks_max = 20\nlend_bytes = 1048576\nclient_socket = \"/run/s.sock\"\nmembers = [{{ id = 3, addr = \"10.0.0.3:7700\" }}, {{ id = 4, addr = \"10.0.0.4:7700\" }}]\n"
+            "{MINIMAL}listen_addr = \"0.0.0.0:7700\"\ntick_ms = 50\nelection_ticks = 10\nelection_ticks_max = 20\nlend_bytes = 4194304\nclient_socket = \"/run/s.sock\"\nmembers = [{{ id = 3, addr = \"10.0.0.3:7700\" }}, {{ id = 4, addr = \"10.0.0.4:7700\" }}]\n"
         );
         let c = parse(&text).unwrap();
         assert_eq!(c.members.len(), 2);
@@ -792,7 +805,7 @@ host_tier_bytes = 1073741824
             (c.tick_ms, c.election_ticks, c.election_ticks_max),
             (50, 10, 20)
         );
-        assert_eq!(c.lend_bytes, 1 << 20);
+        assert_eq!(c.lend_bytes, 4 << 20);
         assert_eq!(c.client_socket, PathBuf::from("/run/s.sock"));
     }
 
@@ -818,6 +831,8 @@ host_tier_bytes = 1073741824
                 "election_ticks_max",
             ),
             (format!("{MINIMAL}lend_bytes = 2147483648\n"), "lend_bytes"),
+            (format!("{MINIMAL}lend_bytes = 0\n"), "lend_bytes"),
+            (format!("{MINIMAL}lend_bytes = 4096\n"), "lend_bytes"),
             (
                 format!("{MINIMAL}reserve_chunk_bytes = 4096\n"),
                 "reserve_chunk_bytes",

@@ -5,16 +5,28 @@
 //! The responder answers one request per connection and closes it: it reads at most
 //! [`REQUEST_BYTES_MAX`] bytes of request head within [`REQUEST_TIMEOUT`], serves `GET`
 //! of the two paths, answers 404 for other paths, 405 for other methods and 400 for a
-//! head that is malformed or too large. At most [`CONNECTIONS_MAX`] connections are
-//! served at once; more wait in the kernel's backlog. A scraper is trusted no more than
-//! any other client: nothing it sends is kept.
+//! head that is malformed, too large or too slow, and gives the client
+//! [`RESPONSE_TIMEOUT`] to take the answer. A scraper is trusted no more than any other
+//! client: nothing it sends is kept.
+//!
+//! `/status` is how `spillway status` and `cluster up` tell a live node from a dead one,
+//! so slow clients must never starve it. Hence:
+//! - the accept loop never waits for anything but the listener: each connection is its own
+//!   task, with its own deadlines (at most `REQUEST_TIMEOUT + RESPONSE_TIMEOUT` in all);
+//! - at most [`CONNECTIONS_MAX`] connections are held; a new one beyond that closes the
+//!   oldest held (the one nearest its deadline, typically a slow or idle client), and so
+//!   does running out of file descriptors. A well-behaved request is therefore read and
+//!   answered as soon as it arrives, however many slow connections are open: to push it
+//!   out, a client would have to open `CONNECTIONS_MAX` connections during the
+//!   milliseconds it takes to answer.
 //!
 //! A crate (hyper, axum) would bring a whole HTTP stack for two read-only GETs; this is
-//! ~100 lines with explicit bounds.
+//! ~150 lines with explicit bounds.
 //!
 //! Both documents are built from `StatusSources`, shared handles to the node's parts,
 //! at request time: nothing is cached, so they are as fresh as the counters.
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,7 +44,8 @@ use spillway_net::Transport;
 use spillway_net::quic::QuicTransport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::meta::MetaDriver;
 use crate::node::NodeHandle;
@@ -44,8 +57,34 @@ use crate::store::HostStore;
 pub const REQUEST_BYTES_MAX: usize = 8 << 10;
 /// Time a client has to send its request head: 5 s.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once: 32 (each holds at most one 8 KiB head and one document).
-pub const CONNECTIONS_MAX: usize = 32;
+/// Time a client has to take the whole response: 5 s.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections held at once: 512; a new one past it closes the oldest. One that is still
+/// sending its head holds its task (under 1 KiB), a 1 KiB read buffer and at most
+/// [`REQUEST_BYTES_MAX`] of head: under 10 KiB, so about 5 MiB for all of them (plus the
+/// kernel's socket buffers). One being answered holds its document instead (`/status` a
+/// few KiB, `/metrics` about 1 KiB per peer). 512 also stays well under the usual soft
+/// limit of 1024 file descriptors, leaving the node's own files and sockets theirs.
+pub const CONNECTIONS_MAX: usize = 512;
+
+/// The responder's bounds; [`Limits::NODE`] in a node, smaller ones in tests.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    connections_max: usize,
+    request_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl Limits {
+    const NODE: Limits = Limits {
+        connections_max: CONNECTIONS_MAX,
+        request_timeout: REQUEST_TIMEOUT,
+        response_timeout: RESPONSE_TIMEOUT,
+    };
+}
+
+/// A response: status code, content type, body.
+type Reply = (u16, &'static str, String);
 
 /// `/status`: the node's identity, Raft state, members, tiers and traffic. Other tools
 /// parse it (`spillway status`): field names are an interface. Every field has a default
@@ -469,44 +508,97 @@ pub(crate) async fn serve(handle: &NodeHandle) -> std::io::Result<SocketAddr> {
     let sources = handle.status_sources();
     let cancel = handle.cancel_token().clone();
     let tasks = handle.task_tracker().clone();
-    let tasks2 = tasks.clone();
-    tasks.spawn(async move {
-        let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
-        loop {
-            let permit = tokio::select! {
-                _ = cancel.cancelled() => return,
-                p = slots.clone().acquire_owned() => p.expect("never closed"),
-            };
-            let stream = tokio::select! {
-                _ = cancel.cancelled() => return,
-                s = listener.accept() => match s {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "metrics accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                },
-            };
-            let sources = sources.clone();
-            let cancel = cancel.clone();
-            tasks2.spawn(async move {
-                tokio::select! {
-                    _ = cancel.cancelled() => {}
-                    _ = answer(stream, &sources, bound) => {}
-                }
-                drop(permit);
-            });
-        }
-    });
+    tasks.clone().spawn(accept_loop(
+        listener,
+        Limits::NODE,
+        cancel,
+        tasks,
+        move |head: &[u8]| route(head, &sources, bound),
+    ));
     Ok(bound)
 }
 
-/// Reads one request head (bounded in size and time) and answers it.
-async fn answer(mut stream: TcpStream, sources: &StatusSources, bound: SocketAddr) {
+/// Accepts connections until `cancel`, each answered by its own task (on `tasks`) with
+/// `route`. Never waits for a connection to finish: past `limits.connections_max`, or
+/// when file descriptors run out, the oldest held connection is closed instead.
+async fn accept_loop<R>(
+    listener: TcpListener,
+    limits: Limits,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    route: R,
+) where
+    R: Fn(&[u8]) -> Reply + Clone + Send + Sync + 'static,
+{
+    // The held connections, oldest first: each task cancels its token when it ends, so a
+    // cancelled token is a finished connection and cancelling a live one closes it.
+    let mut held: VecDeque<CancellationToken> = VecDeque::new();
+    let mut evicted = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                let out_of_fds = matches!(
+                    rustix::io::Errno::from_io_error(&e),
+                    Some(rustix::io::Errno::MFILE | rustix::io::Errno::NFILE)
+                );
+                held.retain(|c| !c.is_cancelled());
+                if out_of_fds && let Some(oldest) = held.pop_front() {
+                    // The kernel keeps the new connection in the backlog: free a
+                    // descriptor for it and accept again at once.
+                    oldest.cancel();
+                    evicted += 1;
+                    tracing::debug!(
+                        error = %e,
+                        evicted,
+                        "metrics accept: out of file descriptors, closed the oldest connection"
+                    );
+                } else {
+                    tracing::debug!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                continue;
+            }
+        };
+        while held.front().is_some_and(CancellationToken::is_cancelled) {
+            held.pop_front();
+        }
+        if held.len() >= limits.connections_max {
+            held.retain(|c| !c.is_cancelled());
+        }
+        if held.len() >= limits.connections_max
+            && let Some(oldest) = held.pop_front()
+        {
+            oldest.cancel();
+            evicted += 1;
+            tracing::debug!(
+                evicted,
+                limit = limits.connections_max,
+                "metrics endpoint full: closed the oldest connection"
+            );
+        }
+        let conn = cancel.child_token();
+        held.push_back(conn.clone());
+        let route = route.clone();
+        tasks.spawn(async move {
+            let _ended = conn.clone().drop_guard();
+            tokio::select! {
+                _ = conn.cancelled() => {}
+                _ = answer(stream, limits, &route) => {}
+            }
+        });
+    }
+}
+
+/// Reads one request head (bounded in size and time) and answers it (bounded in time).
+async fn answer(mut stream: TcpStream, limits: Limits, route: &impl Fn(&[u8]) -> Reply) {
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
-    let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
+    let read = tokio::time::timeout(limits.request_timeout, async {
         loop {
             if head.windows(4).any(|w| w == b"\r\n\r\n") {
                 return true;
@@ -522,7 +614,7 @@ async fn answer(mut stream: TcpStream, sources: &StatusSources, bound: SocketAdd
     })
     .await;
     let (status, content_type, body) = match read {
-        Ok(true) => route(&head, sources, bound),
+        Ok(true) => route(&head),
         _ => (400, "text/plain", "bad request\n".to_string()),
     };
     let reason = match status {
@@ -538,11 +630,14 @@ async fn answer(mut stream: TcpStream, sources: &StatusSources, bound: SocketAdd
         body.len()
     );
     response.push_str(&body);
-    let _ = stream.write_all(response.as_bytes()).await;
-    let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(limits.response_timeout, async {
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
-fn route(head: &[u8], sources: &StatusSources, bound: SocketAddr) -> (u16, &'static str, String) {
+fn route(head: &[u8], sources: &StatusSources, bound: SocketAddr) -> Reply {
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split(' ');
@@ -569,5 +664,108 @@ fn route(head: &[u8], sources: &StatusSources, bound: SocketAddr) -> (u16, &'sta
             serde_json::to_string(&sources.status(bound)).unwrap_or_else(|_| "{}".into()),
         ),
         _ => (404, "text/plain", "not found\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A responder of `limits` on loopback answering every request `ok`.
+    async fn start(limits: Limits) -> (SocketAddr, CancellationToken, TaskTracker) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(accept_loop(
+            listener,
+            limits,
+            cancel.clone(),
+            tasks.clone(),
+            |_: &[u8]| (200, "text/plain", "ok\n".to_string()),
+        ));
+        (addr, cancel, tasks)
+    }
+
+    async fn stop(cancel: CancellationToken, tasks: TaskTracker) {
+        cancel.cancel();
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+            .await
+            .expect("every connection task ends on cancel");
+    }
+
+    /// A connection that sent part of a request head and waits.
+    async fn slow(addr: SocketAddr) -> TcpStream {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /status HTTP/1.1\r\n").await.unwrap();
+        s
+    }
+
+    async fn get(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /status HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    /// Whether the server closed `s` (end of stream, or a reset when it closed with our
+    /// bytes unread) within `wait`.
+    async fn closed_within(s: &mut TcpStream, wait: Duration) -> Option<Vec<u8>> {
+        let mut got = Vec::new();
+        match tokio::time::timeout(wait, s.read_to_end(&mut got)).await {
+            Ok(_) => Some(got),
+            Err(_) => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn past_the_limit_the_oldest_connections_close_and_a_fresh_request_is_answered() {
+        let limits = Limits {
+            connections_max: 4,
+            request_timeout: Duration::from_secs(60),
+            response_timeout: Duration::from_secs(5),
+        };
+        let (addr, cancel, tasks) = start(limits).await;
+        let mut held = Vec::new();
+        for _ in 0..10 {
+            held.push(slow(addr).await);
+        }
+        let reply = tokio::time::timeout(Duration::from_secs(2), get(addr))
+            .await
+            .expect("a fresh request is answered while the slow ones are held");
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        assert!(reply.ends_with("\r\n\r\nok\n"), "{reply}");
+        // Accepted in order: the fresh request closed the 7th, the 5th to 10th closed the
+        // 1st to 6th; the newest three are still held, unanswered.
+        for (i, s) in held.iter_mut().enumerate() {
+            let closed =
+                closed_within(s, Duration::from_millis(if i < 7 { 2000 } else { 100 })).await;
+            if i < 7 {
+                let got = closed.unwrap_or_else(|| panic!("connection {i} is still held"));
+                assert!(got.is_empty(), "connection {i} got an answer");
+            } else {
+                assert!(closed.is_none(), "connection {i} was closed");
+            }
+        }
+        stop(cancel, tasks).await;
+    }
+
+    #[tokio::test]
+    async fn a_head_that_does_not_come_in_time_is_answered_400_and_closed() {
+        let limits = Limits {
+            connections_max: 4,
+            request_timeout: Duration::from_millis(100),
+            response_timeout: Duration::from_secs(5),
+        };
+        let (addr, cancel, tasks) = start(limits).await;
+        let mut s = slow(addr).await;
+        let got = closed_within(&mut s, Duration::from_secs(5))
+            .await
+            .expect("closed after the request timeout");
+        let got = String::from_utf8(got).unwrap();
+        assert!(got.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{got}");
+        stop(cancel, tasks).await;
     }
 }
