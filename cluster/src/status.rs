@@ -80,6 +80,9 @@ pub struct NodeReport {
 pub struct PoolReport {
     /// Nodes that answered.
     pub answering: usize,
+    /// Nodes that answered and take part in the metadata group (`raft_healthy`): one that
+    /// answers but whose Raft log fails is counted in `answering` only.
+    pub raft_healthy: usize,
     /// The leader: the node that says it leads in the highest term among those that
     /// answered (`None` if none does).
     pub leader: Option<u64>,
@@ -113,6 +116,7 @@ impl PoolReport {
             .unwrap_or_default();
         PoolReport {
             answering: answers.len(),
+            raft_healthy: answers.iter().filter(|s| s.raft_healthy).count(),
             leader,
             term: leader_status.map(|s| s.term),
             leader_agreed,
@@ -121,15 +125,18 @@ impl PoolReport {
         }
     }
 
-    /// Whether `total` nodes answered, agree on the leader and have committed the same
-    /// index: nothing in flight that a fail-over would have to finish first.
+    /// Whether `total` nodes answered, all healthy, agree on the leader and have committed
+    /// the same index: nothing in flight that a fail-over would have to finish first.
     pub fn settled(&self, total: usize) -> bool {
         let mut commits = self
             .nodes
             .iter()
             .filter_map(|n| n.status.as_ref().map(|s| s.commit_index));
         let first = commits.next();
-        self.answering == total && self.leader_agreed && commits.all(|c| Some(c) == first)
+        self.answering == total
+            && self.raft_healthy == total
+            && self.leader_agreed
+            && commits.all(|c| Some(c) == first)
     }
 
     /// The status of node `id`, if it answered.

@@ -54,6 +54,39 @@ fn a_status_document_parses_field_by_field() {
     assert_eq!(s.host_tier.used_bytes, 2048);
     assert_eq!(s.remote.pages_fetched, 4);
     assert_eq!((s.peer_bytes_in, s.peer_bytes_out, s.clients), (5, 6, 2));
+    // A node older than `raft_healthy` says nothing about it: healthy.
+    assert!(s.raft_healthy && s.raft_error.is_none());
+}
+
+#[test]
+fn a_node_whose_raft_log_fails_answers_but_is_not_counted_healthy() {
+    let leader = serve(ok(&status_json(1, "leader", 1, 3)));
+    let healthy = status_json(2, "follower", 1, 3).replacen(
+        "\"commit_index\"",
+        "\"raft_healthy\":true,\"raft_error\":null,\"commit_index\"",
+        1,
+    );
+    let failing = status_json(3, "follower", 1, 3).replacen(
+        "\"commit_index\"",
+        "\"raft_healthy\":false,\"raft_error\":\"raft-engine failed: No space left\",\"commit_index\"",
+        1,
+    );
+    let (healthy, failing) = (serve(ok(&healthy)), serve(ok(&failing)));
+    let targets = vec![
+        (leader.to_string(), Some(1)),
+        (healthy.to_string(), Some(2)),
+        (failing.to_string(), Some(3)),
+    ];
+    let report = query_pool(&targets, Duration::from_secs(2));
+    assert_eq!((report.answering, report.raft_healthy), (3, 2));
+    assert!(!report.settled(3));
+    let s = report.node(3).unwrap();
+    assert!(!s.raft_healthy);
+    assert_eq!(
+        s.raft_error.as_deref(),
+        Some("raft-engine failed: No space left")
+    );
+    assert!(report.node(2).unwrap().raft_healthy);
 }
 
 #[test]

@@ -1,15 +1,18 @@
 //! `spillway node --config node.toml`: one node daemon ([`spillway_node::Node`]) in a
-//! tokio runtime until SIGINT or SIGTERM, then a graceful [`NodeHandle::shutdown`].
+//! tokio runtime until SIGINT or SIGTERM, then a graceful [`NodeHandle::shutdown`]; or
+//! until its Raft thread stops on a failure it cannot recover from
+//! ([`NodeHandle::raft_failed`]), then the same shutdown and exit code 1 with the cause.
 //!
 //! The help lists every field of the node config with its doc and default, from
 //! [`NodeConfig::field_docs`]; a field that table lacks is still listed, with the default
 //! of a serialized [`NodeConfig`], so the help never omits one.
 //!
 //! [`NodeHandle::shutdown`]: spillway_node::NodeHandle::shutdown
+//! [`NodeHandle::raft_failed`]: spillway_node::NodeHandle::raft_failed
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use spillway_node::{Node, NodeConfig};
 use spillway_types::NodeId;
@@ -88,7 +91,10 @@ fn config_help() -> String {
     }
     text.push_str(
         "\nA bad file exits non-zero with an error naming the file and the field. \
-         SIGINT or SIGTERM shut the node down gracefully. Logs: SPILLWAY_LOG (default info).",
+         SIGINT or SIGTERM shut the node down gracefully. A full disk under data_dir/raft \
+         makes the node unhealthy in /status and /metrics until space returns (it retries); \
+         a failure it cannot recover from (a failed fsync) shuts it down with exit code 1. \
+         Logs: SPILLWAY_LOG (default info).",
     );
     text
 }
@@ -125,10 +131,19 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
             config = %config_path,
             "node running; SIGINT or SIGTERM stops it"
         );
-        let signal = shutdown_signal().await?;
-        tracing::info!(signal, "shutting down");
-        node.shutdown().await;
-        Ok(())
+        tokio::select! {
+            signal = shutdown_signal() => {
+                tracing::info!(signal = signal?, "shutting down");
+                node.shutdown().await;
+                Ok(())
+            }
+            () = node.raft_failed() => {
+                let (id, cause) = (node.node_id(), node.meta_view().error.unwrap_or_default());
+                tracing::error!(cause, "the metadata group stopped on this node; shutting down");
+                node.shutdown().await;
+                bail!("the metadata group stopped on node {id}: {cause}")
+            }
+        }
     })
 }
 

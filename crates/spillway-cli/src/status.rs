@@ -1,8 +1,10 @@
 //! `spillway status`: every node's `/status`, as a table or one JSON document.
 //!
 //! Nodes come from a pool directory (`cluster.json`) or from `--node host:port` (their
-//! status addresses). A node that does not answer is shown as down; the command fails
-//! (exit code 1) only if no node answers.
+//! status addresses). A node that does not answer is shown as down; one that answers but
+//! whose Raft log fails (`raft_healthy` false) is shown UNHEALTHY with the cause, and not
+//! counted as fine in the summary line. The command fails (exit code 1) only if no node
+//! answers.
 
 use std::time::Duration;
 
@@ -23,8 +25,8 @@ pub struct StatusArgs {
     /// for several nodes.
     #[arg(long = "node", value_name = "HOST:PORT", conflicts_with = "dir")]
     nodes: Vec<String>,
-    /// Print one JSON document: {answering, leader, term, leader_agreed, members, nodes:
-    /// [{target, expected_id, up, error | status}]}.
+    /// Print one JSON document: {answering, raft_healthy, leader, term, leader_agreed,
+    /// members, nodes: [{target, expected_id, up, error | status}]}.
     #[arg(long)]
     json: bool,
     /// Milliseconds each node has to answer.
@@ -58,8 +60,12 @@ fn print_report(r: &PoolReport) {
         (Some(l), false) => format!("node {l} claims to lead, not every node agrees"),
         (None, _) => "no leader".to_string(),
     };
+    let unhealthy = match r.answering - r.raft_healthy.min(r.answering) {
+        0 => String::new(),
+        n => format!(", {n} of them UNHEALTHY"),
+    };
     println!(
-        "{} of {} nodes answering; {leader}, term {}",
+        "{} of {} nodes answering{unhealthy}; {leader}, term {}",
         r.answering,
         r.nodes.len(),
         r.term.map_or("-".to_string(), |t| t.to_string())
@@ -88,10 +94,10 @@ fn print_report(r: &PoolReport) {
             .map_or("?".to_string(), |i| i.to_string());
         match &n.status {
             Some(s) => println!(
-                "{:>4} {:<21} {:<9} {:>6} {:>5} {:>8} {:>7} {:>21} {:>7} {:>10} {:>10} {:>7}",
+                "{:>4} {:<21} {:<9} {:>6} {:>5} {:>8} {:>7} {:>21} {:>7} {:>10} {:>10} {:>7}{}",
                 id,
                 n.target,
-                s.role,
+                if s.raft_healthy { &s.role } else { "UNHEALTHY" },
                 s.known_leader().map_or("-".to_string(), |l| l.to_string()),
                 s.term,
                 s.commit_index,
@@ -104,7 +110,12 @@ fn print_report(r: &PoolReport) {
                 s.host_tier.pages,
                 fmt_bytes(s.peer_bytes_in),
                 fmt_bytes(s.peer_bytes_out),
-                s.clients
+                s.clients,
+                match (s.raft_healthy, &s.raft_error) {
+                    (true, _) => String::new(),
+                    (false, Some(cause)) => format!("\n{:>4} Raft log failing: {cause}", ""),
+                    (false, None) => format!("\n{:>4} Raft stopped (no cause given)", ""),
+                }
             ),
             None => println!(
                 "{:>4} {:<21} DOWN: {}",

@@ -36,9 +36,14 @@
 //! whenever raft-rs resets its election timer (a change of term, role or leader).
 //!
 //! # Errors
-//! An error from [`MetaNode::handle_ready`] (the disk failed, a snapshot would not decode)
-//! leaves raft-rs mid-Ready: the node refuses further work ([`MetaError::Poisoned`]).
-//! Drop it and reopen it from its directory.
+//! An error from [`MetaNode::handle_ready`] (the disk failed or is full, a snapshot would
+//! not decode) leaves raft-rs mid-Ready: the node refuses further work
+//! ([`MetaError::Poisoned`]). Drop it and reopen it from its directory with
+//! [`MetaNode::open`], as a restart does: it rebuilds Raft from the durable log (what the
+//! failed Ready did not write is lost, and Raft fetches it again from the leader). A log
+//! on a full disk reopens fine and fails at its next write:
+//! [`EngineStorage::check_writable`] tells first whether it takes writes again. The node
+//! daemon does both in-process until they succeed.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;

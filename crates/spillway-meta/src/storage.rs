@@ -15,6 +15,11 @@
 //! and the hard state are written in one raft-engine batch, so a crash leaves either the
 //! old or the new snapshot, never a mix. Terms of the kept entries are cached in memory
 //! (8 bytes an entry) because raft-rs asks for terms far more often than for entries.
+//!
+//! A write that fails (a full disk: raft-engine truncates what it appended and returns
+//! the error) changes nothing in memory here; the caller decides what to do, and
+//! [`crate::MetaNode`] stops until it is reopened. With the feature `failpoints`, the
+//! failpoint `spillway-meta::storage::write` makes writes fail as a full disk does.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -365,6 +370,20 @@ impl EngineStorage {
         Ok(())
     }
 
+    /// Writes the hard state again, synced: whether the log takes writes now. A log on a
+    /// full disk opens (reading needs no space) and fails only at its next write, so check
+    /// this before rebuilding a node from a log that failed (then drop this storage: the
+    /// directory is locked while it is open).
+    pub fn check_writable(&mut self) -> Result<(), StorageError> {
+        let mut batch = LogBatch::default();
+        put_message(&mut batch, KEY_HARD_STATE, &self.hard_state, self)?;
+        self.write(
+            &mut batch,
+            true,
+            "write the hard state (a check that the log takes writes)",
+        )
+    }
+
     /// Whether raft-rs asked for a snapshot newer than the stored one (and clears it).
     pub(crate) fn take_snapshot_wanted(&self) -> bool {
         self.snapshot_wanted.replace(false)
@@ -405,10 +424,27 @@ impl EngineStorage {
         sync: bool,
         action: &'static str,
     ) -> Result<(), StorageError> {
+        #[cfg(feature = "failpoints")]
+        self.injected_failure(action)?;
         self.engine
             .write(batch, sync)
             .map(|_| ())
             .map_err(|source| self.engine_error(action, source))
+    }
+
+    /// The failpoint `spillway-meta::storage::write` (feature `failpoints`): configured
+    /// with `return`, every write fails as on a full disk; with `return(DIR)`, only the
+    /// writes of logs under DIR.
+    #[cfg(feature = "failpoints")]
+    fn injected_failure(&self, action: &'static str) -> Result<(), StorageError> {
+        fail::fail_point!("spillway-meta::storage::write", |only: Option<String>| {
+            if only.is_some_and(|d| !self.dir.starts_with(d)) {
+                return Ok(());
+            }
+            let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+            Err(self.engine_error(action, raft_engine::Error::Io(full)))
+        });
+        Ok(())
     }
 
     fn last_index_inner(&self) -> u64 {

@@ -89,7 +89,7 @@ type Reply = (u16, &'static str, String);
 /// `/status`: the node's identity, Raft state, members, tiers and traffic. Other tools
 /// parse it (`spillway status`): field names are an interface. Every field has a default
 /// when absent, so a node of a slightly older or newer version still reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct NodeStatus {
     /// This node.
@@ -108,6 +108,13 @@ pub struct NodeStatus {
     pub term: u64,
     /// The Raft commit index.
     pub commit_index: u64,
+    /// Whether this node takes part in the metadata group: false while its Raft log
+    /// fails (a full disk: the node reopens it with backoff, and `role`, `term` and
+    /// `commit_index` are the last known) or after its Raft thread stopped. True when
+    /// absent (a node older than the field).
+    pub raft_healthy: bool,
+    /// Why Raft is unhealthy here: the storage failure (`null` when healthy).
+    pub raft_error: Option<String>,
     /// The members as applied here.
     pub members: Vec<MemberStatus>,
     /// The host tier.
@@ -129,6 +136,35 @@ pub struct NodeStatus {
     pub ucx_bytes_in: u64,
     /// Frame bytes of page requests and replies sent over UCX (within `peer_bytes_out`).
     pub ucx_bytes_out: u64,
+}
+
+impl Default for NodeStatus {
+    /// Every field empty or zero, except `raft_healthy`: a status that does not say
+    /// otherwise (an older node's) is healthy.
+    fn default() -> Self {
+        NodeStatus {
+            node_id: 0,
+            pool_id: String::new(),
+            addr: String::new(),
+            metrics_addr: String::new(),
+            role: String::new(),
+            leader: None,
+            term: 0,
+            commit_index: 0,
+            raft_healthy: true,
+            raft_error: None,
+            members: Vec::new(),
+            host_tier: HostTierStatus::default(),
+            remote: RemoteStatus::default(),
+            peer_bytes_in: 0,
+            peer_bytes_out: 0,
+            frames_rejected: 0,
+            clients: 0,
+            page_transport: String::new(),
+            ucx_bytes_in: 0,
+            ucx_bytes_out: 0,
+        }
+    }
 }
 
 impl NodeStatus {
@@ -241,6 +277,8 @@ impl StatusSources {
             leader: view.leader.map(|l| l.0),
             term: view.term,
             commit_index: view.commit_index,
+            raft_healthy: view.healthy,
+            raft_error: view.error.clone(),
             members: view
                 .members
                 .iter()
@@ -314,6 +352,27 @@ impl StatusSources {
             "raft_is_leader",
             "1 if this node leads",
             u64::from(view.role == Role::Leader),
+        );
+        gauge(
+            &mut registry,
+            "raft_healthy",
+            "1 if this node takes part in the metadata group; 0 while its Raft log fails (see /status raft_error)",
+            u64::from(view.healthy),
+        );
+        counter(
+            &mut registry,
+            "raft_storage_errors",
+            "Storage failures of the Raft log (failed Readies and failed attempts to reopen the log)",
+            self.meta.counters.storage_errors.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut registry,
+            "raft_storage_recoveries",
+            "Times the Raft log was reopened after a storage failure",
+            self.meta
+                .counters
+                .storage_recoveries
+                .load(Ordering::Relaxed),
         );
         gauge(
             &mut registry,

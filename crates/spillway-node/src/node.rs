@@ -370,6 +370,14 @@ impl NodeHandle {
         self.meta.view().commit_index
     }
 
+    /// Resolves when this node's Raft thread stopped on a failure it cannot recover from
+    /// (raft-engine panics when an fsync fails); the view's `error` says why. A failure it
+    /// recovers from (a full disk: the node is degraded and reopens its log) does not
+    /// resolve it. A daemon exits on it: the node must be restarted.
+    pub async fn raft_failed(&self) {
+        self.meta.failed().await;
+    }
+
     /// The members with their capacity, used and reserved bytes, as applied here.
     pub fn members(&self) -> Vec<MemberView> {
         self.meta.view().members

@@ -100,9 +100,12 @@ impl Handler for NodeService {
                     match self.meta.propose(batch.updates).await {
                         Ok(outcomes) => ForwardReply::Applied { outcomes },
                         Err(e) => ForwardReply::Failed {
+                            // A degraded leader loses its lead: another takes the retry.
                             retry: matches!(
                                 e,
-                                ProposeFailure::Busy { .. } | ProposeFailure::TimedOut { .. }
+                                ProposeFailure::Busy { .. }
+                                    | ProposeFailure::TimedOut { .. }
+                                    | ProposeFailure::Degraded { .. }
                             ),
                             failure: e.to_string(),
                         },
