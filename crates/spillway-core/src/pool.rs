@@ -1021,7 +1021,6 @@ impl PoolCore {
         self.pump(now);
     }
 
-    /// The next copy to start, if any.
     /// When the driver must call [`PoolCore::handle_timeout`] if nothing else happens
     /// first: the end of a spill backoff. `None`: no timer is armed.
     pub fn poll_timeout(&self) -> Option<Duration> {
@@ -1036,6 +1035,7 @@ impl PoolCore {
         self.pump(now);
     }
 
+    /// The next copy to start, if any.
     pub fn poll_transfer(&mut self) -> Option<Transfer> {
         self.out.pop_front()
     }

@@ -59,6 +59,14 @@ pub const TICK_MS_MAX: u64 = 10_000;
 /// Raft round trip only once per chunk; a node may leave up to this much reserved and
 /// unused on each peer.
 pub const RESERVE_CHUNK_BYTES_DEFAULT: u64 = 64 << 20;
+/// Default grace given a peer that stops answering before a fetch from it fails: 30 s
+/// (longer than a garbage-collection pause, a `SIGSTOP` of seconds or a QUIC reconnect).
+pub const PEER_GRACE_MS_DEFAULT: u64 = 30_000;
+/// Shortest peer grace accepted: 1 s (QUIC notices a dead connection after its idle
+/// timeout; less would fail fetches on a hiccup).
+pub const PEER_GRACE_MS_MIN: u64 = 1_000;
+/// Longest peer grace accepted: 10 min (a client waits this long at most on one fetch).
+pub const PEER_GRACE_MS_MAX: u64 = 600_000;
 /// Largest node id: 4095. The remote tier packs the origin node into the top 12 bits of
 /// a buffer id (see [`crate::remote`]), so ids must fit there.
 pub const NODE_ID_MAX: u64 = (1 << 12) - 1;
@@ -84,6 +92,9 @@ fn default_lend_bytes() -> u64 {
 }
 fn default_reserve_chunk_bytes() -> u64 {
     RESERVE_CHUNK_BYTES_DEFAULT
+}
+fn default_peer_grace_ms() -> u64 {
+    PEER_GRACE_MS_DEFAULT
 }
 
 /// How pages move between nodes (the `transport` field). Raft, reservations and the
@@ -208,6 +219,11 @@ const FIELD_DOCS: &[FieldDoc] = &[
         key: "reserve_chunk_bytes",
         doc: "capacity reserved on a peer at a time; larger means fewer Raft rounds, more held idle",
         default: "67108864",
+    },
+    FieldDoc {
+        key: "peer_grace_ms",
+        doc: "how long a peer that stops answering is waited for (fetches retried with backoff) before a fetch from it fails; longer rides out pauses, shorter fails a job sooner",
+        default: "30000",
     },
     FieldDoc {
         key: "transport",
@@ -360,6 +376,13 @@ pub struct NodeConfig {
     /// page). Larger: fewer Raft rounds per spilled byte, more capacity held idle per peer.
     #[serde(default = "default_reserve_chunk_bytes")]
     pub reserve_chunk_bytes: u64,
+    /// How long a peer that stops answering is waited for before a fetch of pages it holds
+    /// fails, in milliseconds (default 30 000, from 1 000 to 600 000). Fetches are retried
+    /// with backoff within it; discards are retried until they land, whatever the grace.
+    /// Longer rides out longer pauses (GC, `SIGSTOP`, a rebooting switch); shorter fails a
+    /// job sooner when a peer is really gone.
+    #[serde(default = "default_peer_grace_ms")]
+    pub peer_grace_ms: u64,
     /// How pages move between nodes: `"quic"` (default) or `"ucx"` (RDMA where the NICs
     /// have it; needs a build with the `ucx` feature and libucx on the machine). Raft and
     /// reservations always use QUIC, which also introduces the UCX connections, so a UCX
@@ -438,6 +461,7 @@ impl NodeConfig {
             election_ticks_max: default_election_ticks_max(),
             lend_bytes: LEND_BYTES_UNSET,
             reserve_chunk_bytes: RESERVE_CHUNK_BYTES_DEFAULT,
+            peer_grace_ms: PEER_GRACE_MS_DEFAULT,
             transport: PageTransport::Quic,
         };
         config.fill_defaults();
@@ -674,6 +698,15 @@ impl NodeConfig {
                     "is {} but must be from one page ({page} bytes) to {} bytes",
                     self.reserve_chunk_bytes,
                     limits::PAGE_BYTES_MAX * 1024
+                ),
+            );
+        }
+        if !(PEER_GRACE_MS_MIN..=PEER_GRACE_MS_MAX).contains(&self.peer_grace_ms) {
+            return err(
+                "peer_grace_ms",
+                format!(
+                    "is {} but must be from {PEER_GRACE_MS_MIN} to {PEER_GRACE_MS_MAX} ms",
+                    self.peer_grace_ms
                 ),
             );
         }

@@ -221,6 +221,12 @@ pub struct RemoteStatus {
     pub pages_spilled: u64,
     /// Pages fetched.
     pub pages_fetched: u64,
+    /// Bytes of this node's reservations on peers not spent yet (equal to what the group
+    /// holds reserved for this node once its placements have committed).
+    pub reserved_unspent_bytes: u64,
+    /// Page copies on peers whose delete waits for the peer to answer (retried until
+    /// they land).
+    pub deletes_pending: u64,
 }
 
 /// Shared handles to what the documents are built from.
@@ -301,6 +307,8 @@ impl StatusSources {
                 bytes_in: remote.bytes_in,
                 pages_spilled: remote.pages_spilled,
                 pages_fetched: remote.pages_fetched,
+                reserved_unspent_bytes: remote.reserved_unspent_bytes,
+                deletes_pending: remote.deletes_pending,
             },
             peer_bytes_in: net.bytes_in + ucx.bytes_in,
             peer_bytes_out: net.bytes_out + ucx.bytes_out,

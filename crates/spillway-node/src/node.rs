@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use spillway_net::certs::{CertError, NodeIdentity};
 use spillway_net::quic::{QuicConnection, QuicTransport};
@@ -26,7 +27,7 @@ use spillway_types::{NodeId, PoolId};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use spillway_meta::{MetaState, Role, Update};
+use spillway_meta::{MemberState, MetaState, Role, Update};
 
 use crate::config::{NodeConfig, NodeConfigError};
 use crate::meta::{
@@ -206,6 +207,15 @@ impl Node {
             meta.clone(),
             peers.clone(),
         ));
+        // Deletes of copies on peers that did not answer are retried until they land.
+        tasks.spawn(remote.clone().run_pending_deletes(cancel.child_token()));
+        // This incarnation starts with an empty host tier: the directory must stop naming
+        // this node for pages an earlier incarnation held.
+        tasks.spawn(announce_incarnation(
+            meta.clone(),
+            config.node_id,
+            cancel.child_token(),
+        ));
         let clients = Arc::new(AtomicU64::new(0));
         let mut handle = NodeHandle {
             config,
@@ -263,6 +273,49 @@ impl Node {
             "node serving peers"
         );
         Ok(handle)
+    }
+}
+
+/// First wait before the incarnation announcement is proposed again: 100 ms, doubling
+/// to [`ANNOUNCE_RETRY_MAX`].
+const ANNOUNCE_RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest wait between two tries of the incarnation announcement: 5 s.
+const ANNOUNCE_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Tells the metadata group that this node starts with an empty host tier: the node goes
+/// down and up again in one proposal, which starts a new epoch and drops every directory
+/// record of pages an earlier incarnation held (their bytes died with its RAM; a peer
+/// fetching one gets a clear "not in the remote tier" instead of a page that is not
+/// there). Retried with backoff until the group commits it.
+async fn announce_incarnation(meta: Arc<MetaDriver>, node: NodeId, cancel: CancellationToken) {
+    let updates = vec![
+        Update::SetMemberState {
+            node,
+            state: MemberState::Down,
+        },
+        Update::SetMemberState {
+            node,
+            state: MemberState::Up,
+        },
+    ];
+    let mut delay = ANNOUNCE_RETRY_MIN;
+    loop {
+        match meta.propose(updates.clone()).await {
+            Ok(outcomes) if outcomes.iter().all(Outcome::is_accepted) => {
+                tracing::info!(%node, "new incarnation recorded: the directory no longer names this node for earlier pages");
+                return;
+            }
+            Ok(outcomes) => {
+                tracing::warn!(%node, ?outcomes, "the group refused this node's new incarnation");
+                return;
+            }
+            Err(e) => tracing::debug!(%node, error = %e, "incarnation not recorded yet; retrying"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(ANNOUNCE_RETRY_MAX);
     }
 }
 

@@ -37,14 +37,14 @@
 //! Lock order: `plan` (async, held across the reservation proposal only) before `inner`
 //! (sync, never held across an await).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use spillway_meta::{Epoch, Extent, MemberState, ReservationId, Update};
-use spillway_net::{Page, Request, Response};
+use spillway_net::{NetError, Page, Request, Response};
 use spillway_types::wire::page_checksum;
 use spillway_types::{BufferId, NodeId, PageId};
 use tokio::sync::Semaphore;
@@ -83,6 +83,16 @@ pub const RUN_PAGES: usize = 16;
 pub const RESERVATION_TTL: Duration = Duration::from_secs(600);
 /// A reservation is no longer spent this long before it lapses: 30 s.
 const RESERVATION_MARGIN: Duration = Duration::from_secs(30);
+/// First wait before a request to a peer that stopped answering is sent again: 50 ms,
+/// doubling up to [`GRACE_RETRY_MAX`], within the node's `peer_grace_ms`.
+const GRACE_RETRY_MIN: Duration = Duration::from_millis(50);
+/// Longest wait between two tries of a request within the peer grace: 1 s.
+const GRACE_RETRY_MAX: Duration = Duration::from_secs(1);
+/// Page deletes waiting for their peer to answer, over all peers: 1,048,576 page ids
+/// (16 MiB). Past it a delete that fails is dropped and logged: its copy stays on the peer.
+pub const PENDING_DELETES_MAX: usize = 1 << 20;
+/// How often the pending deletes are tried again: every 2 s.
+pub const PENDING_DELETES_RETRY: Duration = Duration::from_secs(2);
 
 /// The id page `page` of local client `client` of node `node` has on peers and in the
 /// directory (see the module docs). The caller checks the bounds.
@@ -211,6 +221,8 @@ pub struct RemoteCounters {
     /// Bytes of this node's reservations on peers not spent yet (the group's reserved
     /// bytes for this node, once its placements have committed).
     pub reserved_unspent_bytes: u64,
+    /// Page copies on peers whose delete waits for the peer to answer.
+    pub deletes_pending: u64,
     /// Per peer.
     pub per_peer: BTreeMap<NodeId, PeerRemoteCounters>,
 }
@@ -226,6 +238,12 @@ struct Held {
 struct Inner {
     pages: HashMap<(u32, PageId), Held>,
     ledger: Ledger,
+    /// Copies to delete on peers that did not answer yet (retried until they land;
+    /// deletes are idempotent). A spill never places a page on a peer where a delete of
+    /// it is pending.
+    pending_deletes: BTreeMap<NodeId, BTreeSet<PageId>>,
+    pending_deletes_len: usize,
+    pending_deletes_dropped: u64,
     per_peer: BTreeMap<NodeId, PeerRemoteCounters>,
     errors: u64,
 }
@@ -254,6 +272,7 @@ pub struct RemoteService {
     node: NodeId,
     page_bytes: u64,
     reserve_chunk_bytes: u64,
+    peer_grace: Duration,
     backend: Backend,
     inner: Mutex<Inner>,
     /// Serializes planning and reserving, so two spills never spend one reservation twice.
@@ -289,6 +308,7 @@ impl RemoteService {
             node: NodeId(1),
             page_bytes: spillway_types::limits::PAGE_BYTES_MAX,
             reserve_chunk_bytes: spillway_types::limits::PAGE_BYTES_MAX,
+            peer_grace: Duration::from_millis(crate::config::PEER_GRACE_MS_DEFAULT),
             backend: Backend::Memory {
                 capacity_bytes,
                 pages: Mutex::new(HashMap::new()),
@@ -308,6 +328,7 @@ impl RemoteService {
             node: config.node_id,
             page_bytes: config.page_size.bytes(),
             reserve_chunk_bytes: config.reserve_chunk_bytes,
+            peer_grace: Duration::from_millis(config.peer_grace_ms),
             backend: Backend::Pool { meta, peers },
             inner: Mutex::new(Inner::default()),
             plan: tokio::sync::Mutex::new(()),
@@ -495,7 +516,7 @@ impl RemoteService {
             }
         }
         for (peer, ids) in stale {
-            let _ = self.delete_on(peer, ids).await;
+            self.delete_or_queue(peer, ids).await;
         }
         Ok(())
     }
@@ -516,11 +537,20 @@ impl RemoteService {
         let mut room: BTreeMap<NodeId, (u64, u64, Epoch)> = BTreeMap::new(); // (free, reserved by us, epoch)
         {
             let inner = self.lock();
+            // A peer with a delete of one of these pages pending could drop the new copy.
+            let deleting = |peer: NodeId| {
+                inner.pending_deletes.get(&peer).is_some_and(|set| {
+                    pages
+                        .iter()
+                        .any(|(id, _, _)| set.contains(&remote_page_id(self.node, client, *id)))
+                })
+            };
             for m in &view.members {
                 if m.id == self.node
                     || m.state != MemberState::Up
                     || excluded.contains(&m.id)
                     || !peers.reachable(m.id)
+                    || deleting(m.id)
                 {
                     continue;
                 }
@@ -769,9 +799,7 @@ impl RemoteService {
             }
         }
         for (peer, ids) in by_peer {
-            if let Err(e) = self.delete_on(peer, ids).await {
-                tracing::debug!(%peer, error = %e, "could not drop the copies of a failed spill");
-            }
+            self.delete_or_queue(peer, ids).await;
         }
     }
 
@@ -956,9 +984,11 @@ impl RemoteService {
                     .collect();
                 let peers = self.pool().1.clone();
                 let slots = self.slots(peer);
+                let grace = self.peer_grace;
                 set.spawn(async move {
                     let _slot = slots.acquire_owned().await.expect("never closed");
-                    let r = peers.request(peer, Request::Get { pages: ids }).await;
+                    let r = request_within_grace(&peers, peer, Request::Get { pages: ids }, grace)
+                        .await;
                     (peer, chunk, r)
                 });
             }
@@ -1112,16 +1142,96 @@ impl RemoteService {
                 inner.pages.remove(&(client, *p));
             }
         }
-        let mut first_error = None;
+        // Once the directory forgets them the pages are gone for the pool; deletes that
+        // do not land now are retried until they do (`retry_pending_deletes`).
         for (peer, ids) in by_peer {
-            if let Err(e) = self.delete_on(peer, ids).await {
-                self.lock().per_peer.entry(peer).or_default().errors += 1;
-                first_error.get_or_insert(e);
+            self.delete_or_queue(peer, ids).await;
+        }
+        Ok(())
+    }
+
+    /// Deletes `ids` on `peer`, or queues them for [`RemoteService::retry_pending_deletes`]
+    /// when the peer does not answer or refuses.
+    async fn delete_or_queue(&self, peer: NodeId, ids: Vec<PageId>) {
+        if let Err(e) = self.delete_on(peer, ids.clone()).await {
+            tracing::debug!(%peer, error = %e, pages = ids.len(), "delete queued for retry");
+            self.lock().per_peer.entry(peer).or_default().errors += 1;
+            self.queue_deletes(peer, ids);
+        }
+    }
+
+    fn queue_deletes(&self, peer: NodeId, ids: Vec<PageId>) {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let set = inner.pending_deletes.entry(peer).or_default();
+        for id in ids {
+            if inner.pending_deletes_len >= PENDING_DELETES_MAX {
+                inner.pending_deletes_dropped += 1;
+                if inner.pending_deletes_dropped.is_power_of_two() {
+                    tracing::warn!(
+                        %peer,
+                        dropped = inner.pending_deletes_dropped,
+                        "too many deletes pending; a page copy stays on its peer"
+                    );
+                }
+                continue;
+            }
+            if set.insert(id) {
+                inner.pending_deletes_len += 1;
             }
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(()),
+    }
+
+    /// Tries the pending deletes of every peer once; returns how many pages are still
+    /// pending. Reachable peers first; a peer in its reconnect backoff waits for the next
+    /// round.
+    pub async fn retry_pending_deletes(&self) -> usize {
+        let work: Vec<(NodeId, Vec<PageId>)> = {
+            let inner = self.lock();
+            inner
+                .pending_deletes
+                .iter()
+                .map(|(p, ids)| (*p, ids.iter().copied().collect()))
+                .collect()
+        };
+        for (peer, ids) in work {
+            if let Backend::Pool { peers, .. } = &self.backend
+                && !peers.reachable(peer)
+            {
+                continue;
+            }
+            if self.delete_on(peer, ids.clone()).await.is_ok() {
+                let mut inner = self.lock();
+                let inner = &mut *inner;
+                if let Some(set) = inner.pending_deletes.get_mut(&peer) {
+                    for id in &ids {
+                        if set.remove(id) {
+                            inner.pending_deletes_len -= 1;
+                        }
+                    }
+                    if set.is_empty() {
+                        inner.pending_deletes.remove(&peer);
+                    }
+                }
+                tracing::debug!(%peer, pages = ids.len(), "pending deletes landed");
+            }
+        }
+        self.lock().pending_deletes_len
+    }
+
+    /// Retries the pending deletes every [`PENDING_DELETES_RETRY`] until `cancel`.
+    pub(crate) async fn run_pending_deletes(
+        self: Arc<Self>,
+        cancel: tokio_util::sync::CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(PENDING_DELETES_RETRY) => {}
+            }
+            if self.lock().pending_deletes_len > 0 {
+                self.retry_pending_deletes().await;
+            }
         }
     }
 
@@ -1160,6 +1270,7 @@ impl RemoteService {
         let mut c = RemoteCounters {
             errors: inner.errors,
             reserved_unspent_bytes: inner.ledger.remaining().values().sum(),
+            deletes_pending: inner.pending_deletes_len as u64,
             per_peer: inner.per_peer.clone(),
             ..RemoteCounters::default()
         };
@@ -1183,6 +1294,58 @@ fn batches(pages: Vec<Page>, page_bytes: u64) -> Vec<Vec<Page>> {
         out.push(it.by_ref().take(per).collect());
     }
     out
+}
+
+/// Sends `request` to `peer`, sending it again after a transport failure (with backoff,
+/// [`GRACE_RETRY_MIN`] doubling to [`GRACE_RETRY_MAX`]) until `grace` has passed since the
+/// first try: a peer that pauses (a GC, `SIGSTOP`, a reconnect) costs a stall, not the
+/// operation. Answers, even errors, return at once. Only for idempotent requests.
+async fn request_within_grace(
+    peers: &Peers,
+    peer: NodeId,
+    request: Request,
+    grace: Duration,
+) -> Result<Response, NetError> {
+    let start = Instant::now();
+    let mut delay = GRACE_RETRY_MIN;
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match peers.request(peer, request.clone()).await {
+            Err(e) if transient(&e) && start.elapsed() + delay < grace => {
+                if tries == 1 {
+                    tracing::warn!(%peer, error = %e, grace_ms = grace.as_millis() as u64,
+                        "peer not answering; waiting for it within the grace");
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(GRACE_RETRY_MAX);
+            }
+            Err(e) if tries > 1 => {
+                tracing::warn!(%peer, error = %e, tries, waited_ms = start.elapsed().as_millis() as u64,
+                    "peer did not answer within the grace");
+                return Err(e);
+            }
+            r => {
+                if tries > 1 {
+                    tracing::info!(%peer, tries, waited_ms = start.elapsed().as_millis() as u64,
+                        "peer answers again");
+                }
+                return r;
+            }
+        }
+    }
+}
+
+/// Whether a request's failure may pass if the peer is waited for (the connection, not the
+/// request, failed).
+fn transient(e: &NetError) -> bool {
+    matches!(
+        e,
+        NetError::Connect { .. }
+            | NetError::ConnectionLost { .. }
+            | NetError::Io { .. }
+            | NetError::HelloTimeout { .. }
+    )
 }
 
 #[cfg(test)]
