@@ -116,6 +116,20 @@ impl Ledger {
         found
     }
 
+    /// Drops the reservations among `known` that the group no longer holds (`held` says
+    /// which ids it holds): expired, dropped with their node's old incarnation, or
+    /// released. `known` must be taken before the group's state is read, so that a
+    /// reservation accepted in between is not mistaken for a gone one. Returns how many
+    /// went.
+    pub fn drop_gone(
+        &mut self,
+        known: &[ReservationId],
+        held: impl Fn(ReservationId) -> bool,
+    ) -> usize {
+        let gone: Vec<ReservationId> = known.iter().copied().filter(|id| !held(*id)).collect();
+        gone.iter().filter(|id| self.forget(**id)).count()
+    }
+
     /// Removes the reservations no longer spendable past `spend_limit_ms` and returns
     /// their ids, for the caller to release in the group.
     pub fn take_lapsing(&mut self, spend_limit_ms: u64) -> Vec<ReservationId> {
@@ -134,7 +148,8 @@ impl Ledger {
         out
     }
 
-    /// Every reservation held, with its bytes left (for checks and status).
+    /// Every reservation held, with its bytes left (for checks, status and
+    /// [`Ledger::drop_gone`]).
     pub fn remaining(&self) -> BTreeMap<ReservationId, u64> {
         self.held
             .values()
@@ -153,7 +168,9 @@ mod tests {
     use std::collections::BTreeSet;
 
     use proptest::prelude::*;
-    use spillway_meta::{Batch, Epoch, Extent, InitialCluster, MemberInfo, MetaState, Update};
+    use spillway_meta::{
+        Batch, Extent, InitialCluster, MemberInfo, MemberState, MetaState, Update,
+    };
     use spillway_types::BufferId;
 
     use super::*;
@@ -180,6 +197,11 @@ mod tests {
         Advance {
             ms: u64,
         },
+        /// A holder restarts (a new incarnation: the group drops its reservations and
+        /// records); the node then reconciles its ledger as its upkeep does.
+        Restart {
+            peer: usize,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -190,6 +212,7 @@ mod tests {
             1 => (1..4u64).prop_map(|buffer| Op::Discard { buffer }),
             2 => prop_oneof![Just(1_000u64), Just(200_000), Just(560_000), Just(700_000)]
                 .prop_map(|ms| Op::Advance { ms }),
+            1 => (0..2usize).prop_map(|peer| Op::Restart { peer }),
         ]
     }
 
@@ -271,7 +294,7 @@ mod tests {
                 .map(|(extent, s)| Update::Place {
                     extent: *extent,
                     holder: peer,
-                    epoch: Epoch(1),
+                    epoch: self.state.member(peer).unwrap().epoch,
                     version: self.version,
                     reservation: s.map(|s| s.id),
                 })
@@ -290,7 +313,7 @@ mod tests {
                 retry.push(Update::Place {
                     extent: *extent,
                     holder: peer,
-                    epoch: Epoch(1),
+                    epoch: self.state.member(peer).unwrap().epoch,
                     version: self.version,
                     reservation: None,
                 });
@@ -358,6 +381,17 @@ mod tests {
                         w.commit(vec![Update::Remove {
                             extent: Extent::new(BufferId(buffer), 0, 16),
                         }]);
+                    }
+                    Op::Restart { peer } => {
+                        let node = NodeId(peer as u64 + 2);
+                        let known: Vec<ReservationId> =
+                            w.ledger.remaining().into_keys().collect();
+                        w.commit(vec![
+                            Update::SetMemberState { node, state: MemberState::Down },
+                            Update::SetMemberState { node, state: MemberState::Up },
+                        ]);
+                        let state = &w.state;
+                        w.ledger.drop_gone(&known, |id| state.reservation(id).is_some());
                     }
                     Op::Advance { ms } => {
                         w.now_ms += ms;

@@ -207,8 +207,9 @@ impl Node {
             meta.clone(),
             peers.clone(),
         ));
-        // Deletes of copies on peers that did not answer are retried until they land.
-        tasks.spawn(remote.clone().run_pending_deletes(cancel.child_token()));
+        // Deletes of copies on peers that did not answer are retried until they land, and
+        // reservations the group dropped leave this node's ledger.
+        tasks.spawn(remote.clone().run_upkeep(cancel.child_token()));
         // This incarnation starts with an empty host tier: the directory must stop naming
         // this node for pages an earlier incarnation held.
         tasks.spawn(announce_incarnation(

@@ -1219,11 +1219,39 @@ impl RemoteService {
         self.lock().pending_deletes_len
     }
 
-    /// Retries the pending deletes every [`PENDING_DELETES_RETRY`] until `cancel`.
-    pub(crate) async fn run_pending_deletes(
-        self: Arc<Self>,
-        cancel: tokio_util::sync::CancellationToken,
-    ) {
+    /// Forgets reservations the group no longer holds (see [`Ledger::drop_gone`]): the
+    /// group drops a node's reservations when that node starts a new incarnation, and
+    /// expires them by its clock. Returns how many were forgotten.
+    pub async fn reconcile_reservations(&self) -> Result<usize, RemoteError> {
+        let Backend::Pool { meta, .. } = &self.backend else {
+            return Ok(0);
+        };
+        let known: Vec<ReservationId> = self.lock().ledger.remaining().into_keys().collect();
+        if known.is_empty() {
+            return Ok(0);
+        }
+        let ids = known.clone();
+        let held: BTreeSet<ReservationId> = meta
+            .read(move |s| {
+                ids.iter()
+                    .copied()
+                    .filter(|id| s.reservation(*id).is_some())
+                    .collect()
+            })
+            .await?;
+        let gone = self
+            .lock()
+            .ledger
+            .drop_gone(&known, |id| held.contains(&id));
+        if gone > 0 {
+            tracing::debug!(gone, "forgot reservations the group no longer holds");
+        }
+        Ok(gone)
+    }
+
+    /// Every [`PENDING_DELETES_RETRY`] until `cancel`: retries the pending deletes and
+    /// reconciles the reservation ledger with the group.
+    pub(crate) async fn run_upkeep(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -1231,6 +1259,9 @@ impl RemoteService {
             }
             if self.lock().pending_deletes_len > 0 {
                 self.retry_pending_deletes().await;
+            }
+            if let Err(e) = self.reconcile_reservations().await {
+                tracing::debug!(error = %e, "could not reconcile reservations");
             }
         }
     }
