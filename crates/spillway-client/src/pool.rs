@@ -605,18 +605,20 @@ impl Pool {
     ) -> Result<(), PoolError> {
         let mut state = self.shared.lock();
         let locations = loop {
-            if let Some(l) = state
-                .core
-                .begin_host_access(buffer.id, offset, len, write)?
+            if let Some(l) =
+                state
+                    .core
+                    .begin_host_access(buffer.id, offset, len, write, self.shared.now())?
             {
                 break l;
             }
             // Pages may have to come from the remote tier first: start what the core asked
             // (zero fills finish inside `drive`, so look again before waiting).
             self.shared.drive(&mut state);
-            if let Some(l) = state
-                .core
-                .begin_host_access(buffer.id, offset, len, write)?
+            if let Some(l) =
+                state
+                    .core
+                    .begin_host_access(buffer.id, offset, len, write, self.shared.now())?
             {
                 break l;
             }

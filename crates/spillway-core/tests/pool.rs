@@ -415,7 +415,7 @@ proptest! {
                 Op::HostAccess(i) if !bufs.is_empty() => {
                     let b = bufs[i % bufs.len()];
                     let write = held.iter().all(|(j, _)| *j != i % bufs.len());
-                    match c.begin_host_access(b, 0, 1, write) {
+                    match c.begin_host_access(b, 0, 1, write, t(now)) {
                         Ok(Some(_locations)) => c.end_host_access(b, 0, 1, write, t(now)),
                         Ok(None) => {}
                         Err(e) => prop_assert!(matches!(e, CoreError::BufferBusy { .. }), "{e}"),

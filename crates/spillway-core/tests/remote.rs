@@ -171,7 +171,8 @@ impl Model {
     /// Reads (and with `write`, writes) page 0 of `b` from the host; false if busy.
     fn host_access(&mut self, b: BufferId, write: bool) -> bool {
         let locs = loop {
-            match self.core.begin_host_access(b, 0, 1, write) {
+            let now = self.t();
+            match self.core.begin_host_access(b, 0, 1, write, now) {
                 Ok(Some(l)) => break l,
                 Ok(None) => assert!(
                     self.finish_gpu() | self.finish_net(),

@@ -1,0 +1,251 @@
+//! Copies between the GPU and the host tier: starting loads and write-backs, choosing
+//! a frame for a load (a free one, one coming free, or an eviction by the policy), and
+//! their completions, which feed the bandwidth estimate of each direction.
+
+use super::*;
+
+impl PoolCore {
+    /// Records that copy `id` finished (`Err` with the device's message if it failed).
+    pub fn handle_transfer_done(
+        &mut self,
+        id: TransferId,
+        result: Result<(), String>,
+        now: Duration,
+    ) {
+        let Some(t) = self.copies.transfers.remove(&id) else {
+            debug_assert!(false, "completion of unknown transfer {id:?}");
+            return;
+        };
+        let d = dir_index(t.direction);
+        self.copies.in_flight_bytes[d] -= t.bytes;
+        let bw = &mut self.copies.bandwidth[d];
+        let service = now
+            .saturating_sub(t.issued_at.max(bw.last_done))
+            .as_secs_f64();
+        if service > 0.0 {
+            bw.bytes_per_s += BANDWIDTH_ALPHA * (t.bytes as f64 / service - bw.bytes_per_s);
+        }
+        bw.last_done = now;
+        let pid = t.page;
+        let page = self.page_mut(pid);
+        page.in_flight -= 1;
+        if let Err(e) = result {
+            self.failed.get_or_insert(CoreError::DeviceFailed(e));
+        }
+        let (freed, wanted) = {
+            let b = &self.buffers[&pid.buffer];
+            let p = &b.pages[pid.index as usize];
+            (b.freed, p.pins > 0)
+        };
+        match (t.direction, self.page(pid).gpu) {
+            (Direction::HostToDevice, Gpu::Loading { frame, prefetch }) => {
+                self.stats.h2d_bytes += t.bytes;
+                self.page_mut(pid).gpu = Gpu::Resident {
+                    frame,
+                    dirty: false,
+                    unused_prefetch: prefetch && !wanted,
+                };
+                self.eviction.on_fill(frame);
+                self.gpu.frame_next_use[frame.0 as usize] =
+                    self.access.next_use.get(&pid.buffer).copied();
+                if freed {
+                    self.release_frame(pid, frame);
+                }
+            }
+            (Direction::DeviceToHost, Gpu::Evicting { frame }) => {
+                self.stats.d2h_bytes += t.bytes;
+                if let Host::Slot { clean, .. } = &mut self.page_mut(pid).host {
+                    *clean = false;
+                }
+                self.gpu.evicting_frames -= 1;
+                self.page_mut(pid).gpu = Gpu::Resident {
+                    frame,
+                    dirty: false,
+                    unused_prefetch: false,
+                };
+                if !wanted || freed {
+                    self.release_frame(pid, frame);
+                }
+            }
+            (dir, state) => panic!("completion of {dir:?} for {pid} in state {state:?}"),
+        }
+        self.reap(pid.buffer);
+        self.pump(now);
+    }
+
+    pub(super) fn new_transfer(
+        &mut self,
+        pid: PageId,
+        direction: Direction,
+        frame: FrameId,
+        now: Duration,
+    ) {
+        let (slot, bytes) = {
+            let b = &self.buffers[&pid.buffer];
+            let p = &b.pages[pid.index as usize];
+            let Host::Slot { slot, .. } = p.host else {
+                panic!("GPU copy of {pid} whose host state is {:?}", p.host);
+            };
+            (slot, self.page_len(b.bytes, pid.index))
+        };
+        let id = TransferId(self.ids.next_transfer);
+        self.ids.next_transfer += 1;
+        self.copies.in_flight_bytes[dir_index(direction)] += bytes;
+        self.page_mut(pid).in_flight += 1;
+        self.copies.transfers.insert(
+            id,
+            InFlight {
+                page: pid,
+                direction,
+                bytes,
+                issued_at: now,
+            },
+        );
+        self.copies.out.push_back(Transfer {
+            id,
+            direction,
+            page: pid,
+            frame,
+            slot,
+            bytes,
+        });
+    }
+
+    pub(super) fn may_issue(&self, direction: Direction, bytes: u64) -> bool {
+        let d = dir_index(direction);
+        let max = match direction {
+            Direction::HostToDevice => self.cfg.h2d_bytes_in_flight_max,
+            Direction::DeviceToHost => self.cfg.d2h_bytes_in_flight_max,
+        };
+        self.copies.in_flight_bytes[d] == 0 || self.copies.in_flight_bytes[d] + bytes <= max
+    }
+
+    /// Takes `pid` off the GPU now: a clean page is dropped, a dirty one written back.
+    pub(super) fn evict(&mut self, pid: PageId, now: Duration) -> bool {
+        let Gpu::Resident { frame, dirty, .. } = self.page(pid).gpu else {
+            return false;
+        };
+        if !dirty {
+            self.stats.evictions_clean += 1;
+            self.release_frame(pid, frame);
+            return true;
+        }
+        let bytes = self.page_len(self.buffers[&pid.buffer].bytes, pid.index);
+        if !self.may_issue(Direction::DeviceToHost, bytes) {
+            return false;
+        }
+        if !matches!(self.page(pid).host, Host::Slot { .. }) {
+            // Its slot was released while the remote tier held its bytes; the write-back
+            // needs one again.
+            let Some(slot) = self.free_slot_now(pid, now) else {
+                return false;
+            };
+            self.page_mut(pid).host = Host::Slot { slot, clean: false };
+        }
+        self.stats.evictions_dirty += 1;
+        self.gpu.evicting_frames += 1;
+        self.page_mut(pid).gpu = Gpu::Evicting { frame };
+        self.new_transfer(pid, Direction::DeviceToHost, frame, now);
+        false
+    }
+
+    /// A frame for a load whose page is next used at `bound` (`None`: needed now).
+    /// `waiting` counts loads of this pump pass already waiting for a write-back.
+    /// Clean victims are dropped at once; a dirty one starts a write-back, and the frame
+    /// comes free when it finishes.
+    pub(super) fn frame_for(
+        &mut self,
+        pid: PageId,
+        bound: Option<u64>,
+        waiting: &mut u64,
+        now: Duration,
+    ) -> Got {
+        let preferred = self.page(pid).last_frame;
+        loop {
+            // The page's last frame if it is free (no remap), else any free frame.
+            if let Some(p) = preferred
+                && self.gpu.frames[p.0 as usize].is_none()
+                && let Some(i) = self.gpu.free_frames.iter().rposition(|&f| f == p)
+            {
+                return Got::Frame(self.gpu.free_frames.swap_remove(i));
+            }
+            if let Some(f) = self.gpu.free_frames.pop() {
+                return Got::Frame(f);
+            }
+            if self.gpu.evicting_frames > *waiting {
+                *waiting += 1;
+                return Got::Later;
+            }
+            let mut policy = std::mem::replace(&mut self.eviction, Box::new(Clock::new(0)));
+            let victim = policy.choose_victim(&View {
+                core: self,
+                bound,
+                preferred,
+            });
+            self.eviction = policy;
+            let Some(victim) = victim else {
+                return Got::Never;
+            };
+            let pid = self.gpu.frames[victim.0 as usize].expect("eligible frames hold a page");
+            if !self.evict(pid, now) && !matches!(self.page(pid).gpu, Gpu::Evicting { .. }) {
+                // Dirty, and the write-back bound is reached or no slot can take it now:
+                // a clean page may leave instead; else try again after a completion.
+                match self.evictable_victim(bound) {
+                    Some(other) => {
+                        if !self.evict(other, now)
+                            && !matches!(self.page(other).gpu, Gpu::Evicting { .. })
+                        {
+                            return Got::Never;
+                        }
+                    }
+                    None => return Got::Never,
+                }
+            }
+        }
+    }
+
+    pub(super) fn start_load(
+        &mut self,
+        pid: PageId,
+        frame: FrameId,
+        prefetch: bool,
+        now: Duration,
+    ) {
+        debug_assert!(self.gpu.frames[frame.0 as usize].is_none());
+        self.gpu.frames[frame.0 as usize] = Some(pid);
+        self.gpu.frame_next_use[frame.0 as usize] = self.access.next_use.get(&pid.buffer).copied();
+        self.page_mut(pid).gpu = Gpu::Loading { frame, prefetch };
+        if prefetch {
+            self.stats.prefetch_loads += 1;
+        } else {
+            self.stats.demand_loads += 1;
+        }
+        self.copies
+            .mappings
+            .push_back(MappingChange::Map { page: pid, frame });
+        self.new_transfer(pid, Direction::HostToDevice, frame, now);
+        let used = (self.gpu.frames.len() - self.gpu.free_frames.len()) as u64;
+        self.stats.frames_in_use_peak = self.stats.frames_in_use_peak.max(used);
+    }
+
+    /// Whether `pid` still needs a load: its buffer is live, it is absent, and the host
+    /// is not touching it.
+    pub(super) fn needs_load(&self, pid: PageId) -> bool {
+        match self.buffers.get(&pid.buffer) {
+            Some(b) if !b.freed => {
+                let p = &b.pages[pid.index as usize];
+                p.gpu == Gpu::Absent && p.host_pins == 0 && matches!(p.host, Host::Slot { .. })
+            }
+            _ => false,
+        }
+    }
+
+    /// Next predicted use of `pid`'s buffer (`None`: none predicted).
+    pub(super) fn next_use_of(&self, buffer: BufferId) -> Option<u64> {
+        self.access
+            .next_use
+            .get(&buffer)
+            .copied()
+            .filter(|&n| n > self.access.accesses)
+    }
+}
