@@ -176,13 +176,13 @@ impl PoolCore {
                 *waiting += 1;
                 return Got::Later;
             }
-            let mut policy = std::mem::replace(&mut self.eviction, Box::new(Clock::new(0)));
-            let victim = policy.choose_victim(&View {
-                core: self,
+            let victim = self.eviction.choose_victim(&View::of(
+                &self.gpu,
+                &self.buffers,
+                &self.access,
                 bound,
                 preferred,
-            });
-            self.eviction = policy;
+            ));
             let Some(victim) = victim else {
                 return Got::Never;
             };

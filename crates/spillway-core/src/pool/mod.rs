@@ -335,26 +335,48 @@ enum Spilled {
 }
 
 struct View<'a> {
-    core: &'a PoolCore,
+    gpu: &'a GpuFrames,
+    buffers: &'a HashMap<BufferId, Buffer>,
+    accesses: u64,
     bound: Option<u64>,
     preferred: Option<FrameId>,
 }
 
+impl<'a> View<'a> {
+    /// What the eviction policy sees of `core` (the rooms it reads, not the policy, so
+    /// the policy can be borrowed mutably beside it).
+    fn of(
+        gpu: &'a GpuFrames,
+        buffers: &'a HashMap<BufferId, Buffer>,
+        access: &Access,
+        bound: Option<u64>,
+        preferred: Option<FrameId>,
+    ) -> Self {
+        View {
+            gpu,
+            buffers,
+            accesses: access.accesses,
+            bound,
+            preferred,
+        }
+    }
+}
+
 impl VictimView for View<'_> {
     fn frame_count(&self) -> u32 {
-        self.core.gpu.frames.len() as u32
+        self.gpu.frames.len() as u32
     }
 
     fn eligible(&self, frame: FrameId) -> bool {
-        let Some(pid) = self.core.gpu.frames[frame.0 as usize] else {
+        let Some(pid) = self.gpu.frames[frame.0 as usize] else {
             return false;
         };
-        let page = self.core.page(pid);
+        let page = &self.buffers[&pid.buffer].pages[pid.index as usize];
         matches!(page.gpu, Gpu::Resident { .. }) && page.pins == 0 && page.host_pins == 0
     }
 
     fn next_use(&self, frame: FrameId) -> Option<u64> {
-        self.core.gpu.frame_next_use[frame.0 as usize].filter(|&n| n > self.core.access.accesses)
+        self.gpu.frame_next_use[frame.0 as usize].filter(|&n| n > self.accesses)
     }
 
     fn must_exceed(&self) -> Option<u64> {

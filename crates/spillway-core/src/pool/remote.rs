@@ -347,13 +347,13 @@ impl PoolCore {
     /// Takes a page off the GPU so that its slot can leave the host tier: the eviction
     /// policy's victim. True if one left at once (it was clean).
     pub(super) fn evict_for_slot(&mut self, now: Duration) -> bool {
-        let mut policy = std::mem::replace(&mut self.eviction, Box::new(Clock::new(0)));
-        let victim = policy.choose_victim(&View {
-            core: self,
-            bound: None,
-            preferred: None,
-        });
-        self.eviction = policy;
+        let victim = self.eviction.choose_victim(&View::of(
+            &self.gpu,
+            &self.buffers,
+            &self.access,
+            None,
+            None,
+        ));
         let Some(frame) = victim else {
             return false;
         };
