@@ -261,7 +261,7 @@ fn bench_remote_reports_both_paths_and_their_ratio() {
     let json = spillway_ok(&[
         "bench",
         "remote",
-        "--page-bytes",
+        "--page-size",
         "256KiB",
         "--bytes",
         "16MiB",
@@ -304,7 +304,7 @@ fn bench_remote_over_ucx_reports_ucx_or_names_the_missing_transport() {
         "remote",
         "--transport",
         "ucx",
-        "--page-bytes",
+        "--page-size",
         "256KiB",
         "--bytes",
         "16MiB",

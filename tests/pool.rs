@@ -26,7 +26,8 @@ fn test_transport() -> String {
     t
 }
 
-fn up(pool: &Pool, slot: u16) {
+/// `cluster up` of a pool of three nodes; its stdout.
+fn up(pool: &Pool, slot: u16) -> String {
     let port = base_port(slot).to_string();
     let transport = test_transport();
     spillway_ok(&[
@@ -38,13 +39,13 @@ fn up(pool: &Pool, slot: u16) {
         "3",
         "--base-port",
         &port,
-        "--host-tier-bytes",
+        "--host-budget",
         "64MiB",
         "--transport",
         &transport,
         "--timeout-s",
         "20",
-    ]);
+    ])
 }
 
 fn leader_of(status: &Value) -> Option<u64> {
@@ -194,7 +195,7 @@ fn up_fails_with_the_log_of_a_node_that_cannot_start_and_leaves_no_process() {
         "3",
         "--base-port",
         &port,
-        "--host-tier-bytes",
+        "--host-budget",
         "64MiB",
     ]);
     // Node 2's status port is taken.
@@ -236,8 +237,12 @@ fn up_fails_with_the_log_of_a_node_that_cannot_start_and_leaves_no_process() {
 #[test]
 fn a_client_process_runs_the_demo_over_the_pool_with_every_page_verified() {
     let pool = Pool::new();
-    up(&pool, 6);
+    let printed = up(&pool, 6);
     let socket = pool.spec().nodes[0].client_socket.clone();
+    // `cluster up` printed the socket and the command this test runs (`demo --connect`'s
+    // help says so).
+    let command = format!("spillway demo --connect {}", socket.display());
+    assert!(printed.contains(&command), "{printed}");
     let out = spillway_ok(&[
         "demo",
         "--connect",

@@ -30,8 +30,8 @@ step() { # name, timeout seconds, command...
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv > "$out/nvidia-smi.csv" 2>&1
 step gpu-tests 400 env SPILLWAY_BENCH_OUT="$out" "$bin/gpu-tests" --test-threads=1 --nocapture
 step demo-cuda 300 "$bin/spillway" demo --device cuda --json
-step gpu-offload-8mib 500 "$bin/spillway" bench gpu-offload --json --page-kib 8192
-step gpu-offload-2mib 500 "$bin/spillway" bench gpu-offload --json --page-kib 2048
+step gpu-offload-8mib 500 "$bin/spillway" bench gpu-offload --json --page-size 8MiB
+step gpu-offload-2mib 500 "$bin/spillway" bench gpu-offload --json --page-size 2MiB
 step torch-offload 400 python3 bench/baselines/torch_offload.py
 step replay-dense-cuda 300 "$bin/spillway" replay bench/traces/dense.jsonl --device cuda --compare --json
 step replay-moe-cuda 300 "$bin/spillway" replay bench/traces/moe.jsonl --device cuda --compare --json

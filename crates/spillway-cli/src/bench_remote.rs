@@ -10,12 +10,17 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use bytesize::ByteSize;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use spillway_client::fmt_bytes;
 use spillway_net::QuicConfig;
 use spillway_net::bench::{ThroughputReport, page_throughput_with};
+
+use crate::size::{PAGE_BYTES_MAX, PAGE_BYTES_MIN, deprecated, size_in};
+
+/// Largest `--bytes`: 1 TiB a round (each round allocates one page per request in flight,
+/// not the total).
+const TOTAL_BYTES_MAX: u64 = 1 << 40;
 
 /// The transport measured against TCP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -30,16 +35,22 @@ pub enum Transport {
 /// Arguments of `spillway bench remote`.
 #[derive(Debug, Args)]
 pub struct RemoteArgs {
-    /// Page size (a power of two from 64KiB to 64MiB).
-    #[arg(long, default_value = "2MiB")]
-    page_bytes: ByteSize,
+    /// Page size, a power of two from 64KiB to 64MiB.
+    #[arg(long, value_name = "SIZE", default_value = "2MiB",
+          value_parser = size_in(PAGE_BYTES_MIN..=PAGE_BYTES_MAX))]
+    page_size: u64,
+    /// Deprecated: --page-size.
+    #[arg(long, hide = true, value_name = "SIZE", conflicts_with = "page_size",
+          value_parser = size_in(PAGE_BYTES_MIN..=PAGE_BYTES_MAX))]
+    page_bytes: Option<u64>,
     /// Requests in flight at once on the transport (on the 2-core VM, 2 moved the most:
     /// more than 4, much more than 8 or 16; bench/RESULTS.md).
     #[arg(long, default_value_t = 2)]
     in_flight: usize,
-    /// Bytes each method moves per round (three rounds; the best counts).
-    #[arg(long = "bytes", value_name = "TOTAL", default_value = "1GiB")]
-    total_bytes: ByteSize,
+    /// Bytes each method moves per round (three rounds; the best counts), at most 1TiB.
+    #[arg(long = "bytes", value_name = "SIZE", default_value = "1GiB",
+          value_parser = size_in(1..=TOTAL_BYTES_MAX))]
+    total_bytes: u64,
     /// QUIC connections to the peer (the `quic.connections_per_peer` of a node config)
     /// [default: the config's default].
     #[arg(long)]
@@ -87,7 +98,11 @@ struct RemoteReport {
 }
 
 /// Runs `spillway bench remote`.
-pub fn run_remote(args: RemoteArgs) -> Result<()> {
+pub fn run_remote(mut args: RemoteArgs) -> Result<()> {
+    if let Some(p) = args.page_bytes.take() {
+        deprecated("--page-bytes", "--page-size", p);
+        args.page_size = p;
+    }
     if args.transport == Transport::Ucx && !cfg!(feature = "ucx") {
         bail!(
             "--transport ucx: this build has no UCX transport; build spillway with \
@@ -109,8 +124,8 @@ pub fn run_remote(args: RemoteArgs) -> Result<()> {
     let throughput = runtime
         .block_on(page_throughput_with(
             &config.clone(),
-            args.page_bytes.as_u64(),
-            args.total_bytes.as_u64(),
+            args.page_size,
+            args.total_bytes,
             args.in_flight,
         ))
         .context("measuring page throughput")?;

@@ -6,18 +6,19 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use bytesize::ByteSize;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rustix::process::Signal;
 use serde::Serialize;
 use spillway_cluster::launcher::{POLL_INTERVAL, status_targets};
 use spillway_cluster::process::{self, STOP_GRACE_DEFAULT};
-use spillway_cluster::spec::{self, BASE_PORT_DEFAULT, HOST_TIER_BYTES_DEFAULT};
+use spillway_cluster::spec::{self, BASE_PORT_DEFAULT};
 use spillway_cluster::{
     ClusterSpec, InitOptions, PoolReport, StopOutcome, UpEvent, UpOptions, poll_until, query_pool,
 };
 use spillway_node::PageTransport;
+
+use crate::size::{BUDGET_BYTES_MAX, deprecated, size_in};
 
 /// `spillway cluster ...`.
 #[derive(Debug, Subcommand)]
@@ -34,6 +35,10 @@ pub enum ClusterCommand {
     /// the time until another node reports itself leader; prints JSON.
     FailoverBench(FailoverArgs),
 }
+
+/// `--host-budget`'s default: [`spec::HOST_TIER_BYTES_DEFAULT`] as a user writes it
+/// (a test checks they agree).
+const HOST_BUDGET_DEFAULT: &str = "1GiB";
 
 /// Where the pool lives.
 #[derive(Debug, Args)]
@@ -66,9 +71,15 @@ pub struct LayoutArgs {
     /// First port: node K listens for peers on P+2(K-1) and serves /status on the next.
     #[arg(long, value_name = "P", default_value_t = BASE_PORT_DEFAULT)]
     base_port: u16,
-    /// Host tier of each node (e.g. 1GiB, 512MiB).
-    #[arg(long, value_name = "BYTES", default_value_t = ByteSize::b(HOST_TIER_BYTES_DEFAULT))]
-    host_tier_bytes: ByteSize,
+    /// Host tier budget of each node, e.g. 1GiB or 512MiB, at most 16TiB (the nodes'
+    /// `host_tier_bytes`).
+    #[arg(long, value_name = "SIZE", default_value = HOST_BUDGET_DEFAULT,
+          value_parser = size_in(0..=BUDGET_BYTES_MAX))]
+    host_budget: u64,
+    /// Deprecated: --host-budget.
+    #[arg(long, hide = true, value_name = "SIZE", conflicts_with = "host_budget",
+          value_parser = size_in(0..=BUDGET_BYTES_MAX))]
+    host_tier_bytes: Option<u64>,
     /// How the nodes move pages: quic, or ucx (a build with the `ucx` feature and libucx;
     /// set UCX_NET_DEVICES=lo to keep UCX on loopback). Raft always uses QUIC.
     #[arg(long, value_enum, default_value_t = TransportArg::Quic)]
@@ -86,10 +97,17 @@ pub enum TransportArg {
 
 impl LayoutArgs {
     fn options(&self, force: bool) -> InitOptions {
+        let host_tier_bytes = match self.host_tier_bytes {
+            Some(b) => {
+                deprecated("--host-tier-bytes", "--host-budget", b);
+                b
+            }
+            None => self.host_budget,
+        };
         InitOptions {
             nodes: self.nodes,
             base_port: self.base_port,
-            host_tier_bytes: self.host_tier_bytes.as_u64(),
+            host_tier_bytes,
             force,
             transport: match self.transport {
                 TransportArg::Quic => PageTransport::Quic,
@@ -171,9 +189,11 @@ pub fn run(cmd: ClusterCommand) -> Result<()> {
     }
 }
 
+/// One row per node: its addresses, then its config, log and client socket (what
+/// `spillway demo --connect` takes) under each other.
 fn print_nodes(spec: &ClusterSpec) {
     println!(
-        "{:>4}  {:<21} {:<21} config / log",
+        "{:>4}  {:<21} {:<21} config / log / client socket",
         "node", "peer addr", "status addr"
     );
     for n in &spec.nodes {
@@ -185,6 +205,7 @@ fn print_nodes(spec: &ClusterSpec) {
             n.config.display()
         );
         println!("{:>50}{}", "", n.log.display());
+        println!("{:>50}{}", "", n.client_socket.display());
     }
 }
 
@@ -252,10 +273,17 @@ fn up(args: UpArgs) -> Result<()> {
         report.started.len()
     );
     print_nodes(&report.spec);
-    println!(
-        "spillway status --dir {0}; spillway cluster down --dir {0}",
-        report.spec.dir.display()
-    );
+    let dir = report.spec.dir.display();
+    println!("\nnext:");
+    if let Some(first) = report.spec.nodes.first() {
+        println!(
+            "  spillway demo --connect {}   # the demo as a client of node {}",
+            first.client_socket.display(),
+            first.id
+        );
+    }
+    println!("  spillway status --dir {dir}");
+    println!("  spillway cluster down --dir {dir}");
     Ok(())
 }
 
@@ -466,6 +494,14 @@ fn failover_trials(args: &FailoverArgs, dir: &Path) -> Result<FailoverReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_budget_default_is_the_cluster_default() {
+        assert_eq!(
+            crate::size::parse_size(HOST_BUDGET_DEFAULT),
+            Ok(spec::HOST_TIER_BYTES_DEFAULT)
+        );
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

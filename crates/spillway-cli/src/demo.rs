@@ -10,6 +10,8 @@ use spillway_bench::report::{StepTable, progress_bar};
 use spillway_bench::workload::{TrainConfig, run_training_in};
 use spillway_client::{DeviceChoice, PageSize, Policy};
 
+use crate::size::{BUDGET_BYTES_MAX, PAGE_BYTES_MAX, PAGE_BYTES_MIN, merge_deprecated, size_in};
+
 /// Rounds of arithmetic per page per kernel by default.
 const COMPUTE_PASSES_DEFAULT: u32 = 2;
 /// The same with a remote tier: the network moves pages more slowly than a copy engine, so
@@ -24,14 +26,17 @@ const LAYERS_MAX: u64 = 1 << 16;
 /// Largest `--weight-mib` and `--act-mib`: 1 TiB, a trace's largest buffer
 /// (`spillway_bench::trace::BUFFER_BYTES_MAX`).
 const LAYER_MIB_MAX: u64 = 1 << 20;
-/// Largest `--gpu-budget-mib` and `--host-budget-mib`: 16 TiB. 0 is let through for the
-/// pool to refuse with its own words.
-const BUDGET_MIB_MAX: u64 = 1 << 24;
-/// Page sizes in KiB: 64 KiB to 64 MiB (`spillway_types::limits`); the pool also wants a
-/// power of two.
-const PAGE_KIB_MIN: u64 = 64;
+/// Largest deprecated `--gpu-budget-mib` and `--host-budget-mib`: 16 TiB
+/// ([`BUDGET_BYTES_MAX`], the bound of `--gpu-budget` and `--host-budget`). 0 is let
+/// through for the pool to refuse with its own words.
+const BUDGET_MIB_MAX: u64 = BUDGET_BYTES_MAX >> 20;
+/// Deprecated `--page-kib`: 64 KiB to 64 MiB (`spillway_types::limits`, the bounds of
+/// `--page-size`); the pool also wants a power of two.
+const PAGE_KIB_MIN: u64 = PAGE_BYTES_MIN >> 10;
 /// See [`PAGE_KIB_MIN`].
-const PAGE_KIB_MAX: u64 = 64 << 10;
+const PAGE_KIB_MAX: u64 = PAGE_BYTES_MAX >> 10;
+/// Smallest `bench gpu-offload --page-size`: 2 MiB, the bound its `--page-kib` had.
+const GPU_PAGE_BYTES_MIN: u64 = 2 << 20;
 /// Largest `bench gpu-offload --hidden`: a layer of 65536^2 bf16 is 8 GiB.
 const GPU_HIDDEN_MAX: u64 = 1 << 16;
 /// Largest `bench gpu-offload --batch`: 2^20 rows (activations of 2^37 bytes at most).
@@ -50,13 +55,22 @@ pub struct ShapeArgs {
     /// MiB of activation per layer (1 to 1048576).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=LAYER_MIB_MAX))]
     act_mib: u64,
-    /// GPU budget in MiB, at most 16777216 (default: a third of the working set).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(..=BUDGET_MIB_MAX))]
+    /// GPU budget, e.g. 64MiB or 2GiB, at most 16TiB (default: a third of the working
+    /// set; a twelfth with a remote tier).
+    #[arg(long, value_name = "SIZE", value_parser = size_in(0..=BUDGET_BYTES_MAX))]
+    gpu_budget: Option<u64>,
+    /// Deprecated: --gpu-budget in MiB.
+    #[arg(long, hide = true, conflicts_with = "gpu_budget",
+          value_parser = clap::value_parser!(u64).range(..=BUDGET_MIB_MAX))]
     gpu_budget_mib: Option<u64>,
-    /// Page size in KiB (a power of two from 64 KiB to 64 MiB).
-    #[arg(long, default_value_t = 2048,
+    /// Page size, a power of two from 64KiB to 64MiB.
+    #[arg(long, value_name = "SIZE", default_value = "2MiB",
+          value_parser = size_in(PAGE_BYTES_MIN..=PAGE_BYTES_MAX))]
+    page_size: u64,
+    /// Deprecated: --page-size in KiB.
+    #[arg(long, hide = true, conflicts_with = "page_size",
           value_parser = clap::value_parser!(u64).range(PAGE_KIB_MIN..=PAGE_KIB_MAX))]
-    page_kib: u64,
+    page_kib: Option<u64>,
     /// Steps (iterations) to run.
     #[arg(long, default_value_t = 6)]
     steps: usize,
@@ -71,8 +85,24 @@ pub struct ShapeArgs {
 }
 
 impl ShapeArgs {
+    /// Folds the deprecated spellings into the new ones, with a note for each used.
+    fn take_deprecated(&mut self) {
+        self.gpu_budget = merge_deprecated(
+            self.gpu_budget,
+            self.gpu_budget_mib.take(),
+            20,
+            "--gpu-budget-mib",
+            "--gpu-budget",
+        );
+        if let Some(p) =
+            merge_deprecated(None, self.page_kib.take(), 10, "--page-kib", "--page-size")
+        {
+            self.page_size = p;
+        }
+    }
+
     fn train_config(&self) -> Result<TrainConfig> {
-        let page = PageSize::new(self.page_kib << 10)?;
+        let page = PageSize::new(self.page_size)?;
         let mut cfg = TrainConfig {
             layers: self.layers,
             weight_bytes: self.weight_mib << 20,
@@ -86,8 +116,8 @@ impl ShapeArgs {
         if self.steps == 0 {
             bail!("--steps must be at least 1");
         }
-        cfg.gpu_budget_bytes = match self.gpu_budget_mib {
-            Some(m) => m << 20,
+        cfg.gpu_budget_bytes = match self.gpu_budget {
+            Some(b) => b,
             None => (cfg.working_set_bytes() / 3 / page.bytes()).max(1) * page.bytes(),
         };
         Ok(cfg)
@@ -118,13 +148,17 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 3)]
     nodes: u32,
     /// Run against the node daemon listening on this Unix socket (`spillway cluster up`
-    /// prints it) instead of a pool in this process: the host tier lives in memory shared
-    /// with the node, the remote tier is the node's peers.
+    /// prints each node's, and the command to try) instead of a pool in this process: the
+    /// host tier lives in memory shared with the node, the remote tier is the node's peers.
     #[arg(long, value_name = "SOCKET")]
     connect: Option<PathBuf>,
-    /// Host tier budget in MiB, with a remote tier, at most 16777216 (default: a sixth of
+    /// Host tier budget with a remote tier, e.g. 1GiB, at most 16TiB (default: a sixth of
     /// the working set; the GPU budget then defaults to a twelfth).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(..=BUDGET_MIB_MAX))]
+    #[arg(long, value_name = "SIZE", value_parser = size_in(0..=BUDGET_BYTES_MAX))]
+    host_budget: Option<u64>,
+    /// Deprecated: --host-budget in MiB.
+    #[arg(long, hide = true, conflicts_with = "host_budget",
+          value_parser = clap::value_parser!(u64).range(..=BUDGET_MIB_MAX))]
     host_budget_mib: Option<u64>,
     /// How pages move between the in-process nodes: `quic`, or `ucx` (a build with the
     /// `ucx` feature and libucx; set `UCX_NET_DEVICES=lo` to keep UCX on loopback).
@@ -173,10 +207,14 @@ pub struct GpuOffloadArgs {
     /// Timed steps per variant and batch (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     iters: usize,
-    /// Page size in KiB (a power of two from 2048 to 65536).
-    #[arg(long, default_value_t = 8192,
-          value_parser = clap::value_parser!(u64).range(2048..=PAGE_KIB_MAX))]
-    page_kib: u64,
+    /// Page size, a power of two from 2MiB to 64MiB.
+    #[arg(long, value_name = "SIZE", default_value = "8MiB",
+          value_parser = size_in(GPU_PAGE_BYTES_MIN..=PAGE_BYTES_MAX))]
+    page_size: u64,
+    /// Deprecated: --page-size in KiB.
+    #[arg(long, hide = true, conflicts_with = "page_size",
+          value_parser = clap::value_parser!(u64).range(GPU_PAGE_BYTES_MIN >> 10..=PAGE_KIB_MAX))]
+    page_kib: Option<u64>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -208,7 +246,15 @@ enum Remote {
     Daemon(spillway_client::daemon::DaemonLink),
 }
 
-pub fn run_demo(args: DemoArgs) -> Result<()> {
+pub fn run_demo(mut args: DemoArgs) -> Result<()> {
+    args.shape.take_deprecated();
+    args.host_budget = merge_deprecated(
+        args.host_budget,
+        args.host_budget_mib.take(),
+        20,
+        "--host-budget-mib",
+        "--host-budget",
+    );
     let mut cfg = args.shape.train_config()?;
     cfg.policy = args.policy;
     cfg.diverge_steps = args.diverge_step.clone();
@@ -239,11 +285,11 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
         }
         // Working set = 4x (GPU + host) unless told otherwise.
         let ws_pages = cfg.page_size.pages_for(cfg.working_set_bytes());
-        if args.shape.gpu_budget_mib.is_none() {
+        if args.shape.gpu_budget.is_none() {
             cfg.gpu_budget_bytes = (ws_pages / 12).max(2) * page;
         }
-        cfg.host_budget_bytes = Some(match args.host_budget_mib {
-            Some(m) => m << 20,
+        cfg.host_budget_bytes = Some(match args.host_budget {
+            Some(b) => b,
             None => (ws_pages / 6).max(cfg.gpu_budget_bytes / page + 2) * page,
         });
     }
@@ -363,7 +409,10 @@ pub fn run_demo(args: DemoArgs) -> Result<()> {
 }
 
 #[cfg(feature = "cuda")]
-fn run_gpu_offload(args: GpuOffloadArgs) -> Result<()> {
+fn run_gpu_offload(mut args: GpuOffloadArgs) -> Result<()> {
+    if let Some(p) = merge_deprecated(None, args.page_kib.take(), 10, "--page-kib", "--page-size") {
+        args.page_size = p;
+    }
     use spillway_bench::gpu_offload::{GpuOffloadConfig, markdown, run};
     let cfg = GpuOffloadConfig {
         layers: args.layers,
@@ -371,7 +420,7 @@ fn run_gpu_offload(args: GpuOffloadArgs) -> Result<()> {
         slots: args.slots,
         batches: args.batch.clone(),
         iters: args.iters.max(1),
-        page_size: PageSize::new(args.page_kib << 10)?,
+        page_size: PageSize::new(args.page_size)?,
     };
     let quiet = args.json;
     let result = run(&cfg, |m| {
@@ -405,7 +454,8 @@ fn run_gpu_offload(args: GpuOffloadArgs) -> Result<()> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run_gpu_offload(_args: GpuOffloadArgs) -> Result<()> {
+fn run_gpu_offload(mut args: GpuOffloadArgs) -> Result<()> {
+    merge_deprecated(None, args.page_kib.take(), 10, "--page-kib", "--page-size");
     bail!(
         "`bench gpu-offload` needs a build with CUDA support: rebuild with `--features spillway-cli/cuda`"
     )
@@ -414,7 +464,8 @@ fn run_gpu_offload(_args: GpuOffloadArgs) -> Result<()> {
 pub fn run_bench(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::GpuOffload(args) => run_gpu_offload(args),
-        BenchCommand::Offload(args) => {
+        BenchCommand::Offload(mut args) => {
+            args.shape.take_deprecated();
             let cfg = OffloadConfig {
                 train: args.shape.train_config()?,
                 out_dir: args.out.clone(),

@@ -14,6 +14,15 @@
 //! way it ends `cat` or `ls`: SIGPIPE, quietly, instead of a panic from `println!`. Only
 //! the node daemon keeps the Rust default (SIGPIPE ignored): it must outlive a closed log
 //! pipe. Sockets are unaffected either way: std and the node send with `MSG_NOSIGNAL`.
+//!
+//! Errors are for people: a user error (an `Err` out of a command) prints one line,
+//! `error: ` and its causes joined by `: ` (a cause its outer message already states is
+//! said once), and exits 1, with no backtrace whatever `RUST_BACKTRACE` says. A panic is a
+//! bug: it prints its message, a backtrace (always) and where to report it.
+//!
+//! Flags share one vocabulary (`--gpu-budget`, `--host-budget`, `--page-size`,
+//! `--transport`, `--device`, `--policy`, `--json`, `--dir`) and sizes one parser
+//! ([`size`]).
 
 mod bench_remote;
 mod cluster_cmd;
@@ -23,7 +32,10 @@ mod node_cmd;
 mod record;
 mod replay;
 mod service_tier;
+mod size;
 mod status;
+
+use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -38,7 +50,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a training-like loop whose working set is 3x the GPU budget.
+    /// Run a training-like loop on 3 in-process nodes; its working set is 12x the GPU
+    /// budget by default (3x with --nodes 1).
     Demo(demo::DemoArgs),
     /// Benchmarks.
     #[command(subcommand)]
@@ -63,7 +76,8 @@ enum BenchCommand {
     Remote(bench_remote::RemoteArgs),
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(report_bug));
     let cli = Cli::parse();
     let daemon = matches!(&cli.command, Command::Node(n) if !n.check_only());
     if !daemon {
@@ -85,7 +99,17 @@ fn main() -> Result<()> {
         // Colours only on a terminal: node logs go to files.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match cli.command {
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", error_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
         Command::Demo(args) => demo::run_demo(args),
         Command::Bench(BenchCommand::Local(b)) => demo::run_bench(b),
         Command::Bench(BenchCommand::Remote(args)) => bench_remote::run_remote(args),
@@ -94,6 +118,39 @@ fn main() -> Result<()> {
         Command::Cluster(cmd) => cluster_cmd::run(cmd),
         Command::Status(args) => status::run_status(args),
     }
+}
+
+/// An error and its causes on one line, outermost first, joined by `: `. A cause whose
+/// text the message before it already contains (a `thiserror` message that formats its
+/// `source`) is left out, so nothing is said twice.
+fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    let mut previous = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || previous.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+        previous = text;
+    }
+    line
+}
+
+/// The panic hook: a panic is a bug in spillway, so it prints its message and place, a
+/// backtrace whatever `RUST_BACKTRACE` says, and where to report it.
+fn report_bug(info: &std::panic::PanicHookInfo<'_>) {
+    let backtrace = std::backtrace::Backtrace::force_capture();
+    let thread = std::thread::current();
+    eprintln!(
+        "thread '{}' {info}\nstack backtrace:\n{backtrace}\n\
+         This is a bug in spillway: please report this at the project's issue tracker with \
+         the command you ran and the output above.",
+        thread.name().unwrap_or("<unnamed>"),
+    );
 }
 
 /// Restores SIGPIPE's default action (end the process), which the Rust runtime sets to
@@ -114,3 +171,27 @@ fn default_sigpipe() {
 
 #[cfg(not(unix))]
 fn default_sigpipe() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        #[derive(Debug)]
+        struct Open(std::io::Error);
+        impl std::fmt::Display for Open {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "cannot open x: {}", self.0)
+            }
+        }
+        impl std::error::Error for Open {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let err = anyhow::Error::new(Open(io)).context("replaying x");
+        assert_eq!(error_line(&err), "replaying x: cannot open x: no such file");
+    }
+}

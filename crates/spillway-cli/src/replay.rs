@@ -3,28 +3,32 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use serde::Serialize;
 use spillway_bench::replay::{ReplayConfig, ReplayReport, replay, stall_from};
 use spillway_bench::report::{StepTable, machine_description, now_rfc3339, progress_bar};
-use spillway_bench::trace::load_trace;
+use spillway_bench::trace::{TraceError, load_trace};
 use spillway_client::{DeviceChoice, PageSize, Policy, fmt_bytes};
+
+use crate::size::{BUDGET_BYTES_MAX, PAGE_BYTES_MAX, PAGE_BYTES_MIN, size_in};
 
 /// Arguments of `spillway replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// The trace: JSON Lines as described in docs/TRACE.md.
     trace: PathBuf,
-    /// GPU budget, e.g. `64MiB` or `2GiB` (default: a third of the trace's buffer bytes).
-    #[arg(long)]
-    gpu_budget: Option<bytesize::ByteSize>,
-    /// Host budget (default: every page of every buffer).
-    #[arg(long)]
-    host_budget: Option<bytesize::ByteSize>,
+    /// GPU budget, e.g. 64MiB or 2GiB, at most 16TiB (default: a third of the trace's
+    /// buffer bytes).
+    #[arg(long, value_name = "SIZE", value_parser = size_in(0..=BUDGET_BYTES_MAX))]
+    gpu_budget: Option<u64>,
+    /// Host budget, e.g. 1GiB, at most 16TiB (default: every page of every buffer).
+    #[arg(long, value_name = "SIZE", value_parser = size_in(0..=BUDGET_BYTES_MAX))]
+    host_budget: Option<u64>,
     /// Page size, a power of two from 64KiB to 64MiB.
-    #[arg(long, default_value = "256KiB")]
-    page_size: bytesize::ByteSize,
+    #[arg(long, value_name = "SIZE", default_value = "256KiB",
+          value_parser = size_in(PAGE_BYTES_MIN..=PAGE_BYTES_MAX))]
+    page_size: u64,
     /// Nodes of the pool (only 1, the one-process pool, exists so far).
     #[arg(long, default_value_t = 1)]
     nodes: usize,
@@ -86,13 +90,19 @@ struct Compared<'a> {
 }
 
 pub fn run_replay(args: ReplayArgs) -> Result<()> {
-    let trace =
-        load_trace(&args.trace).with_context(|| format!("reading {}", args.trace.display()))?;
+    // A trace error names its cause already; the path is said once, then what to do.
+    let trace = load_trace(&args.trace).map_err(|e| match e {
+        TraceError::Open { .. } => anyhow!("{e}; check the path"),
+        e => anyhow!(
+            "{}: {e} (docs/TRACE.md describes the format)",
+            args.trace.display()
+        ),
+    })?;
     let name = args.trace.display().to_string();
-    let page_size = PageSize::new(args.page_size.as_u64())?;
+    let page_size = PageSize::new(args.page_size)?;
     let base = ReplayConfig {
-        gpu_budget_bytes: args.gpu_budget.map(|b| b.as_u64()),
-        host_budget_bytes: args.host_budget.map(|b| b.as_u64()),
+        gpu_budget_bytes: args.gpu_budget,
+        host_budget_bytes: args.host_budget,
         page_size,
         policy: args.policy,
         device: args.device,

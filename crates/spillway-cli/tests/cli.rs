@@ -18,8 +18,8 @@ const SMALL: &[&str] = &[
     "1",
     "--act-mib",
     "1",
-    "--page-kib",
-    "256",
+    "--page-size",
+    "256KiB",
     "--steps",
     "4",
     "--compute-passes",
@@ -78,14 +78,14 @@ fn demo_diverge_flag_marks_the_step() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let out = spillway(&["demo", "--page-kib", "100", "--device", "sim"]);
+    let out = spillway(&["demo", "--page-size", "100KiB", "--device", "sim"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("power of two"), "{err}");
     let out = spillway(&["demo", "--policy", "lru"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy"));
-    let out = spillway(&["demo", "--gpu-budget-mib", "0", "--device", "sim"]);
+    let out = spillway(&["demo", "--gpu-budget", "0", "--device", "sim"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("gpu_budget_bytes"));
 }
@@ -266,12 +266,21 @@ fn replay_of_a_malformed_trace_names_the_line() {
 }
 
 /// A size flag too large for its unit is refused, never wrapped (issue 13: `--act-mib
-/// 17592186044417` is 2^64 + 1 MiB, which wrapped to 1 MiB and ran).
+/// 17592186044417` is 2^64 + 1 MiB, which wrapped to 1 MiB and ran); so is a size past
+/// 2^64 bytes (the parser does not saturate) and one past the flag's range.
 #[test]
 fn size_flags_beyond_their_range_are_refused_not_wrapped() {
     let cases: &[(&str, &str)] = &[
         ("--act-mib", "17592186044417"),
         ("--weight-mib", "17592186044417"),
+        ("--gpu-budget", "17592186044417MiB"),
+        ("--gpu-budget", "17TiB"),
+        ("--gpu-budget", "16EiB"),
+        ("--host-budget", "18446744073709551616"),
+        ("--page-size", "18014398509481984064KiB"),
+        ("--page-size", "128MiB"),
+        ("--page-size", "2.5 parsecs"),
+        // The deprecated spellings keep their ranges.
         ("--gpu-budget-mib", "17592186044417"),
         ("--host-budget-mib", "17592186044417"),
         // 2^54 + 64 KiB: shifted to bytes it wrapped to a valid 64 KiB page.
@@ -295,6 +304,407 @@ fn size_flags_beyond_their_range_are_refused_not_wrapped() {
     let out = spillway(&["bench", "gpu-offload", "--page-kib", "18014398509482048"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--page-kib"));
+    for args in [
+        &["bench", "gpu-offload", "--page-size", "1MiB"][..],
+        &["replay", "x.jsonl", "--gpu-budget", "16EiB"],
+        &["bench", "remote", "--page-size", "1PiB"],
+        &["cluster", "init", "--host-budget", "99999999999999999999B"],
+    ] {
+        let out = spillway(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted: {err}");
+        assert!(err.contains(args[args.len() - 2]), "{args:?}: {err}");
+    }
+}
+
+/// Every command, from `spillway --help` down: its path and its `--help` text.
+fn every_command_help() -> Vec<(String, String)> {
+    fn commands_of(help: &str) -> Vec<String> {
+        help.lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|c| *c != "help")
+            .map(str::to_string)
+            .collect()
+    }
+    let mut found = Vec::new();
+    let mut todo = vec![Vec::<String>::new()];
+    while let Some(path) = todo.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let out = spillway(&args);
+        assert!(out.status.success(), "{args:?}");
+        let help = String::from_utf8(out.stdout).unwrap();
+        let subs = commands_of(&help);
+        for sub in &subs {
+            let mut p = path.clone();
+            p.push(sub.clone());
+            todo.push(p);
+        }
+        if subs.is_empty() {
+            found.push((path.join(" "), help));
+        }
+    }
+    found
+}
+
+/// Issue 18: the flags every command shares are spelled the same wherever they appear,
+/// with the same value name; no help shows an old spelling.
+#[test]
+fn every_command_spells_the_shared_flags_the_same() {
+    let helps = every_command_help();
+    let names: Vec<&str> = helps.iter().map(|(c, _)| c.as_str()).collect();
+    for expected in [
+        "demo",
+        "replay",
+        "node",
+        "status",
+        "bench offload",
+        "bench gpu-offload",
+        "bench remote",
+        "cluster init",
+        "cluster up",
+        "cluster down",
+        "cluster failover-bench",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    let shared = [
+        "--gpu-budget",
+        "--host-budget",
+        "--page-size",
+        "--transport",
+        "--device",
+        "--policy",
+        "--json",
+        "--dir",
+    ];
+    // Each shared flag's rendering (`--gpu-budget <SIZE>`), from the first help showing it.
+    let mut rendering: std::collections::BTreeMap<&str, (String, String)> = Default::default();
+    for (command, help) in &helps {
+        for old in [
+            "--gpu-budget-mib",
+            "--host-budget-mib",
+            "--page-kib",
+            "--host-tier-bytes",
+            "--page-bytes",
+        ] {
+            assert!(
+                !help.contains(old),
+                "`{command} --help` shows {old}:\n{help}"
+            );
+        }
+        // Option lines: `      --flag <VALUE>  doc`; descriptions are indented further.
+        for line in help.lines().filter_map(|l| l.strip_prefix("      --")) {
+            let line = format!("--{line}");
+            let flag = line.split([' ', '=']).next().unwrap().to_string();
+            let flag = flag.as_str();
+            let words: Vec<&str> = flag[2..].split('-').collect();
+            // A flag about budgets, pages, sizes or one of the shared names is one of them.
+            let related = words.iter().any(|w| {
+                [
+                    "budget",
+                    "page",
+                    "size",
+                    "transport",
+                    "device",
+                    "policy",
+                    "json",
+                    "dir",
+                ]
+                .contains(w)
+            });
+            assert!(
+                !related || shared.contains(&flag),
+                "`{command} --help` has {flag}, not one of {shared:?}"
+            );
+            if let Some(&name) = shared.iter().find(|s| **s == flag) {
+                let shown = line.split("  ").next().unwrap().to_string();
+                let (first, first_shown) = rendering
+                    .entry(name)
+                    .or_insert_with(|| (command.clone(), shown.clone()));
+                assert_eq!(
+                    &shown, first_shown,
+                    "{name} reads differently in `{command}` and `{first}`"
+                );
+            }
+        }
+    }
+    for size in ["--gpu-budget", "--host-budget", "--page-size"] {
+        assert_eq!(rendering[size].1, format!("{size} <SIZE>"), "{rendering:?}");
+    }
+    assert_eq!(rendering["--dir"].1, "--dir <DIR>");
+    assert_eq!(rendering.len(), shared.len(), "{rendering:?}");
+}
+
+/// The old spellings still work for one release: same meaning as before (`--gpu-budget-mib`
+/// in MiB, `--page-kib` in KiB) and one deprecation note each on stderr.
+#[test]
+fn old_flag_spellings_still_work_with_a_note() {
+    let out = spillway(&[
+        "demo",
+        "--json",
+        "--nodes",
+        "1",
+        "--layers",
+        "8",
+        "--weight-mib",
+        "1",
+        "--act-mib",
+        "1",
+        "--steps",
+        "2",
+        "--device",
+        "sim",
+        "--gpu-budget-mib",
+        "4",
+        "--page-kib",
+        "256",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["gpu_budget_bytes"], 4 << 20);
+    assert_eq!(v["page_bytes"], 256 << 10);
+    let notes: Vec<&str> = err.lines().filter(|l| l.contains("deprecated")).collect();
+    assert_eq!(
+        notes,
+        [
+            "note: --gpu-budget-mib is deprecated and will be removed in the next release; \
+             use --gpu-budget 4MiB",
+            "note: --page-kib is deprecated and will be removed in the next release; use \
+             --page-size 256KiB",
+        ],
+        "{err}"
+    );
+    // Old and new together is a contradiction clap names.
+    let out = spillway(&["demo", "--gpu-budget-mib", "4", "--gpu-budget", "4MiB"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+
+    // `cluster init --host-tier-bytes`: the nodes get the size, with a note.
+    let dir = tempfile::tempdir().unwrap();
+    let out = spillway(&[
+        "cluster",
+        "init",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--nodes",
+        "1",
+        "--host-tier-bytes",
+        "64MiB",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("--host-tier-bytes is deprecated") && err.contains("--host-budget 64MiB"),
+        "{err}"
+    );
+    let config = std::fs::read_to_string(dir.path().join("node-1.toml")).unwrap();
+    assert!(config.contains("host_tier_bytes = 67108864"), "{config}");
+}
+
+/// Issue 18: a user error is one line, `error: ...`, stating its cause once, with no
+/// backtrace even when the environment asks for one.
+#[test]
+fn a_user_error_is_one_line_without_a_backtrace() {
+    for backtrace in ["1", "full"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .args(["replay", "/nonexistent.jsonl"])
+            .env("RUST_BACKTRACE", backtrace)
+            .env("RUST_LIB_BACKTRACE", backtrace)
+            .output()
+            .expect("run spillway");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(!err.to_lowercase().contains("backtrace"), "{err}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        assert!(lines[0].starts_with("error: "), "{err}");
+        assert!(lines[0].contains("/nonexistent.jsonl"), "{err}");
+        assert_eq!(
+            lines[0].matches("No such file or directory").count(),
+            1,
+            "{err}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
+
+/// `spillway --help` states the demo's working set as the demo prints it (issue 18: it said
+/// 3x, the default run prints 12.0x; 3x is `--nodes 1`).
+#[test]
+fn the_demo_summary_in_help_matches_the_demo() {
+    let help = String::from_utf8(spillway(&["--help"]).stdout).unwrap();
+    let line = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("demo"))
+        .unwrap();
+    assert!(line.contains("12x the GPU budget"), "{line}");
+    assert!(line.contains("3x with --nodes 1"), "{line}");
+    // The default shape, one step each way: the header says the same ratios.
+    for (nodes, ratio) in [("3", "(12.0x)"), ("1", "(3.0x)")] {
+        let out = spillway(&[
+            "demo",
+            "--nodes",
+            nodes,
+            "--steps",
+            "1",
+            "--layers",
+            "24",
+            "--weight-mib",
+            "1",
+            "--act-mib",
+            "1",
+            "--page-size",
+            "256KiB",
+            "--device",
+            "sim",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let header = stdout.lines().next().unwrap();
+        assert!(header.contains(ratio), "--nodes {nodes}: {header}");
+    }
+}
+
+/// A pool started with `cluster up` that is stopped on drop, whatever the test did.
+struct UpPool(tempfile::TempDir);
+
+impl Drop for UpPool {
+    fn drop(&mut self) {
+        let _ = spillway(&["cluster", "down", "--dir", self.0.path().to_str().unwrap()]);
+    }
+}
+
+/// Issue 18: `cluster up` prints each node's client socket (what `demo --connect` takes,
+/// as its help says) and the commands to try next.
+#[test]
+fn cluster_up_prints_the_client_socket_and_what_to_try_next() {
+    let pool = UpPool(tempfile::tempdir().unwrap());
+    let dir = pool.0.path().to_str().unwrap().to_string();
+    let port = (41_000 + (std::process::id() % 500) * 4).to_string();
+    let out = spillway(&[
+        "cluster",
+        "up",
+        "--dir",
+        &dir,
+        "--nodes",
+        "1",
+        "--base-port",
+        &port,
+        "--host-budget",
+        "64MiB",
+        "--timeout-s",
+        "30",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(pool.0.path().join("cluster.json")).unwrap())
+            .unwrap();
+    let socket = spec["nodes"][0]["client_socket"].as_str().unwrap();
+    for expected in [
+        format!("spillway demo --connect {socket}"),
+        format!("spillway status --dir {dir}"),
+        format!("spillway cluster down --dir {dir}"),
+    ] {
+        assert!(stdout.contains(&expected), "{expected} missing:\n{stdout}");
+    }
+    let help = String::from_utf8(spillway(&["demo", "--help"]).stdout).unwrap();
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("(`spillway cluster up` prints each node's, and the command to try)"),
+        "{help}"
+    );
+}
+
+/// The tables of README.md and docs/*.md render as tables (issue 18: a blank line cut
+/// the README's command table, its `replay` row rendered as a stray line): each table's
+/// rows are contiguous, under a header and a delimiter row, with as many cells as the
+/// header. Cells are split at unescaped `|`, as GitHub's Markdown does (also in code).
+#[test]
+fn markdown_tables_are_whole() {
+    fn cells(row: &str) -> Option<usize> {
+        let row = row.trim();
+        if row.len() < 2 || !row.starts_with('|') || !row.ends_with('|') || row.ends_with("\\|") {
+            return None;
+        }
+        let mut pipes = 0;
+        let mut after_backslash = false;
+        for c in row.chars() {
+            if c == '|' && !after_backslash {
+                pipes += 1;
+            }
+            after_backslash = c == '\\' && !after_backslash;
+        }
+        Some(pipes - 1)
+    }
+    fn is_delimiter(row: &str) -> bool {
+        let row = row.trim().trim_matches('|');
+        !row.is_empty()
+            && row.split('|').all(|c| {
+                let c = c.trim().trim_start_matches(':').trim_end_matches(':');
+                !c.is_empty() && c.chars().all(|ch| ch == '-')
+            })
+    }
+    let root = format!("{}/../..", env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![format!("{root}/README.md")];
+    for entry in std::fs::read_dir(format!("{root}/docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path.to_str().unwrap().to_string());
+        }
+    }
+    let mut tables = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut in_code = false;
+        let mut group: Vec<(usize, &str)> = Vec::new();
+        let mut groups = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+            }
+            if !in_code && line.trim_start().starts_with('|') {
+                group.push((i + 1, line));
+            } else if !group.is_empty() {
+                groups.push(std::mem::take(&mut group));
+            }
+        }
+        groups.extend((!group.is_empty()).then_some(group));
+        for g in groups {
+            let (first, header) = g[0];
+            assert!(
+                g.len() >= 2 && is_delimiter(g[1].1),
+                "{file}:{first}: table rows without a header and delimiter row above them \
+                 (a blank line cutting a table?): {header}"
+            );
+            let width = cells(header).unwrap_or_else(|| panic!("{file}:{first}: {header}"));
+            for (n, row) in &g[1..] {
+                assert_eq!(
+                    cells(row),
+                    Some(width),
+                    "{file}:{n}: a row of another width than its header at line {first}: {row}"
+                );
+            }
+            tables += 1;
+        }
+    }
+    assert!(tables >= 1, "no table found in {files:?}");
 }
 
 /// A node config that lends nothing is refused by `--check`, naming the field (issue 13:
