@@ -15,7 +15,10 @@
 //! - [`sim::SimDevice`]: device memory is host memory under the budget, copies are real
 //!   `memcpy` on one thread per direction. Always built; every test and the demo use it.
 //! - `cuda::CudaDevice` (feature `cuda`): an NVIDIA GPU through the CUDA driver API
-//!   (cudarc, loaded at run time, so the build needs no CUDA).
+//!   (cudarc, loaded at run time, so the build needs no CUDA). A folder of modules, one
+//!   per part (driver and context, frames, host slots, buffer ranges and the mapper
+//!   thread, copy lanes, fences, kernels, the device and its trait impl, and a raw
+//!   pinned-copy benchmark); `cuda/mod.rs` maps them.
 //!
 //! Besides copies, a device runs three small kernels on a page (fill with the
 //! [`spillway_types::pattern`], checksum, and arithmetic work) so that the demo and the

@@ -1,0 +1,476 @@
+//! [`CudaDevice`]: the parts put together. Creation (driver and GPU checks, then frames,
+//! host slots, sync lane, ranges, mapper, copy lanes, fences and completion threads), the
+//! API beyond the [`Device`](crate::Device) trait (compute stream, memory outside the
+//! budget in a [`DeviceAlloc`], reads through a buffer range), the helpers the trait impl
+//! (`device_impl`) uses, and the teardown order.
+//!
+//! Invariants: drop order is field order, after [`Drop`] stopped the fences and the
+//! mapper, closed the queues, drained the lanes and joined the lane threads (unless it
+//! runs on one): sync lane, ranges, frames, host slots, and the context last. Lock order:
+//! a lane's lock, or the sync lane's lock, or the buffer ranges' lock; never two at once.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::{JoinHandle, ThreadId};
+
+use cudarc::driver::sys;
+use spillway_types::{BufferId, Direction};
+
+use super::context::{Context, Event, Stream};
+use super::driver::{
+    check, device_attribute, device_handle, device_name, init_driver, lock, unavailable,
+};
+use super::fence::FenceLane;
+use super::frames::Frames;
+use super::host::HostSlots;
+use super::kernels::SyncLane;
+use super::lanes::{Lane, LaneState, Pending, completion_loop};
+use super::mapper::Mapper;
+use super::ranges::Ranges;
+use crate::{
+    CompletionSink, CopyOp, DeviceConfig, DeviceError, DevicePtr, HostMemory, check_range,
+};
+
+/// First guess of PCIe Gen5 x16 pinned copy bandwidth per direction (~55 GB/s measured).
+pub const BANDWIDTH_HINT_BYTES_PER_S: f64 = 50e9;
+/// Streams per copy direction that [`CudaDevice::new`] uses. More than one lets the next
+/// copy start while the previous one's completion is being signalled.
+pub const STREAMS_PER_DIRECTION_DEFAULT: usize = 1;
+/// Most streams per direction [`CudaDevice::with_streams`] accepts; each costs one
+/// driver stream and nothing else.
+pub const STREAMS_PER_DIRECTION_MAX: usize = 8;
+
+/// An NVIDIA GPU as a Spillway device. See the module docs.
+pub struct CudaDevice {
+    pub(crate) config: DeviceConfig,
+    pub(crate) name: String,
+    pub(crate) ordinal: usize,
+    pub(crate) sm_count: u32,
+    // Drop order is field order: lanes (drain copies), sync lane, ranges, frames, host
+    // slots, and the context last (every part also holds an `Arc` of it).
+    pub(crate) fences: FenceLane,
+    pub(crate) lanes: [Arc<Lane>; 2],
+    threads: Vec<JoinHandle<()>>,
+    sync: Mutex<SyncLane>,
+    pub(crate) mapper: Mapper,
+    pub(crate) ranges: Arc<Ranges>,
+    pub(crate) frames: Frames,
+    pub(crate) host: HostSlots,
+    pub(crate) ctx: Arc<Context>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`, allocates `config.frames` frames of device memory and
+    /// `config.host_slots` pinned host slots, loads the kernels and starts the two
+    /// completion threads.
+    ///
+    /// Errors: [`DeviceError::Unavailable`] without a driver or GPU (checked before any
+    /// other driver call), [`DeviceError::OutOfMemory`] when the frames exceed the free
+    /// device memory or the slots cannot be pinned, [`DeviceError::Driver`] otherwise.
+    pub fn new(
+        config: DeviceConfig,
+        sink: CompletionSink,
+        ordinal: usize,
+    ) -> Result<CudaDevice, DeviceError> {
+        Self::with_streams(config, sink, ordinal, STREAMS_PER_DIRECTION_DEFAULT)
+    }
+
+    /// [`CudaDevice::new`] with the host slots in `host` (when given), registered with the
+    /// driver as pinned, instead of pinned memory of its own.
+    pub fn with_host_memory(
+        config: DeviceConfig,
+        host: Option<HostMemory>,
+        sink: CompletionSink,
+        ordinal: usize,
+    ) -> Result<CudaDevice, DeviceError> {
+        Self::build(config, host, sink, ordinal, STREAMS_PER_DIRECTION_DEFAULT)
+    }
+
+    /// [`CudaDevice::new`] with `streams_per_direction` copy streams in each direction
+    /// (clamped to `1..=STREAMS_PER_DIRECTION_MAX`), used round-robin. Completions stay
+    /// in submission order whatever the count.
+    pub fn with_streams(
+        config: DeviceConfig,
+        sink: CompletionSink,
+        ordinal: usize,
+        streams_per_direction: usize,
+    ) -> Result<CudaDevice, DeviceError> {
+        Self::build(config, None, sink, ordinal, streams_per_direction)
+    }
+
+    fn build(
+        config: DeviceConfig,
+        host_memory: Option<HostMemory>,
+        sink: CompletionSink,
+        ordinal: usize,
+        streams_per_direction: usize,
+    ) -> Result<CudaDevice, DeviceError> {
+        init_driver()?;
+        if config.page_bytes == 0 {
+            return Err(DeviceError::OutOfRange {
+                offset: 0,
+                len: 0,
+                page_bytes: 0,
+            });
+        }
+        let dev = device_handle(ordinal)?;
+        let name = device_name(dev)?;
+        let vmm = device_attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+        )?;
+        if vmm == 0 {
+            return Err(unavailable(format!(
+                "{name} does not support the CUDA virtual-memory API"
+            )));
+        }
+        let sm_count = device_attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?
+        .max(1) as u32;
+        let ctx = Context::retain(dev)?;
+        let frames = Frames::new(&ctx, config.frames, config.page_bytes)?;
+        let host = match host_memory {
+            Some(memory) => {
+                HostSlots::register(&ctx, config.host_slots, config.page_bytes, memory)?
+            }
+            None => HostSlots::new(&ctx, config.host_slots, config.page_bytes)?,
+        };
+        let sync = SyncLane::new(&ctx)?;
+        let ranges = Arc::new(Ranges {
+            ctx: ctx.clone(),
+            page_bytes: config.page_bytes,
+            map: Mutex::new(HashMap::new()),
+        });
+        let mapper = Mapper::new(
+            &ctx,
+            ranges.clone(),
+            if frames.remappable() {
+                frames.handles.clone()
+            } else {
+                Vec::new()
+            },
+            config.page_bytes,
+        )?;
+
+        let new_lane = |queue: mpsc::Sender<Pending>| -> Result<Arc<Lane>, DeviceError> {
+            let streams = (0..streams_per_direction.clamp(1, STREAMS_PER_DIRECTION_MAX))
+                .map(|_| Stream::new(&ctx))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Arc::new(Lane {
+                ctx: ctx.clone(),
+                streams,
+                state: Mutex::new(LaneState {
+                    queue: Some(queue),
+                    free_events: Vec::new(),
+                    next_stream: 0,
+                }),
+            }))
+        };
+        let (h2d_tx, h2d_rx) = mpsc::channel();
+        let (d2h_tx, d2h_rx) = mpsc::channel();
+        let lanes = [new_lane(h2d_tx)?, new_lane(d2h_tx)?];
+        let fences = FenceLane::new(&ctx)?;
+        let mut device = CudaDevice {
+            config,
+            name,
+            ordinal,
+            sm_count,
+            fences,
+            mapper,
+            lanes,
+            threads: Vec::new(),
+            sync: Mutex::new(sync),
+            ranges,
+            frames,
+            host,
+            ctx,
+        };
+        for (i, rx) in [h2d_rx, d2h_rx].into_iter().enumerate() {
+            let lane = device.lanes[i].clone();
+            let ctx = device.ctx.clone();
+            let sink = sink.clone();
+            let name = ["spillway-cuda-h2d", "spillway-cuda-d2h"][i];
+            let handle = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || completion_loop(&ctx, &lane, &rx, &sink))
+                .map_err(|e| DeviceError::Driver {
+                    op: "spawn completion thread",
+                    message: e.to_string(),
+                })?;
+            device.threads.push(handle);
+        }
+        Ok(device)
+    }
+
+    /// The compute stream: the stream the caller's kernels (GEMMs) should run on, so that
+    /// releases are fenced behind them ([`Device::after_queued_work`](crate::Device::after_queued_work)).
+    pub fn compute_stream(&self) -> sys::CUstream {
+        self.fences.stream.raw
+    }
+
+    /// Mappings into buffer ranges that changed something, and seconds the driver took for
+    /// them (the cost of remapping pages, paid on the mapper thread).
+    pub fn mapping_stats(&self) -> (u64, f64) {
+        *lock(&self.mapper.shared.stats)
+    }
+
+    /// Makes the device's context current on the calling thread (before calling CUDA
+    /// libraries such as cuBLAS directly).
+    pub fn bind(&self) -> Result<(), DeviceError> {
+        self.ctx.bind()
+    }
+
+    /// Waits until the compute stream has finished everything queued on it.
+    pub fn synchronize_compute(&self) -> Result<(), DeviceError> {
+        self.ctx.bind()?;
+        self.fences.stream.synchronize()
+    }
+
+    /// Allocates `bytes` of device memory outside the pool's budget (activations).
+    pub fn alloc_device(&self, bytes: u64) -> Result<DeviceAlloc, DeviceError> {
+        self.ctx.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the context is current; writes the allocation's address.
+        check("cuMemAlloc", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes.max(1) as usize)
+        })?;
+        Ok(DeviceAlloc {
+            ctx: self.ctx.clone(),
+            ptr,
+            bytes,
+        })
+    }
+
+    /// The GPU's ordinal, as given to [`CudaDevice::new`].
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Bytes of one physical chunk: the page rounded up to the allocation granularity.
+    pub fn chunk_bytes(&self) -> u64 {
+        self.frames.chunk_bytes
+    }
+
+    /// Enqueues `op` on its lane's stream and records its event (lane lock held).
+    pub(crate) fn enqueue(
+        &self,
+        lane: &Lane,
+        state: &mut LaneState,
+        op: &CopyOp,
+    ) -> Result<Event, DeviceError> {
+        check_range(0, op.bytes, self.config.page_bytes)?;
+        let frame = self.frames.ptr(op.frame);
+        let slot = self.host.ptr(op.slot);
+        self.ctx.bind()?;
+        let event = match state.free_events.pop() {
+            Some(e) => e,
+            None => Event::new()?,
+        };
+        let stream = lane.streams[state.next_stream].raw;
+        state.next_stream = (state.next_stream + 1) % lane.streams.len();
+        let copied = if op.bytes == 0 {
+            Ok(())
+        } else {
+            // SAFETY: both ranges lie inside their regions (checked above); the slot is
+            // pinned, so the copy is truly asynchronous, and by the pool's contract
+            // nobody touches the frame or the slot until the completion arrives.
+            check("cuMemcpyAsync", unsafe {
+                match op.direction {
+                    Direction::HostToDevice => sys::cuMemcpyHtoDAsync_v2(
+                        frame,
+                        slot.cast_const().cast(),
+                        op.bytes as usize,
+                        stream,
+                    ),
+                    Direction::DeviceToHost => {
+                        sys::cuMemcpyDtoHAsync_v2(slot.cast(), frame, op.bytes as usize, stream)
+                    }
+                }
+            })
+        };
+        // SAFETY: a live event and stream of the current context.
+        let recorded = copied.and_then(|()| {
+            check("cuEventRecord", unsafe {
+                sys::cuEventRecord(event.0, stream)
+            })
+        });
+        match recorded {
+            Ok(()) => Ok(event),
+            Err(e) => {
+                state.free_events.push(event);
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `f` on the sync lane with the context current.
+    pub(crate) fn with_sync<T>(
+        &self,
+        f: impl FnOnce(&SyncLane) -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        let lane = lock(&self.sync);
+        self.ctx.bind()?;
+        f(&lane)
+    }
+
+    /// Synchronous copy host -> device address `dst` (inside memory we own).
+    pub(crate) fn copy_to_device(&self, dst: u64, data: &[u8]) -> Result<(), DeviceError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.with_sync(|lane| {
+            // SAFETY: callers checked `dst..dst+len` lies in our device memory; `data`
+            // is borrowed until the stream sync below, after which the driver is done
+            // with it (pageable copies are staged, then DMA'd, before the sync returns).
+            check("cuMemcpyHtoDAsync", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst, data.as_ptr().cast(), data.len(), lane.stream.raw)
+            })?;
+            lane.stream.synchronize()
+        })
+    }
+
+    /// Synchronous copy device address `src` (inside memory we own) -> host.
+    pub(crate) fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.with_sync(|lane| {
+            // SAFETY: callers checked the source range; `out` is borrowed mutably until
+            // the sync below, so nothing else reads or writes it meanwhile.
+            check("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), src, out.len(), lane.stream.raw)
+            })?;
+            lane.stream.synchronize()
+        })
+    }
+
+    pub(crate) fn checksum_at(&self, ptr: u64, len: u64) -> Result<u64, DeviceError> {
+        if len == 0 {
+            return Ok(0);
+        }
+        debug_assert_eq!(ptr % 8, 0, "kernels read aligned words");
+        let (mut p, mut l, sms) = (ptr, len, self.sm_count);
+        self.with_sync(|lane| {
+            let mut out = lane.scratch_dev;
+            let mut params: [*mut c_void; 3] = [
+                (&raw mut p).cast(),
+                (&raw mut l).cast(),
+                (&raw mut out).cast(),
+            ];
+            lane.reduce(lane.checksum, len.div_ceil(8), sms, &mut params)
+        })
+        .map(|sum| sum ^ len)
+    }
+
+    /// Checks that every page of `buffer` overlapping `offset..offset+len` is mapped;
+    /// returns the range's base address.
+    fn mapped_span(&self, buffer: BufferId, offset: u64, len: u64) -> Result<u64, DeviceError> {
+        let map = lock(&self.ranges.map);
+        let range = map.get(&buffer).ok_or_else(|| DeviceError::Driver {
+            op: "read buffer range",
+            message: format!("{buffer} has no reserved range"),
+        })?;
+        let page = self.config.page_bytes;
+        let range_bytes = range.mapped.len() as u64 * page;
+        check_range(offset, len, range_bytes)?;
+        if len > 0 {
+            for index in offset / page..=(offset + len - 1) / page {
+                if range.mapped[index as usize].is_none() {
+                    return Err(DeviceError::Driver {
+                        op: "read buffer range",
+                        message: format!("page {index} of {buffer} is not mapped"),
+                    });
+                }
+            }
+        }
+        Ok(range.base)
+    }
+
+    /// Copies `out.len()` bytes at `offset` of `buffer`'s range (see
+    /// [`Device::reserve_range`](crate::Device::reserve_range)) to `out`, through the range's own addresses. Every page
+    /// touched must be mapped. For tests and tools: shows the range is one contiguous view.
+    pub fn read_range(
+        &self,
+        buffer: BufferId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        self.mapper.flush()?;
+        let base = self.mapped_span(buffer, offset, out.len() as u64)?;
+        self.copy_from_device(base + offset, out)
+    }
+
+    /// [`spillway_types::pattern::checksum`] of the first `len` bytes of `buffer`'s range,
+    /// computed by one kernel over the range's contiguous addresses. Every page touched
+    /// must be mapped.
+    pub fn checksum_range(&self, buffer: BufferId, len: u64) -> Result<u64, DeviceError> {
+        self.mapper.flush()?;
+        let base = self.mapped_span(buffer, 0, len)?;
+        self.checksum_at(base, len)
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // Fences first: their `done` may call back into the pool.
+        self.fences.shutdown();
+        self.mapper.shutdown();
+        // Close the queues: the threads deliver every queued completion, then end.
+        for lane in &self.lanes {
+            lock(&lane.state).queue.take();
+        }
+        // Let every copy already enqueued finish before the memory it uses is freed
+        // (matters when a lane thread is not joined below).
+        if self.ctx.bind().is_ok() {
+            for lane in &self.lanes {
+                lane.synchronize();
+            }
+        }
+        let me: ThreadId = std::thread::current().id();
+        for t in self.threads.drain(..) {
+            // Dropped from inside the sink (on a lane thread): that thread cannot join
+            // itself; it ends on its own after the sink returns.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+        // Fields drop next, in declaration order (see the struct).
+    }
+}
+
+/// Device memory outside the pool's budget (activations, workspaces), freed on drop.
+pub struct DeviceAlloc {
+    ctx: Arc<Context>,
+    ptr: sys::CUdeviceptr,
+    bytes: u64,
+}
+
+// SAFETY: a device address; the driver API is thread-safe.
+unsafe impl Send for DeviceAlloc {}
+// SAFETY: as above.
+unsafe impl Sync for DeviceAlloc {}
+
+impl DeviceAlloc {
+    /// The device address.
+    pub fn ptr(&self) -> DevicePtr {
+        DevicePtr(self.ptr)
+    }
+    /// Its size.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: allocated by `cuMemAlloc` in `CudaDevice::alloc_device`, freed once.
+            unsafe {
+                let _ = sys::cuMemFree_v2(self.ptr);
+            }
+        }
+    }
+}

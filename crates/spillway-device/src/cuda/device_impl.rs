@@ -1,0 +1,260 @@
+//! The [`Device`] trait on [`CudaDevice`]: a copy goes to its direction's lane (a refused
+//! one becomes a queued failed completion, so every copy gets exactly one), host slots
+//! are read and written in place, frames through the sync lane, buffer ranges through the
+//! mapper, kernels on the sync lane, and releases behind a fence on the compute stream.
+//!
+//! Invariants: those of the trait (crate docs): the caller guarantees that nobody touches
+//! a frame or slot while a copy using it is in flight; an id out of range panics.
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+
+use cudarc::driver::sys;
+use spillway_types::{BufferId, Direction, FrameId, HostSlot};
+
+use super::device::{BANDWIDTH_HINT_BYTES_PER_S, CudaDevice};
+use super::driver::{check, lock};
+use super::lanes::{Pending, lane_index};
+use super::ranges::BufferRange;
+use crate::{CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr, check_range};
+
+impl Device for CudaDevice {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} (cuda:{}, {} SMs, {} MiB physical chunks)",
+            self.name,
+            self.ordinal,
+            self.sm_count,
+            self.frames.chunk_bytes >> 20
+        )
+    }
+
+    fn config(&self) -> DeviceConfig {
+        self.config
+    }
+
+    fn submit(&self, op: CopyOp) {
+        let lane = &self.lanes[lane_index(op.direction)];
+        let mut state = lock(&lane.state);
+        let pending = match self.enqueue(lane, &mut state, &op) {
+            Ok(event) => Pending {
+                id: op.id,
+                event: Some(event),
+                result: Ok(()),
+            },
+            Err(e) => Pending {
+                id: op.id,
+                event: None,
+                result: Err(e),
+            },
+        };
+        state
+            .queue
+            .as_ref()
+            .expect("queues live until drop")
+            .send(pending)
+            .expect("completion thread lives until drop");
+    }
+
+    fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        check_range(offset, data.len() as u64, self.config.page_bytes)?;
+        // SAFETY: inside the slot (checked); the caller holds the slot (pool contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.host.ptr(slot).add(offset as usize),
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+
+    fn read_host(&self, slot: HostSlot, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        check_range(offset, out.len() as u64, self.config.page_bytes)?;
+        // SAFETY: as in `write_host`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.host.ptr(slot).add(offset as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    fn write_frame(&self, frame: FrameId, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        check_range(offset, data.len() as u64, self.config.page_bytes)?;
+        self.copy_to_device(self.frames.ptr(frame) + offset, data)
+    }
+
+    fn read_frame(&self, frame: FrameId, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        check_range(offset, out.len() as u64, self.config.page_bytes)?;
+        self.copy_from_device(self.frames.ptr(frame) + offset, out)
+    }
+
+    fn frame_ptr(&self, frame: FrameId) -> DevicePtr {
+        DevicePtr(self.frames.ptr(frame))
+    }
+
+    fn host_view(&self, _frame: FrameId) -> Option<NonNull<u8>> {
+        None
+    }
+
+    /// Reserves `round_up(bytes, page)` of address space, page-aligned. `Ok(None)` when a
+    /// page is smaller than the allocation granularity (frames share physical chunks and
+    /// cannot be mapped one by one). A buffer has at most one range.
+    fn reserve_range(
+        &self,
+        buffer: BufferId,
+        bytes: u64,
+    ) -> Result<Option<DevicePtr>, DeviceError> {
+        if !self.frames.remappable() {
+            return Ok(None);
+        }
+        let page = self.config.page_bytes;
+        let pages = bytes.div_ceil(page).max(1);
+        let mut map = lock(&self.ranges.map);
+        if map.contains_key(&buffer) {
+            return Err(DeviceError::Driver {
+                op: "reserve_range",
+                message: format!("{buffer} already has a range"),
+            });
+        }
+        self.ctx.bind()?;
+        let mut base = 0;
+        // SAFETY: reserves address space only; freed in `release_range` or on drop.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut base, (pages * page) as usize, page as usize, 0, 0)
+        })?;
+        map.insert(
+            buffer,
+            BufferRange {
+                base,
+                mapped: vec![None; pages as usize],
+            },
+        );
+        Ok(Some(DevicePtr(base)))
+    }
+
+    /// Maps `frame`'s physical chunk at page `index` of the buffer's range (replacing
+    /// whatever was mapped there). The buffer must have a range.
+    fn map_page(&self, buffer: BufferId, index: u32, frame: FrameId) -> Result<(), DeviceError> {
+        if !self.frames.remappable() {
+            return Err(DeviceError::Driver {
+                op: "map_page",
+                message: "pages smaller than the allocation granularity cannot be mapped \
+                          one by one (reserve_range returned None)"
+                    .into(),
+            });
+        }
+        // Validates the frame id (panics on a caller bug, as everywhere).
+        let _ = self.frames.ptr(frame);
+        {
+            let map = lock(&self.ranges.map);
+            let range = map.get(&buffer).ok_or_else(|| DeviceError::Driver {
+                op: "map_page",
+                message: format!("{buffer} has no reserved range"),
+            })?;
+            if index as usize >= range.mapped.len() {
+                return Err(DeviceError::Driver {
+                    op: "map_page",
+                    message: format!(
+                        "page {index} is outside {buffer}'s range of {} pages",
+                        range.mapped.len()
+                    ),
+                });
+            }
+        }
+        self.mapper.enqueue(buffer, index, frame)
+    }
+
+    fn flush_mappings(&self) -> Result<(), DeviceError> {
+        self.mapper.flush()
+    }
+
+    /// Lazy: the page's mapping stays until the page is mapped again (into another frame
+    /// or the same one, which then costs nothing) or the range is released. A page that
+    /// is not resident is never read through its range (guards exist only for resident
+    /// pages), so a stale mapping is never observed, and it is still valid memory.
+    fn unmap_page(&self, _buffer: BufferId, _index: u32) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// Unmaps every page of the buffer's range and frees it; no-op without a range.
+    fn release_range(&self, buffer: BufferId) -> Result<(), DeviceError> {
+        // Mappings queued for this buffer must land (or fail) before its range goes.
+        let flushed = self.mapper.flush();
+        let Some(range) = lock(&self.ranges.map).remove(&buffer) else {
+            return Ok(());
+        };
+        self.ctx.bind()?;
+        self.ranges.release(range)?;
+        flushed
+    }
+
+    fn fill_pattern(&self, frame: FrameId, len: u64, seed: u64) -> Result<(), DeviceError> {
+        check_range(0, len, self.config.page_bytes)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (mut p, mut l, mut s, sms) = (self.frames.ptr(frame), len, seed, self.sm_count);
+        self.with_sync(|lane| {
+            let mut params: [*mut c_void; 3] = [
+                (&raw mut p).cast(),
+                (&raw mut l).cast(),
+                (&raw mut s).cast(),
+            ];
+            lane.launch(lane.fill, len.div_ceil(8), sms, &mut params)?;
+            lane.stream.synchronize()
+        })
+    }
+
+    fn checksum(&self, frame: FrameId, len: u64) -> Result<u64, DeviceError> {
+        check_range(0, len, self.config.page_bytes)?;
+        self.checksum_at(self.frames.ptr(frame), len)
+    }
+
+    fn compute(&self, frame: FrameId, len: u64, passes: u32) -> Result<u64, DeviceError> {
+        check_range(0, len, self.config.page_bytes)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let (mut p, mut l, mut n, sms) = (self.frames.ptr(frame), len, passes, self.sm_count);
+        self.with_sync(|lane| {
+            let mut out = lane.scratch_dev;
+            let mut params: [*mut c_void; 4] = [
+                (&raw mut p).cast(),
+                (&raw mut l).cast(),
+                (&raw mut n).cast(),
+                (&raw mut out).cast(),
+            ];
+            lane.reduce(lane.compute, len.div_ceil(8), sms, &mut params)
+        })
+        .map(|sum| sum ^ len)
+    }
+
+    fn bandwidth_hint_bytes_per_s(&self, _direction: Direction) -> f64 {
+        BANDWIDTH_HINT_BYTES_PER_S
+    }
+
+    fn after_queued_work(&self, done: Box<dyn FnOnce() + Send>) {
+        if let Err((e, done)) = self.fences.enqueue(done) {
+            // No event could be recorded: wait for the stream here instead, so the
+            // release still comes after the work.
+            tracing::warn!(error = %e, "fence event failed; synchronizing the compute stream");
+            let _ = self
+                .ctx
+                .bind()
+                .and_then(|()| self.fences.stream.synchronize());
+            done();
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

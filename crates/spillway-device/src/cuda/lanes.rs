@@ -1,0 +1,105 @@
+//! The two copy lanes, host-to-device and device-to-host. A [`Lane`] is one direction's
+//! streams (copies go round-robin), its queue to the completion thread and its event
+//! free list; [`completion_loop`] is that thread: it waits for each queued copy's event
+//! in turn and reports it to the sink. Enqueueing a copy (`CudaDevice::enqueue`, under the
+//! lane's lock) lives with the device, which owns the frames and slots a copy uses.
+//!
+//! Invariants: the queue holds copies in submission order and the thread reports them in
+//! that order, so completions of one direction arrive in submission order even when
+//! copies on two streams finish out of order. Every queued copy gets exactly one
+//! completion, a refused one too (`event: None`). An event goes back to the free list
+//! once waited for. The sink is called with no lock of the device held.
+
+use std::sync::{Arc, Mutex, mpsc};
+
+use cudarc::driver::sys;
+use spillway_types::{Direction, TransferId};
+
+use super::context::{Context, Event, Stream};
+use super::driver::{check, lock};
+use crate::{Completion, CompletionSink, DeviceError};
+
+/// One queued copy, on its way to the lane's completion thread.
+pub(crate) struct Pending {
+    pub(crate) id: TransferId,
+    /// Recorded after the copy; `None` when the copy was refused (`result` says why).
+    pub(crate) event: Option<Event>,
+    pub(crate) result: Result<(), DeviceError>,
+}
+
+pub(crate) struct LaneState {
+    /// To the completion thread; `None` once the device is dropping.
+    pub(crate) queue: Option<mpsc::Sender<Pending>>,
+    /// Events not in flight, for reuse.
+    pub(crate) free_events: Vec<Event>,
+    /// The stream the next copy goes to (round-robin).
+    pub(crate) next_stream: usize,
+}
+
+/// One direction's streams, queue and event pool.
+pub(crate) struct Lane {
+    pub(crate) ctx: Arc<Context>,
+    /// At least one; copies go round-robin, so consecutive copies can overlap.
+    pub(crate) streams: Vec<Stream>,
+    pub(crate) state: Mutex<LaneState>,
+}
+
+impl Lane {
+    /// Waits for every copy enqueued so far. The context is current.
+    pub(crate) fn synchronize(&self) {
+        for s in &self.streams {
+            let _ = s.synchronize();
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            self.synchronize();
+            for e in lock(&self.state).free_events.drain(..) {
+                e.destroy();
+            }
+        }
+    }
+}
+
+pub(crate) fn lane_index(direction: Direction) -> usize {
+    match direction {
+        Direction::HostToDevice => 0,
+        Direction::DeviceToHost => 1,
+    }
+}
+
+/// A lane's completion thread: waits for each queued copy's event in order, then
+/// reports it. Ends when the device drops its sender and the queue is empty.
+pub(crate) fn completion_loop(
+    ctx: &Context,
+    lane: &Lane,
+    rx: &mpsc::Receiver<Pending>,
+    sink: &CompletionSink,
+) {
+    let bound = ctx.bind().err().map(|e| e.to_string());
+    while let Ok(p) = rx.recv() {
+        let result = match (p.event, &bound) {
+            (None, _) => p.result,
+            (Some(event), None) => {
+                // SAFETY: the event was recorded after the copy on the lane's stream and
+                // stays alive until we return it to the free list below.
+                let r = check("cuEventSynchronize", unsafe {
+                    sys::cuEventSynchronize(event.0)
+                });
+                lock(&lane.state).free_events.push(event);
+                r
+            }
+            (Some(event), Some(message)) => {
+                lock(&lane.state).free_events.push(event);
+                Err(DeviceError::Driver {
+                    op: "cuCtxSetCurrent (completion thread)",
+                    message: message.clone(),
+                })
+            }
+        };
+        sink(Completion { id: p.id, result });
+    }
+}

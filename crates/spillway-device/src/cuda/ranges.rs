@@ -1,0 +1,79 @@
+//! Buffer ranges: a contiguous reserved address range per buffer, in which a resident
+//! page's physical chunk is mapped a second time at the page's place (`cuMemMap` of one
+//! handle at two addresses), so a kernel sees the buffer's resident pages as one array.
+//! Only when each frame is exactly one chunk (`page_bytes` a multiple of the
+//! granularity). Pages are mapped on the mapper thread (`mapper`).
+//!
+//! Invariants: a buffer has at most one range; `mapped[i]` names the frame mapped at page
+//! `i`, and only mapped pages are unmapped; every range is unmapped and freed on drop. By
+//! the pool's contract no kernel or copy uses a range while its pages change.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys;
+use spillway_types::{BufferId, FrameId};
+
+use super::context::Context;
+use super::driver::{check, lock};
+use crate::DeviceError;
+
+/// A buffer's reserved range and which frame is mapped at each page.
+pub(crate) struct BufferRange {
+    pub(crate) base: sys::CUdeviceptr,
+    pub(crate) mapped: Vec<Option<FrameId>>,
+}
+
+/// Every buffer's range; unmapped and freed on drop.
+pub(crate) struct Ranges {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) page_bytes: u64,
+    pub(crate) map: Mutex<HashMap<BufferId, BufferRange>>,
+}
+
+// SAFETY: device addresses (integers) behind a mutex.
+unsafe impl Send for Ranges {}
+// SAFETY: as above.
+unsafe impl Sync for Ranges {}
+
+impl Ranges {
+    /// Unmaps page `index` of `range` if mapped. The context is current.
+    pub(crate) fn unmap(&self, range: &mut BufferRange, index: usize) -> Result<(), DeviceError> {
+        if range.mapped[index].take().is_some() {
+            // SAFETY: exactly the page we mapped in `map_page`; by the pool's contract no
+            // kernel or copy uses the buffer's range while its pages change.
+            check("cuMemUnmap", unsafe {
+                sys::cuMemUnmap(
+                    range.base + index as u64 * self.page_bytes,
+                    self.page_bytes as usize,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn release(&self, mut range: BufferRange) -> Result<(), DeviceError> {
+        for i in 0..range.mapped.len() {
+            self.unmap(&mut range, i)?;
+        }
+        // SAFETY: the range we reserved, now with nothing mapped in it.
+        check("cuMemAddressFree", unsafe {
+            sys::cuMemAddressFree(
+                range.base,
+                (range.mapped.len() as u64 * self.page_bytes) as usize,
+            )
+        })
+    }
+}
+
+impl Drop for Ranges {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        let ranges: Vec<BufferRange> = lock(&self.map).drain().map(|(_, r)| r).collect();
+        for r in ranges {
+            let _ = self.release(r);
+        }
+    }
+}
