@@ -363,6 +363,74 @@ fn refused_spills_back_off_then_fail_the_pool_with_a_typed_error() {
 }
 
 #[test]
+fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
+    // Regression: one failed fetch set a sticky failure that every later acquire of every
+    // buffer reported as "device copy failed".
+    let mut m = Model::new(1, 2, 16, Policy::Clock);
+    let bufs: Vec<BufferId> = (0..6).map(|_| m.core.alloc(PAGE).unwrap()).collect();
+    for &b in &bufs {
+        let (h, _) = m.acquire(b, AccessMode::Exclusive);
+        m.release(h);
+        m.settle();
+    }
+    assert!(m.remote.contains_key(&PageId {
+        buffer: bufs[0],
+        index: 0
+    }));
+    // Buffer 0's page comes back from the remote tier: the tier fails the fetch.
+    let now = m.t();
+    let (h, _) = m
+        .core
+        .begin_acquire(bufs[0], AccessMode::Shared, now)
+        .unwrap();
+    m.collect();
+    let fetch = loop {
+        if let Some(i) = m
+            .net
+            .iter()
+            .position(|op| op.kind == RemoteKind::Fetch && op.page.buffer == bufs[0])
+        {
+            break m.net.remove(i).unwrap();
+        }
+        assert!(
+            m.finish_gpu() | m.finish_net(),
+            "no fetch of buffer 0 was issued"
+        );
+    };
+    let now = m.t();
+    m.core
+        .handle_remote_done(fetch.id, Err("peer 2 unreachable".into()), now);
+    let err = m.core.is_ready(h).unwrap_err();
+    assert!(
+        matches!(&err, spillway_core::CoreError::FetchFailed { page, reason }
+            if page.buffer == bufs[0] && reason.contains("unreachable")),
+        "{err:?}"
+    );
+    let now = m.t();
+    m.core.release(h, now);
+    m.collect();
+    // The lost buffer refuses acquires and host accesses with the same cause...
+    let now = m.t();
+    assert!(matches!(
+        m.core.begin_acquire(bufs[0], AccessMode::Shared, now),
+        Err(spillway_core::CoreError::FetchFailed { .. })
+    ));
+    assert!(!m.host_access(bufs[0], false));
+    // ...while every other buffer still comes back with its newest bytes.
+    for &b in &bufs[1..] {
+        let (h, _) = m.acquire(b, AccessMode::Shared);
+        m.release(h);
+        m.settle();
+    }
+    // And it can be freed: its slot and remote space come back.
+    let now = m.t();
+    m.core.free(bufs[0], now).unwrap();
+    m.collect();
+    m.settle();
+    m.core.check_invariants();
+}
+
+#[test]
 fn a_spill_that_lands_after_refusals_resets_the_backoff() {
     let mut m = Model::new(1, 2, 16, Policy::Clock);
     let bufs: Vec<BufferId> = (0..6).map(|_| m.core.alloc(PAGE).unwrap()).collect();

@@ -178,11 +178,22 @@ struct Buffer {
     shared_holders: u32,
     exclusive: bool,
     freed: bool,
+    /// Why the buffer's contents are gone (a page could not be fetched back): acquires
+    /// and host accesses of it fail with this; other buffers go on. It can still be freed.
+    lost: Option<CoreError>,
 }
 
 impl Buffer {
     fn holders(&self) -> u32 {
         self.shared_holders + u32::from(self.exclusive)
+    }
+
+    /// `Err` with why its contents are gone, if they are.
+    fn usable(&self) -> Result<(), CoreError> {
+        match &self.lost {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -581,6 +592,7 @@ impl PoolCore {
                 shared_holders: 0,
                 exclusive: false,
                 freed: false,
+                lost: None,
             },
         );
         Ok(id)
@@ -682,6 +694,7 @@ impl PoolCore {
             return Err(f.clone());
         }
         let b = self.live(id)?;
+        b.usable()?;
         match mode {
             AccessMode::Exclusive if b.holders() > 0 => {
                 return Err(CoreError::BufferBusy {
@@ -760,8 +773,9 @@ impl PoolCore {
             .acquires
             .get(&acquire)
             .expect("acquire ids come from begin_acquire");
-        Ok(self.buffers[&a.buffer]
-            .pages
+        let b = &self.buffers[&a.buffer];
+        b.usable()?;
+        Ok(b.pages
             .iter()
             .all(|p| matches!(p.gpu, Gpu::Resident { .. })))
     }
@@ -851,6 +865,7 @@ impl PoolCore {
         now: Duration,
     ) -> Result<Option<Vec<PageLocation>>, CoreError> {
         let b = self.live(id)?;
+        b.usable()?;
         if b.exclusive || (write && b.holders() > 0) {
             return Err(CoreError::BufferBusy {
                 buffer: id,

@@ -7,8 +7,9 @@ use super::*;
 
 impl PoolCore {
     /// Records that remote op `id` finished (`Err` with the tier's message if it failed).
-    /// A failed fetch fails the pool (the page cannot be had); a failed spill leaves the
-    /// page in its slot, counted in [`CoreStats::remote_errors`].
+    /// A failed fetch loses the page's buffer (its acquires and host accesses fail with
+    /// [`CoreError::FetchFailed`]; other buffers go on); a failed spill leaves the page in
+    /// its slot and backs spills off. Both count in [`CoreStats::remote_errors`].
     pub fn handle_remote_done(
         &mut self,
         id: TransferId,
@@ -47,12 +48,21 @@ impl PoolCore {
                 };
             }
             (RemoteKind::Fetch | RemoteKind::Zero, Host::Fetching { slot }, Err(e)) => {
+                // The page's bytes cannot be had: its buffer is lost (its acquires and host
+                // accesses fail with the cause), not the pool. The slot's garbage is marked
+                // clean so that it leaves without being spilled over the remote copy.
                 self.stats.remote_errors += 1;
-                self.page_mut(pid).host = Host::Slot { slot, clean: false };
-                self.failed.get_or_insert(CoreError::FetchFailed {
+                self.page_mut(pid).host = Host::Slot { slot, clean: true };
+                let b = self
+                    .buffers
+                    .get_mut(&pid.buffer)
+                    .expect("pages in flight keep their buffer");
+                b.lost.get_or_insert(CoreError::FetchFailed {
                     page: pid,
                     reason: e,
                 });
+                self.access.demand.retain(|p| p.buffer != pid.buffer);
+                self.remote.host_demand.retain(|p| p.buffer != pid.buffer);
             }
             (RemoteKind::Spill, Host::Spilling { slot }, Ok(())) => {
                 self.remote.spilling -= 1;
