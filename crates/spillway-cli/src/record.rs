@@ -1,6 +1,14 @@
 //! Appending a measured result to a results file (`bench/RESULTS.md`): a section with the
 //! exact command, the machine, a table and the program's JSON, written by the program so
 //! that no number is typed by hand.
+//!
+//! `bench/RESULTS.md` is a result page: one section per claim with its newest figures, and
+//! a last heading, "Runs since ...", under which every recorded run lands, because a run is
+//! appended at the end of the file (as `bench offload`, `replay`, `demo`,
+//! `bench/cluster/demo_pool.sh` and `bench/gpu/record.py` do too). A run there supersedes
+//! its claim's figures until someone copies its rows into the claim's section and moves the
+//! raw section under `bench/history/` (the top of the page says so). Appending keeps a
+//! recording run from ever rewriting what others wrote.
 
 use std::io::Write as _;
 use std::path::Path;
