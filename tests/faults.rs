@@ -27,7 +27,7 @@ fn up(pool: &Pool, slot: u16) {
         "3",
         "--base-port",
         &port,
-        "--host-tier-bytes",
+        "--host-budget",
         "64MiB",
         "--timeout-s",
         "20",

@@ -112,7 +112,7 @@ fn a_full_raft_disk_makes_a_node_process_unhealthy_and_it_recovers_when_space_re
         "3",
         "--base-port",
         &port,
-        "--host-tier-bytes",
+        "--host-budget",
         "64MiB",
     ]);
     let spec = pool.spec();
