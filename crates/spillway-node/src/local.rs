@@ -81,10 +81,11 @@ pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 16;
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause after a failed accept (out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-/// Largest client number: 4095. The remote tier keys a client's pages on peers with 12
-/// bits of client number; numbers are reused (the lowest free one is given), and at most
-/// [`CLIENTS_MAX`] are in use, so they stay far below.
-pub const CLIENT_ID_MAX: u32 = (1 << 12) - 1;
+/// Largest client number: 4095 ([`crate::remote::CLIENT_ID_MAX`]: the remote tier keys
+/// a client's pages on peers with 12 bits of client number); numbers are reused (the
+/// lowest free one is given), and at most [`CLIENTS_MAX`] are in use, so they stay far
+/// below.
+pub use crate::remote::CLIENT_ID_MAX;
 const _: () = assert!(CLIENTS_MAX as u32 <= CLIENT_ID_MAX);
 
 /// Where a node's local clients' pages go when they leave the clients' host tiers: the

@@ -525,7 +525,9 @@ pub enum MetaStartError {
     Thread(String),
 }
 
-fn now_ms() -> u64 {
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it): the
+/// proposer's clock stamped on batches, and the remote tier's reservation clock.
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -40,7 +40,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use spillway_meta::{Epoch, Extent, MemberState, ReservationId, Update};
@@ -52,7 +52,7 @@ use tokio::task::JoinSet;
 
 use crate::config::NodeConfig;
 use crate::ledger::{Ledger, Spent};
-use crate::meta::{MetaDriver, Outcome, Peers, ProposeFailure};
+use crate::meta::{MetaDriver, Outcome, Peers, ProposeFailure, now_ms};
 
 /// Bits of a remote buffer id that carry the client's own buffer number.
 pub const CLIENT_BUFFER_BITS: u32 = 40;
@@ -280,12 +280,6 @@ pub struct RemoteService {
     in_flight: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
     next_reservation: AtomicU64,
     next_version: AtomicU64,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One page's place in a spill plan.

@@ -59,9 +59,9 @@ pub const FRAME_BODY_BYTES_MAX: u32 = 32 << 10;
 pub const BODY_DECODE_BYTES_MAX: usize = 32 << 10;
 /// Most pages one [`Discard`] may name: 1024. A client with more sends several.
 pub const DISCARD_PAGES_MAX: usize = 1024;
-/// Longest error text in a [`Refused`] or a failed [`Done`]: 1 KiB; longer text is cut
-/// when the message is built.
-pub const ERROR_MESSAGE_BYTES_MAX: usize = 1 << 10;
+/// Longest error text in a [`Refused`] or a failed [`Done`]: 1 KiB, the peer wire's
+/// bound; longer text is cut when the message is built.
+pub use crate::wire::ERROR_MESSAGE_BYTES_MAX;
 /// Most clients one node serves at once: 64. Each holds a mapping of its host tier (at
 /// most the node's per-client host limit), one frame body, and its ops in flight.
 pub const CLIENTS_MAX: usize = 64;
