@@ -1,0 +1,122 @@
+"""Type stubs of the Rust extension ``spillway._core`` (crates/spillway-py/src)."""
+
+from types import TracebackType
+from typing import Any, Dict, Literal, Optional, Tuple, Type, Union
+
+Size = Union[int, str]
+"""Bytes as an int, or a string with a unit: ``"8GiB"``, ``"512MiB"``, ``"64MB"``."""
+
+BytesLike = Union[bytes, bytearray, memoryview, Any]
+
+__version__: str
+
+class Buffer:
+    """A buffer of a pool: a handle. Free it with ``Pool.free``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def id(self) -> int: ...
+    def __len__(self) -> int: ...
+
+class PageView:
+    """Page ``index`` of a held view, exportable through DLPack."""
+
+    @property
+    def index(self) -> int: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[Any] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+
+class View:
+    """An acquired buffer: its pages stay on the GPU until ``__exit__``/``release()``.
+
+    ``numpy.from_dlpack(view)`` / ``torch.from_dlpack(view)`` give a zero-copy 1-D uint8
+    tensor (CPU on the ``sim`` device, CUDA on ``cuda``; read-only unless ``acquire_mut``)
+    when ``contiguous``; else export pages with ``view.page(i)``. A tensor may be used only
+    while the view is held: afterwards it shows whatever the frames hold next (never a
+    crash). Using the view after release raises ``ViewReleasedError``.
+    """
+
+    @property
+    def held(self) -> bool: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def pages(self) -> int: ...
+    @property
+    def contiguous(self) -> bool: ...
+    @property
+    def exclusive(self) -> bool: ...
+    @property
+    def hit(self) -> bool: ...
+    @property
+    def waited_s(self) -> float: ...
+    @property
+    def device(self) -> Literal["cpu", "cuda"]: ...
+    def page(self, index: int) -> PageView: ...
+    def release(self) -> None: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[Any] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __enter__(self) -> "View": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+
+class Pool:
+    """A tiered pool in this process: GPU frames (``gpu_budget``) over host slots
+    (``host_budget``, which must hold every buffer).
+
+    ``device``: ``"auto"`` (a GPU if there is one, else ``"sim"``), ``"sim"`` (host memory
+    standing in for a GPU) or ``"cuda"``. ``policy``: ``"learned"`` (default),
+    ``"clock"`` or ``"on_demand"``. ``page_size``: a power of two from 64KiB to 64MiB
+    (default 2MiB). A bad size, device or policy raises ``ValueError`` naming the argument.
+    """
+
+    def __init__(
+        self,
+        gpu_budget: Size,
+        host_budget: Size,
+        page_size: Optional[Size] = None,
+        device: Literal["auto", "sim", "cuda"] = "auto",
+        policy: Literal["learned", "clock", "on_demand"] = "learned",
+    ) -> None: ...
+    @property
+    def device(self) -> Literal["sim", "cuda"]: ...
+    @property
+    def page_size(self) -> int: ...
+    def alloc(self, name: str, nbytes: Size) -> Buffer: ...
+    def free(self, buf: Buffer) -> None: ...
+    def write(self, buf: Buffer, offset: int, data: BytesLike) -> None: ...
+    def read(self, buf: Buffer, offset: int, n: int) -> bytes: ...
+    def acquire(self, buf: Buffer) -> View: ...
+    def acquire_mut(self, buf: Buffer) -> View: ...
+    def step(self) -> None: ...
+    def stats(self) -> Dict[str, Union[int, float]]:
+        """Counters: ``acquires``, ``hits``, ``stalls`` (acquires that waited), ``stall_s``,
+        ``steps``, ``h2d_bytes``/``d2h_bytes`` (bytes each way), ``demand_loads``,
+        ``prefetch_loads``, ``prefetch_wasted_pages``/``prefetch_wasted_bytes`` (prefetched
+        and evicted unused), ``evictions_clean``/``evictions_dirty``, per tier
+        ``gpu_bytes``/``gpu_bytes_peak``/``gpu_budget_bytes``,
+        ``host_bytes``/``host_budget_bytes``, ``remote_bytes``/``remote_budget_bytes``,
+        ``remote_bytes_in``/``remote_bytes_out``/``remote_errors``, ``buffers``,
+        ``page_bytes``, ``h2d_bytes_per_s``/``d2h_bytes_per_s`` (estimates)."""
+        ...

@@ -1,0 +1,98 @@
+"""The exceptions of the spillway package: one class per cause the pool reports.
+
+Every exception derives from :class:`SpillwayError`. Each carries the numbers of its
+cause as attributes (``PoolFullError.free_pages``, ``BufferTooLargeError.budget_bytes``,
+...), named as in the Rust SDK's ``CoreError``/``PoolError``, so a caller can act on them
+without parsing the message. ``_core`` raises them (it imports this module by name).
+"""
+
+from __future__ import annotations
+
+
+class SpillwayError(Exception):
+    """Base of every error the pool raises."""
+
+
+class ConfigError(SpillwayError, ValueError):
+    """A setting of the pool is invalid (``field`` names it) or missing."""
+
+
+class EmptyBufferError(SpillwayError, ValueError):
+    """A buffer of zero bytes."""
+
+
+class BufferTooLargeError(SpillwayError, ValueError):
+    """A buffer that could never be on the GPU at once (``requested_bytes``, ``pages``,
+    ``budget_bytes``)."""
+
+
+class PoolFullError(SpillwayError, MemoryError):
+    """The host tier has no room (``requested_bytes``, ``needed_pages``, ``free_pages``,
+    ``total_pages``)."""
+
+
+class TooManyBuffersError(SpillwayError):
+    """Too many live buffers (``limit``)."""
+
+
+class UnknownBufferError(SpillwayError, LookupError):
+    """No such buffer was ever allocated (``buffer``: its id)."""
+
+
+class BufferFreedError(SpillwayError, LookupError):
+    """The buffer was freed (``buffer``); freeing it twice raises this too."""
+
+
+class BufferHeldError(SpillwayError):
+    """``free`` of a buffer still acquired (``buffer``, ``holders``)."""
+
+
+class BufferBusyError(SpillwayError):
+    """An exclusive acquire of a held buffer, or a shared one of a buffer held exclusively
+    (``buffer``, ``mode``)."""
+
+
+class HeldAcquiresExceedBudgetError(SpillwayError):
+    """The acquires held at once would exceed the GPU budget (``buffer``, ``held_bytes``,
+    ``requested_bytes``, ``budget_bytes``): release something first."""
+
+
+class OutOfRangeError(SpillwayError, IndexError):
+    """A read or write past the end of a buffer (``buffer``, ``offset``, ``len``,
+    ``bytes``), or a page index past its last page (``index``, ``pages``)."""
+
+
+class DeviceError(SpillwayError):
+    """The device failed: a driver error, no memory, a failed copy."""
+
+
+class DeviceUnavailableError(DeviceError):
+    """The device asked for cannot be used here (``backend``, ``reason``)."""
+
+
+class FetchFailedError(SpillwayError):
+    """A page could not be brought back from the remote tier (``page``, ``reason``)."""
+
+
+class SpillsFailingError(SpillwayError):
+    """The remote tier refused spills for a whole deadline (``failing_ms``, ``attempts``,
+    ``reason``)."""
+
+
+class RemoteError(SpillwayError):
+    """The remote tier could not be set up."""
+
+
+class NotHostVisibleError(SpillwayError):
+    """Host access to device memory the host cannot see (the ``cuda`` device)."""
+
+
+class NotExclusiveError(SpillwayError):
+    """Writing through a view that was acquired shared."""
+
+
+class ViewReleasedError(SpillwayError):
+    """A view used after its ``with`` block (or ``release()``) ended."""
+
+
+__all__ = [name for name, value in globals().items() if isinstance(value, type)]

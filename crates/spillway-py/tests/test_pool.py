@@ -1,0 +1,210 @@
+"""The pool through Python on the sim device: sizes, bytes round trips, stats, errors."""
+
+import threading
+import time
+
+import pytest
+
+import spillway
+
+MiB = 1 << 20
+
+
+def make_pool(**kw):
+    args = dict(gpu_budget="4MiB", host_budget="16MiB", page_size="64KiB", device="sim")
+    args.update(kw)
+    return spillway.Pool(**args)
+
+
+def test_sizes_accept_ints_and_strings():
+    p = spillway.Pool(gpu_budget=8 * MiB, host_budget="32MiB", page_size="1MiB", device="sim")
+    assert p.device == "sim"
+    assert p.page_size == MiB
+    s = p.stats()
+    assert s["gpu_budget_bytes"] == 8 * MiB
+    assert s["host_budget_bytes"] == 32 * MiB
+
+
+@pytest.mark.parametrize(
+    "arg,value",
+    [
+        ("gpu_budget", "lots"),
+        ("gpu_budget", -1),
+        ("host_budget", "12 parsecs"),
+        ("host_budget", 1.5),
+        ("page_size", "3KiB"),
+        ("page_size", True),
+        ("device", "tpu"),
+        ("policy", "psychic"),
+    ],
+)
+def test_bad_argument_is_a_value_error_naming_it(arg, value):
+    kw = dict(gpu_budget="4MiB", host_budget="16MiB", device="sim")
+    kw[arg] = value
+    with pytest.raises(ValueError, match=arg):
+        spillway.Pool(**kw)
+
+
+def test_invalid_config_is_a_config_error():
+    with pytest.raises(spillway.ConfigError) as e:
+        spillway.Pool(gpu_budget="64KiB", host_budget="16MiB", page_size="1MiB", device="sim")
+    assert isinstance(e.value, ValueError)
+    assert e.value.field == "gpu_budget_bytes"
+
+
+def test_every_byte_round_trips():
+    p = make_pool()
+    sizes = [1, 4095, 64 * 1024, 64 * 1024 + 1, 3 * MiB + 17]
+    bufs = []
+    for i, n in enumerate(sizes):
+        b = p.alloc(f"b{i}", n)
+        assert b.nbytes == n and len(b) == n and b.name == f"b{i}"
+        data = bytes((j * 31 + i) % 251 for j in range(n))
+        p.write(b, 0, data)
+        bufs.append((b, data))
+    for b, data in bufs:  # after the others went through the GPU budget
+        assert p.read(b, 0, b.nbytes) == data
+    b, data = bufs[-1]
+    p.write(b, 100_000, bytearray(b"\xff" * 5000))
+    p.write(b, 200_000, memoryview(b"\xee" * 10))
+    got = p.read(b, 99_999, 5002)
+    assert got == data[99_999:100_000] + b"\xff" * 5000 + data[105_000:105_001]
+    assert p.read(b, 200_000, 10) == b"\xee" * 10
+    for b, _ in bufs:
+        p.free(b)
+    assert p.stats()["buffers"] == 0
+
+
+def test_new_buffers_read_as_zeros():
+    p = make_pool()
+    b = p.alloc("x", "128KiB")
+    p.write(b, 0, b"\x01" * (128 * 1024))
+    p.free(b)
+    c = p.alloc("y", 128 * 1024)
+    assert p.read(c, 0, 128 * 1024) == bytes(128 * 1024)
+
+
+def test_stats_count_acquires_and_bytes_each_way():
+    p = make_pool()
+    bufs = [p.alloc(f"layer{i}", MiB) for i in range(8)]  # 8 MiB over a 4 MiB GPU budget
+    for _ in range(3):
+        for b in bufs:
+            with p.acquire_mut(b):
+                pass
+        p.step()
+    s = p.stats()
+    assert s["acquires"] == 24
+    assert s["stalls"] == s["acquires"] - s["hits"]
+    assert s["steps"] == 3
+    assert s["h2d_bytes"] > 0 and s["d2h_bytes"] > 0
+    assert s["gpu_bytes_peak"] <= s["gpu_budget_bytes"]
+    assert s["host_bytes"] == 8 * MiB
+    for key in ("prefetch_loads", "prefetch_wasted_bytes", "stall_s", "evictions_dirty"):
+        assert key in s
+
+
+def test_pool_full_error_has_the_numbers():
+    p = make_pool(host_budget="1MiB", gpu_budget="1MiB")
+    p.alloc("a", 512 * 1024)
+    with pytest.raises(spillway.PoolFullError) as e:
+        p.alloc("b", 1 << 20)
+    err = e.value
+    assert isinstance(err, spillway.SpillwayError) and isinstance(err, MemoryError)
+    assert err.requested_bytes == 1 << 20
+    assert err.needed_pages == 16 and err.free_pages == 8 and err.total_pages == 16
+
+
+def test_typed_errors():
+    p = make_pool()
+    with pytest.raises(spillway.BufferTooLargeError) as e:
+        p.alloc("big", "5MiB")
+    assert e.value.budget_bytes == 4 * MiB and e.value.requested_bytes == 5 * MiB
+    with pytest.raises(spillway.EmptyBufferError):
+        p.alloc("empty", 0)
+    b = p.alloc("b", 1000)
+    with pytest.raises(spillway.OutOfRangeError) as e:
+        p.read(b, 900, 200)
+    assert (e.value.offset, e.value.len, e.value.bytes) == (900, 200, 1000)
+    with pytest.raises(IndexError):
+        p.write(b, 1000, b"x")
+    v = p.acquire(b)
+    with pytest.raises(spillway.BufferHeldError) as e:
+        p.free(b)
+    assert e.value.holders == 1 and e.value.buffer == b.id
+    with pytest.raises(spillway.BufferBusyError):
+        p.acquire_mut(b)
+    v.release()
+    p.free(b)
+    with pytest.raises(spillway.BufferFreedError) as e:
+        p.free(b)
+    assert e.value.buffer == b.id
+    with pytest.raises(spillway.BufferFreedError):
+        p.read(b, 0, 1)
+
+
+def test_held_acquires_over_the_budget_fail_at_once():
+    p = make_pool()
+    a, b = p.alloc("a", "3MiB"), p.alloc("b", "2MiB")
+    with p.acquire(a):
+        with pytest.raises(spillway.HeldAcquiresExceedBudgetError) as e:
+            p.acquire(b)
+    assert e.value.budget_bytes == 4 * MiB and e.value.held_bytes == 3 * MiB
+    with p.acquire(b):  # fine once `a` is released
+        pass
+
+
+def test_unavailable_device_is_typed():
+    try:
+        p = spillway.Pool(gpu_budget="4MiB", host_budget="16MiB", device="cuda")
+    except spillway.DeviceUnavailableError as e:
+        assert e.backend == "cuda" and e.reason
+    else:  # a machine with a GPU
+        assert p.device == "cuda"
+
+
+def test_concurrent_acquires_from_two_threads():
+    p = make_pool()
+    bufs = [p.alloc(f"b{i}", MiB) for i in range(16)]
+    done = []
+
+    def worker(k):
+        for _ in range(20):
+            for b in bufs[k::2]:
+                with p.acquire(b):
+                    pass
+        done.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(done) == [0, 1]
+
+
+def test_a_long_call_releases_the_gil():
+    """Another Python thread runs during one long `write`: it could not if the call
+    held the GIL."""
+    p = spillway.Pool(gpu_budget="256MiB", host_budget="256MiB", device="sim")
+    b = p.alloc("big", "192MiB")
+    data = bytes(192 * MiB)
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    time.sleep(0.01)
+    start = time.perf_counter()
+    p.write(b, 0, data)
+    end = time.perf_counter()
+    stop.set()
+    t.join()
+    margin = (end - start) / 4
+    inside = [x for x in ticks if start + margin < x < end - margin]
+    assert end - start > 0.004, "the write was too quick to tell"
+    assert inside, f"no tick during a {end - start:.3f}s write: the GIL was held"

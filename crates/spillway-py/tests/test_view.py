@@ -1,0 +1,107 @@
+"""Views through DLPack on the sim device (numpy), and the lifetime contract."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import spillway
+
+MiB = 1 << 20
+
+
+def make_pool():
+    return spillway.Pool(gpu_budget="4MiB", host_budget="32MiB", page_size="1MiB", device="sim")
+
+
+def test_done_when_example():
+    p = spillway.Pool(gpu_budget="64MiB", host_budget="256MiB", device="sim")
+    b = p.alloc("x", 1 << 20)
+    data = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
+    p.write(b, 0, data.tobytes())
+    with p.acquire(b) as view:
+        arr = np.from_dlpack(view)
+        assert arr.dtype == np.uint8 and arr.shape == (1 << 20,)
+        assert np.array_equal(arr, data)
+        assert not arr.flags.writeable  # a shared acquire is read-only
+
+
+def test_view_is_zero_copy_and_on_the_cpu():
+    p = make_pool()
+    b = p.alloc("w", MiB)
+    with p.acquire_mut(b) as view:
+        assert view.device == "cpu" and view.__dlpack_device__() == (1, 0)
+        assert view.contiguous and view.exclusive and view.held
+        a1 = np.from_dlpack(view)
+        a2 = np.from_dlpack(view)
+        assert a1.ctypes.data == a2.ctypes.data  # the same memory, twice
+        a1[:4] = [1, 2, 3, 4]
+        assert list(a2[:4]) == [1, 2, 3, 4]
+    assert not view.held
+
+
+def test_write_through_acquire_mut_is_read_back():
+    p = make_pool()
+    bufs = [p.alloc(f"b{i}", MiB) for i in range(6)]  # 6 MiB through a 4 MiB GPU budget
+    for i, b in enumerate(bufs):
+        with p.acquire_mut(b) as view:
+            arr = np.from_dlpack(view)
+            arr[:] = np.arange(MiB, dtype=np.uint64).astype(np.uint8) ^ i
+            del arr
+    for i, b in enumerate(bufs):  # some were evicted (written back) in between
+        want = (np.arange(MiB, dtype=np.uint64).astype(np.uint8) ^ i).tobytes()
+        assert p.read(b, 0, MiB) == want
+    assert p.stats()["d2h_bytes"] > 0
+
+
+def test_pages_of_a_non_contiguous_buffer():
+    p = make_pool()
+    b = p.alloc("multi", 2 * MiB + 5)
+    payload = bytes(range(256)) * ((2 * MiB + 5) // 256) + bytes(range((2 * MiB + 5) % 256))
+    p.write(b, 0, payload)
+    with p.acquire(b) as view:
+        assert view.pages == 3 and not view.contiguous
+        with pytest.raises(BufferError, match="page"):
+            np.from_dlpack(view)
+        got = b"".join(np.from_dlpack(view.page(i)).tobytes() for i in range(view.pages))
+        assert got == payload
+        assert np.from_dlpack(view.page(2)).shape == (5,)
+        with pytest.raises(spillway.OutOfRangeError):
+            view.page(3)
+
+
+def test_view_after_exit_raises_and_never_crashes():
+    p = make_pool()
+    b = p.alloc("x", MiB)
+    with p.acquire_mut(b) as view:
+        arr = np.from_dlpack(view)
+        arr[:] = 9
+    with pytest.raises(spillway.ViewReleasedError):
+        np.from_dlpack(view)
+    with pytest.raises(spillway.ViewReleasedError):
+        view.page(0).__dlpack__()
+    view.release()  # a second release does nothing
+    # Against the contract, but no crash: the array still points into the pool's memory,
+    # which the array keeps alive even after the pool object is gone.
+    others = [p.alloc(f"o{i}", MiB) for i in range(6)]
+    for o in others:
+        with p.acquire_mut(o):
+            pass
+    int(arr.sum())
+    del p, others, b, view
+    gc.collect()
+    arr[:] = 1  # the pool's memory is still allocated: writes land, nothing faults
+    assert int(arr[0]) == 1
+    del arr
+    gc.collect()
+
+
+def test_exception_inside_with_releases():
+    p = make_pool()
+    b = p.alloc("x", MiB)
+    with pytest.raises(RuntimeError):
+        with p.acquire_mut(b) as view:
+            raise RuntimeError("boom")
+    assert not view.held
+    with p.acquire_mut(b):  # not busy
+        pass
