@@ -375,15 +375,15 @@ fn parse_with_limits(mut reader: impl BufRead, limits: Limits) -> Result<Trace, 
         let raw: RawLine = serde_json::from_slice(text).map_err(|e| bad_json(line, &e))?;
         let checked = check_line(line, raw)?;
 
-        if let Some((previous_step, previous_line)) = previous {
-            if checked.step < previous_step {
-                return Err(TraceError::StepWentBack {
-                    line,
-                    step: checked.step,
-                    previous_step,
-                    previous_line,
-                });
-            }
+        if let Some((previous_step, previous_line)) = previous
+            && checked.step < previous_step
+        {
+            return Err(TraceError::StepWentBack {
+                line,
+                step: checked.step,
+                previous_step,
+                previous_line,
+            });
         }
         previous = Some((checked.step, line));
 

@@ -1,7 +1,7 @@
 //! The flag vocabulary every command shares, and the one parser of its sizes.
 //!
 //! Sizes: `--gpu-budget 64MiB`, `--host-budget 1GiB`, `--page-size 2MiB` and every other
-//! size flag go through [`size_in`]: a whole number of bytes (`1048576`) or a number with
+//! size flag go through [`size_in`], over the one parser in [`spillway_types::size`]: a whole number of bytes (`1048576`) or a number with
 //! a unit, `KiB` `MiB` `GiB` `TiB` `PiB` `EiB` (powers of 1024; `Ki`, `Mi`, ... too) or
 //! `KB` `MB` `GB` `TB` `PB` `EB` (powers of 1000; `K`, `M`, ... too), `B`, in any case. A
 //! fraction (`1.5GiB`) is rounded down to whole bytes. Unlike `bytesize`, which saturates,
@@ -20,68 +20,9 @@ pub(crate) use spillway_types::limits::{PAGE_BYTES_MAX, PAGE_BYTES_MIN};
 /// (pages of the budget times the page size, budgets summed) stay far below 2^64.
 pub(crate) const BUDGET_BYTES_MAX: u64 = 1 << 44;
 
-/// Digits of a fraction that count: 19 keep `fraction * 2^60` within a u128.
-const FRACTION_DIGITS_MAX: usize = 19;
-
-/// Bytes per unit; `None` for a name that is no unit.
-fn unit_bytes(unit: &str) -> Option<u64> {
-    const UNITS: &[(&[&str], u64)] = &[
-        (&["", "b"], 1),
-        (&["k", "kb"], 1_000),
-        (&["m", "mb"], 1_000_000),
-        (&["g", "gb"], 1_000_000_000),
-        (&["t", "tb"], 1_000_000_000_000),
-        (&["p", "pb"], 1_000_000_000_000_000),
-        (&["e", "eb"], 1_000_000_000_000_000_000),
-        (&["ki", "kib"], 1 << 10),
-        (&["mi", "mib"], 1 << 20),
-        (&["gi", "gib"], 1 << 30),
-        (&["ti", "tib"], 1 << 40),
-        (&["pi", "pib"], 1 << 50),
-        (&["ei", "eib"], 1 << 60),
-    ];
-    UNITS
-        .iter()
-        .find(|(names, _)| names.iter().any(|n| n.eq_ignore_ascii_case(unit)))
-        .map(|(_, bytes)| *bytes)
-}
-
-/// Parses a size (see the module doc) into bytes.
+/// Parses a size (see [`spillway_types::size`]) into bytes; the error as text for clap.
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let number_len = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(number_len);
-    let unit = unit.trim_start();
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
-        return Err(format!(
-            "`{text}` is not a size: write a number of bytes or a number with a unit, e.g. \
-             64MiB or 2GiB"
-        ));
-    }
-    let Some(factor) = unit_bytes(unit) else {
-        return Err(format!(
-            "`{unit}` in `{text}` is not a unit: use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)"
-        ));
-    };
-    let too_large = || format!("`{text}` is more than 2^64 - 1 bytes");
-    let whole: u64 = match whole {
-        "" => 0,
-        w => w.parse().map_err(|_| too_large())?,
-    };
-    let mut bytes = whole.checked_mul(factor).ok_or_else(too_large)?;
-    let fraction = &fraction[..fraction.len().min(FRACTION_DIGITS_MAX)];
-    if !fraction.is_empty() {
-        let digits: u128 = fraction.parse().map_err(|_| too_large())?;
-        let part = digits * u128::from(factor) / 10u128.pow(fraction.len() as u32);
-        bytes = u64::try_from(part)
-            .ok()
-            .and_then(|p| bytes.checked_add(p))
-            .ok_or_else(too_large)?;
-    }
-    Ok(bytes)
+    spillway_types::size::parse_size(text).map_err(|e| e.to_string())
 }
 
 /// A size the way a user would type it: `16TiB` when it is a whole number of a binary
@@ -161,37 +102,6 @@ pub(crate) fn merge_deprecated(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_and_without_units() {
-        assert_eq!(parse_size("1048576"), Ok(1 << 20));
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("64 mib"), Ok(64 << 20));
-        assert_eq!(parse_size("2Mi"), Ok(2 << 20));
-        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
-        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
-        assert_eq!(parse_size("0.5KiB"), Ok(512));
-        assert_eq!(parse_size("512B"), Ok(512));
-        assert_eq!(parse_size("15EiB"), Ok(15 << 60));
-    }
-
-    #[test]
-    fn overflow_and_nonsense_are_errors_not_saturated() {
-        for text in [
-            "16EiB",
-            "99999999999999999999",
-            "18446744073709551616",
-            "17592186044417TiB",
-            "15.99999999999999999999999EiB1",
-        ] {
-            assert!(parse_size(text).is_err(), "{text} was accepted");
-        }
-        assert!(parse_size("16EiB").unwrap_err().contains("2^64"));
-        assert!(parse_size("15.9999EiB").is_ok());
-        for text in ["", "MiB", "1.2.3MiB", "12 parsecs", "-1MiB", "."] {
-            assert!(parse_size(text).is_err(), "{text} was accepted");
-        }
-    }
 
     #[test]
     fn ranges_are_checked_and_named_in_units() {

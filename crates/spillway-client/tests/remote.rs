@@ -49,7 +49,7 @@ fn a_working_set_four_times_gpu_plus_host_round_trips_every_byte() {
                         );
                     }
                 }
-                if (i as u64 + step) % 2 == 0 {
+                if (i as u64 + step).is_multiple_of(2) {
                     let mut g = pool.acquire_mut(b).unwrap();
                     version[i] += 1;
                     for page in 0..g.pages() {

@@ -838,7 +838,7 @@ async fn welcome<'a, B: ClientPages>(
                 hello.page_bytes
             ),
         ))
-    } else if hello.host_bytes == 0 || hello.host_bytes % page != 0 {
+    } else if hello.host_bytes == 0 || !hello.host_bytes.is_multiple_of(page) {
         Some(Refused::new(
             RefusedCode::BadHostBytes,
             format!(

@@ -14,6 +14,7 @@ pub mod config;
 pub mod limits;
 pub mod local;
 pub mod pattern;
+pub mod size;
 pub mod wire;
 
 use std::fmt;
