@@ -288,14 +288,12 @@ fn refuse_spills(m: &mut Model, now: Duration) -> usize {
     refused
 }
 
-#[test]
-fn refused_spills_back_off_then_fail_the_pool_with_a_typed_error() {
-    // Regression: a refused spill was issued again at once, forever (a livelock with
-    // thousands of errors a second). Now spills wait out a doubling backoff, the core asks
-    // to be woken through `poll_timeout`, and after `SPILL_DEADLINE` the pool fails.
+/// A pool of 1 GPU frame and 2 host slots whose GPU and host hold dirty pages, and an
+/// acquire of another buffer that needs a spill; returns the model, the acquire and when
+/// it began (the spill it needs is issued, not finished).
+fn an_acquire_that_needs_a_spill() -> (Model, AcquireId, Duration) {
     let mut m = Model::new(1, 2, 16, Policy::Clock);
     let bufs: Vec<BufferId> = (0..6).map(|_| m.core.alloc(PAGE).unwrap()).collect();
-    // Fill GPU and host with dirty pages, so the next acquire needs a spill.
     for &b in &bufs[..3] {
         let (h, _) = m.acquire(b, AccessMode::Exclusive);
         m.release(h);
@@ -308,6 +306,15 @@ fn refused_spills_back_off_then_fail_the_pool_with_a_typed_error() {
         .unwrap();
     m.collect();
     while m.finish_gpu() {}
+    (m, h, start)
+}
+
+#[test]
+fn refused_spills_back_off_then_fail_the_pool_with_a_typed_error() {
+    // Regression: a refused spill was issued again at once, forever (a livelock with
+    // thousands of errors a second). Now spills wait out a doubling backoff, the core asks
+    // to be woken through `poll_timeout`, and after `SPILL_DEADLINE` the pool fails.
+    let (mut m, h, start) = an_acquire_that_needs_a_spill();
     assert_eq!(
         refuse_spills(&mut m, start),
         1,
@@ -432,20 +439,7 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
 
 #[test]
 fn a_spill_that_lands_after_refusals_resets_the_backoff() {
-    let mut m = Model::new(1, 2, 16, Policy::Clock);
-    let bufs: Vec<BufferId> = (0..6).map(|_| m.core.alloc(PAGE).unwrap()).collect();
-    for &b in &bufs[..3] {
-        let (h, _) = m.acquire(b, AccessMode::Exclusive);
-        m.release(h);
-        while m.finish_gpu() {}
-    }
-    let start = m.t();
-    let (h, _) = m
-        .core
-        .begin_acquire(bufs[3], AccessMode::Exclusive, start)
-        .unwrap();
-    m.collect();
-    while m.finish_gpu() {}
+    let (mut m, h, start) = an_acquire_that_needs_a_spill();
     assert_eq!(refuse_spills(&mut m, start), 1);
     let at = m.core.poll_timeout().unwrap();
     m.core.handle_timeout(at);
