@@ -14,25 +14,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use support::{Pool, base_port, poll, spillway_ok};
-
-fn up(pool: &Pool, slot: u16) {
-    let port = base_port(slot).to_string();
-    spillway_ok(&[
-        "cluster",
-        "up",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "3",
-        "--base-port",
-        &port,
-        "--host-budget",
-        "64MiB",
-        "--timeout-s",
-        "20",
-    ]);
-}
+use support::{Pool, poll, up};
 
 /// The demo in daemon mode against node 1, as a child process printing its JSON report.
 fn demo(pool: &Pool, steps: usize) -> Child {

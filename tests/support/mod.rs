@@ -91,3 +91,39 @@ pub fn poll<T>(timeout: Duration, f: impl FnMut() -> Option<T>) -> Option<T> {
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
+
+/// The page transport of the pools these tests start: `SPILLWAY_TEST_TRANSPORT` (`quic`
+/// by default, or `ucx` with a build of the `ucx` feature and `UCX_NET_DEVICES=lo`).
+pub fn test_transport() -> String {
+    let t = std::env::var("SPILLWAY_TEST_TRANSPORT").unwrap_or_else(|_| "quic".into());
+    if t == "ucx" {
+        assert_eq!(
+            std::env::var("UCX_NET_DEVICES").as_deref(),
+            Ok("lo"),
+            "UCX tests run on loopback only: set UCX_NET_DEVICES=lo"
+        );
+    }
+    t
+}
+
+/// `cluster up` of a pool of three nodes; its stdout.
+pub fn up(pool: &Pool, slot: u16) -> String {
+    let port = base_port(slot).to_string();
+    let transport = test_transport();
+    spillway_ok(&[
+        "cluster",
+        "up",
+        "--dir",
+        pool.dir_str(),
+        "--nodes",
+        "3",
+        "--base-port",
+        &port,
+        "--host-budget",
+        "64MiB",
+        "--transport",
+        &transport,
+        "--timeout-s",
+        "20",
+    ])
+}

@@ -184,6 +184,16 @@ async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
     // Spill from a node that is not the leader, so its pages stay reachable.
     let si = (li + 1) % 3;
     let spiller = nodes[si].as_ref().unwrap();
+    // Every node's first incarnation is recorded (epoch 2), so a later epoch is a restart.
+    wait_for("the first incarnations", WAIT, || {
+        spiller
+            .meta_view()
+            .members
+            .iter()
+            .all(|m| m.epoch == spillway_meta::Epoch(2))
+            .then_some(())
+    })
+    .await;
     let pages: Vec<(PageId, Bytes)> = (0..8u32)
         .map(|i| (page_id(3, i), page_bytes(u64::from(i) + 77, PAGE)))
         .collect();
@@ -192,6 +202,19 @@ async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
         .unwrap();
     let spiller_id = spiller.node_id();
     let term = spiller.term();
+    // Where the pages went, once the spiller has applied its placements.
+    let holders_before = wait_for_async(|| async {
+        let h = holders_of(spiller, spiller_id, &pages).await;
+        h.iter().all(Option::is_some).then_some(h)
+    })
+    .await;
+    let epoch_before = spiller
+        .meta_view()
+        .members
+        .iter()
+        .find(|m| m.id.0 == li as u64 + 1)
+        .unwrap()
+        .epoch;
 
     // Kill the leader.
     let killed = nodes[li].take().unwrap();
@@ -237,19 +260,27 @@ async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
             .then_some(())
     })
     .await;
-    let ids: Vec<PageId> = pages
-        .iter()
-        .map(|(id, _)| remote_page_id(spiller_id, 2, *id))
-        .collect();
-    let holders = restarted
-        .meta_read(move |s| {
-            ids.iter()
-                .map(|id| s.holder_of(*id).map(|(_, h)| h.node))
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap();
-    assert!(holders.iter().all(Option::is_some), "{holders:?}");
+    // The restarted node lost its RAM: once its new incarnation is recorded, the directory
+    // names it for none of the pages it held, and still names the survivor for its own.
+    let killed_id = NodeId(li as u64 + 1);
+    wait_for("the restarted node's new incarnation", WAIT, || {
+        let before = epoch_before;
+        restarted
+            .meta_view()
+            .members
+            .iter()
+            .any(|m| m.id == killed_id && m.epoch > before)
+            .then_some(())
+    })
+    .await;
+    let after = holders_of(restarted, spiller_id, &pages).await;
+    for (b, a) in holders_before.iter().zip(&after) {
+        if *b == Some(killed_id) {
+            assert_eq!(*a, None, "a page of the killed node's RAM is still listed");
+        } else {
+            assert_eq!(a, b, "a page on a surviving node moved");
+        }
+    }
     shutdown_all(nodes).await;
 }
 
@@ -681,4 +712,23 @@ async fn concurrent_spills_share_raft_entries() {
         );
     }
     shutdown_all(nodes).await;
+}
+
+/// The directory's holder of each of `pages` (client 2 of `origin`), as `node` applied it.
+async fn holders_of(
+    node: &NodeHandle,
+    origin: NodeId,
+    pages: &[(PageId, Bytes)],
+) -> Vec<Option<NodeId>> {
+    let ids: Vec<PageId> = pages
+        .iter()
+        .map(|(id, _)| remote_page_id(origin, 2, *id))
+        .collect();
+    node.meta_read(move |s| {
+        ids.iter()
+            .map(|id| s.holder_of(*id).map(|(_, h)| h.node))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap()
 }

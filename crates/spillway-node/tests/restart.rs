@@ -32,7 +32,12 @@ async fn a_restarted_holder_is_no_longer_named_for_the_pages_its_ram_lost() {
     within("spill", n1.remote().spill(4, pages.clone()))
         .await
         .unwrap();
-    let before = holders(&nodes, &pages).await;
+    // Where the pages went, once node 1 has applied its placements.
+    let before = wait_for_async(|| async {
+        let h = holders(&nodes, &pages).await;
+        h.iter().all(Option::is_some).then_some(h)
+    })
+    .await;
     let on2 = before.iter().filter(|h| **h == Some(NodeId(2))).count();
     let on3 = before.iter().filter(|h| **h == Some(NodeId(3))).count();
     assert!(on2 > 0 && on3 > 0 && on2 + on3 == pages.len(), "{before:?}");
