@@ -493,6 +493,28 @@ pub fn spawn_in<B: ClientPages>(
     tasks: &TaskTracker,
     cancel: &CancellationToken,
 ) -> Result<LocalMonitor, LocalServerError> {
+    spawn_gated_in(
+        config,
+        backend,
+        clients_gauge,
+        tasks,
+        cancel,
+        Box::pin(std::future::ready(())),
+    )
+}
+
+/// [`spawn_in`], with clients taken only once `ready` resolves: the socket is bound at
+/// once (a client's connect succeeds and its hello waits, within its handshake timeout),
+/// so a node can finish what must precede its first client (releasing an earlier
+/// incarnation's client pages, whose ids new clients would reuse).
+pub fn spawn_gated_in<B: ClientPages>(
+    config: LocalServerConfig,
+    backend: Arc<B>,
+    clients_gauge: Arc<AtomicU64>,
+    tasks: &TaskTracker,
+    cancel: &CancellationToken,
+    ready: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+) -> Result<LocalMonitor, LocalServerError> {
     config.validate()?;
     let (listener, identity) = bind_socket(&config.socket_path)?;
     let stats = Arc::new(Stats::new(clients_gauge));
@@ -504,7 +526,13 @@ pub fn spawn_in<B: ClientPages>(
         clients: Mutex::default(),
         cancel: cancel.clone(),
     });
-    tasks.spawn(accept_loop(listener, identity, shared, tasks.clone()));
+    tasks.spawn(accept_loop(
+        listener,
+        identity,
+        shared,
+        tasks.clone(),
+        ready,
+    ));
     Ok(LocalMonitor { stats })
 }
 
@@ -660,8 +688,15 @@ async fn accept_loop<B: ClientPages>(
     socket: SocketFile,
     shared: Arc<Shared<B>>,
     tasks: TaskTracker,
+    ready: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 ) {
-    accept_until_cancelled(listener, &shared, &tasks).await;
+    let open = tokio::select! {
+        _ = shared.cancel.cancelled() => false,
+        _ = ready => true,
+    };
+    if open {
+        accept_until_cancelled(listener, &shared, &tasks).await;
+    }
     socket.remove();
 }
 

@@ -210,13 +210,21 @@ impl Node {
         // Deletes of copies on peers that did not answer are retried until they land, and
         // reservations the group dropped leave this node's ledger.
         tasks.spawn(remote.clone().run_upkeep(cancel.child_token()));
-        // This incarnation starts with an empty host tier: the directory must stop naming
-        // this node for pages an earlier incarnation held.
+        // This incarnation starts with an empty host tier and no clients: the directory
+        // must stop naming this node for pages an earlier incarnation held, and the pages
+        // its earlier clients spilled are released, before the first client is taken.
+        let (ready_tx, mut ready_rx) = tokio::sync::watch::channel(false);
         tasks.spawn(announce_incarnation(
             meta.clone(),
+            remote.clone(),
             config.node_id,
+            ready_tx,
             cancel.child_token(),
         ));
+        let clients_ready: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            Box::pin(async move {
+                let _ = ready_rx.wait_for(|ready| *ready).await;
+            });
         let clients = Arc::new(AtomicU64::new(0));
         let mut handle = NodeHandle {
             config,
@@ -253,12 +261,13 @@ impl Node {
             handle.config.host_tier_bytes,
         );
         let (remote, clients) = (handle.remote.clone(), handle.clients.clone());
-        match crate::local::spawn_in(
+        match crate::local::spawn_gated_in(
             local,
             remote,
             clients,
             &handle.local_tasks,
             &handle.local_cancel,
+            clients_ready,
         ) {
             Ok(monitor) => handle.local = Some(monitor),
             Err(e) => {
@@ -287,8 +296,16 @@ const ANNOUNCE_RETRY_MAX: Duration = Duration::from_secs(5);
 /// down and up again in one proposal, which starts a new epoch and drops every directory
 /// record of pages an earlier incarnation held (their bytes died with its RAM; a peer
 /// fetching one gets a clear "not in the remote tier" instead of a page that is not
-/// there). Retried with backoff until the group commits it.
-async fn announce_incarnation(meta: Arc<MetaDriver>, node: NodeId, cancel: CancellationToken) {
+/// there). Then releases the pages the earlier incarnation's clients spilled to peers,
+/// and only then lets `ready` open the client socket. Each step is retried with backoff
+/// until it lands.
+async fn announce_incarnation(
+    meta: Arc<MetaDriver>,
+    remote: Arc<RemoteService>,
+    node: NodeId,
+    ready: tokio::sync::watch::Sender<bool>,
+    cancel: CancellationToken,
+) {
     let updates = vec![
         Update::SetMemberState {
             node,
@@ -304,11 +321,11 @@ async fn announce_incarnation(meta: Arc<MetaDriver>, node: NodeId, cancel: Cance
         match meta.propose(updates.clone()).await {
             Ok(outcomes) if outcomes.iter().all(Outcome::is_accepted) => {
                 tracing::info!(%node, "new incarnation recorded: the directory no longer names this node for earlier pages");
-                return;
+                break;
             }
             Ok(outcomes) => {
                 tracing::warn!(%node, ?outcomes, "the group refused this node's new incarnation");
-                return;
+                break;
             }
             Err(e) => tracing::debug!(%node, error = %e, "incarnation not recorded yet; retrying"),
         }
@@ -318,6 +335,22 @@ async fn announce_incarnation(meta: Arc<MetaDriver>, node: NodeId, cancel: Cance
         }
         delay = (delay * 2).min(ANNOUNCE_RETRY_MAX);
     }
+    // The earlier incarnation's clients are gone; new ones reuse their numbers.
+    let mut delay = ANNOUNCE_RETRY_MIN;
+    loop {
+        match remote.release_earlier_incarnation().await {
+            Ok(_) => break,
+            Err(e) => {
+                tracing::debug!(%node, error = %e, "earlier pages not released yet; retrying")
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(ANNOUNCE_RETRY_MAX);
+    }
+    let _ = ready.send(true);
 }
 
 /// A running node (from [`Node::start`]). Dropping it stops serving peers without waiting;

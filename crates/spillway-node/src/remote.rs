@@ -27,8 +27,11 @@
 //! client numbers its buffers from 1). Peers key their stores by origin too, so pages of
 //! different nodes never collide there either.
 //!
-//! Fetch reads from the holder this node recorded when it spilled; after a restart (an
-//! empty local map) it asks the replicated directory. Every page's checksum is checked on
+//! Fetch reads from the holder this node recorded when it spilled, else the replicated
+//! directory. A node that restarts has lost its clients (their links die with it), so
+//! before it takes a client it releases every page its earlier incarnation spilled
+//! ([`RemoteService::release_earlier_incarnation`]): new clients reuse client numbers,
+//! hence page ids. Every page's checksum is checked on
 //! arrival by the transport and again against the checksum recorded at spill time.
 //!
 //! In-memory twin: [`RemoteService::new`] makes a service that keeps the pages in this
@@ -1241,6 +1244,58 @@ impl RemoteService {
             tracing::debug!(gone, "forgot reservations the group no longer holds");
         }
         Ok(gone)
+    }
+
+    /// Releases every page an earlier incarnation of this node spilled for its clients:
+    /// those clients went with it (a client's link dies with its node), and new clients
+    /// reuse their numbers, so their pages' ids. The directory forgets them first; their
+    /// copies are deleted on the holders, or queued until the holders answer (and no new
+    /// spill places a page where its delete is pending). Call it before the first client
+    /// is taken. Returns how many pages it released.
+    pub async fn release_earlier_incarnation(&self) -> Result<u64, RemoteError> {
+        let Backend::Pool { meta, .. } = &self.backend else {
+            return Ok(0);
+        };
+        let node = self.node;
+        let found: Vec<(Extent, NodeId)> = meta
+            .read(move |s| {
+                s.extents()
+                    .filter(|(e, _)| e.buffer.0 >> NODE_SHIFT == node.0)
+                    .map(|(e, h)| (e, h.node))
+                    .collect()
+            })
+            .await?;
+        if found.is_empty() {
+            return Ok(0);
+        }
+        for chunk in found.chunks(spillway_meta::limits::BATCH_UPDATES_MAX) {
+            let removes = chunk
+                .iter()
+                .map(|(extent, _)| Update::Remove { extent: *extent })
+                .collect();
+            meta.propose(removes).await?;
+        }
+        let mut by_peer: BTreeMap<NodeId, Vec<PageId>> = BTreeMap::new();
+        let mut pages = 0u64;
+        for (extent, holder) in &found {
+            let ids = by_peer.entry(*holder).or_default();
+            for index in extent.first_page..extent.first_page + extent.page_count {
+                ids.push(PageId {
+                    buffer: extent.buffer,
+                    index,
+                });
+                pages += 1;
+            }
+        }
+        for (peer, ids) in by_peer {
+            self.delete_or_queue(peer, ids).await;
+        }
+        tracing::info!(
+            pages,
+            extents = found.len(),
+            "released the pages of an earlier incarnation's clients"
+        );
+        Ok(pages)
     }
 
     /// Every [`PENDING_DELETES_RETRY`] until `cancel`: retries the pending deletes and

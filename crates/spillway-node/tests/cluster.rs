@@ -493,7 +493,9 @@ async fn status_and_metrics_answer_over_http() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_node_fetches_its_pages_through_the_replicated_directory() {
+async fn a_restarted_node_releases_the_pages_its_gone_clients_spilled() {
+    // Regression: a node that died kept its clients' pages listed and held on the peers
+    // for good (its clients went with it; a restarted node reuses client numbers).
     let pool = Pool::new("refetch", PAGE, [64, 64, 64]);
     let mut nodes = pool.start_all().await;
     settled(&nodes).await;
@@ -504,34 +506,59 @@ async fn a_restarted_node_fetches_its_pages_through_the_replicated_directory() {
     within("spill", n1.remote().spill(3, pages.clone()))
         .await
         .unwrap();
-    let target = n1.commit_index();
-    // Node 1 goes away and comes back with an empty local map.
+    let held = |nodes: &[Option<NodeHandle>]| -> u64 {
+        nodes[1..]
+            .iter()
+            .flatten()
+            .map(|n| n.store().used_bytes_of(NodeId(1)))
+            .sum()
+    };
+    assert_eq!(held(&nodes), 12 * PAGE);
+    // Node 1 goes away with its clients and comes back.
     let n1 = nodes[0].take().unwrap();
     within("shutdown node 1", n1.shutdown()).await;
     nodes[0] = Some(pool.restart(0).await);
     settled(&nodes).await;
-    let n1 = nodes[0].as_ref().unwrap();
-    wait_for("node 1 to apply its placements again", WAIT, || {
-        (n1.meta_view().applied_index >= target).then_some(())
+    // Its earlier clients' pages leave the directory and the peers.
+    let n2 = nodes[1].as_ref().unwrap();
+    let ids: Vec<PageId> = pages
+        .iter()
+        .map(|(id, _)| remote_page_id(NodeId(1), 3, *id))
+        .collect();
+    wait_for_async(|| {
+        let ids = ids.clone();
+        async move {
+            let listed = n2
+                .meta_read(move |s| ids.iter().filter(|id| s.holder_of(**id).is_some()).count())
+                .await
+                .unwrap();
+            (listed == 0).then_some(())
+        }
     })
     .await;
-    let ids: Vec<PageId> = pages.iter().map(|(id, _)| *id).collect();
-    let back = within("fetch after restart", n1.remote().fetch(3, ids.clone()))
+    wait_for("the peers to drop node 1's earlier pages", WAIT, || {
+        (held(&nodes) == 0).then_some(())
+    })
+    .await;
+    // A new client of the restarted node with the same number spills the same page ids:
+    // they are its own, and come back byte for byte.
+    let n1 = nodes[0].as_ref().unwrap();
+    let fresh: Vec<(PageId, Bytes)> = (0..4u32)
+        .map(|i| (page_id(6, i), page_bytes(u64::from(i) + 5000, PAGE)))
+        .collect();
+    within("spill again", n1.remote().spill(3, fresh.clone()))
         .await
         .unwrap();
-    for ((_, sent), got) in pages.iter().zip(&back) {
+    let back = within(
+        "fetch",
+        n1.remote()
+            .fetch(3, fresh.iter().map(|(id, _)| *id).collect()),
+    )
+    .await
+    .unwrap();
+    for ((_, sent), got) in fresh.iter().zip(&back) {
         assert!(sent == got, "a page came back different");
     }
-    // Discard after the restart frees the peers too.
-    within("discard", n1.remote().discard(3, ids))
-        .await
-        .unwrap();
-    let held: u64 = nodes[1..]
-        .iter()
-        .flatten()
-        .map(|n| n.store().used_bytes_of(NodeId(1)))
-        .sum();
-    assert_eq!(held, 0);
     shutdown_all(nodes).await;
 }
 
