@@ -6,7 +6,8 @@
 //!   [`Transport::connect`]s to peers to put, get and delete pages.
 //! - [`quic`]: the real transport, QUIC (`quinn`) with mutual TLS (`rustls`, ring): both
 //!   sides must hold a certificate of the pool's CA ([`certs`]), which names their node,
-//!   tuned as `FACTS.md` measured ([`QuicConfig`]).
+//!   tuned as `FACTS.md` measured ([`QuicConfig`]); `tls` builds both sides' TLS and
+//!   reads the node a peer's certificate names.
 //! - [`sim`]: the in-memory twin for tests, with the same trait and the same frame checks.
 //! - [`mem_store`]: a handler that keeps pages in memory (tests, bench, a first host tier).
 //! - [`bench`](mod@bench): page throughput over QUIC against raw TCP, measured in one run.
@@ -38,6 +39,7 @@ pub mod ucx;
 
 mod message;
 mod server;
+mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -39,9 +39,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{RecvStream, SendStream, VarInt};
-use rustls::RootCertStore;
-use rustls::crypto::CryptoProvider;
-use rustls::server::WebPkiClientVerifier;
 use spillway_types::NodeId;
 use spillway_types::wire::{
     self, ErrorCode, ErrorReply, FrameHeader, HEADER_BYTES, Hello, Message, PROTOCOL_VERSION,
@@ -51,9 +48,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::certs::{CertError, CertIdError, NodeIdentity, SERVER_NAME, cert_node_id};
+use crate::certs::{CertIdError, NodeIdentity, SERVER_NAME};
 use crate::config::permits_for;
 use crate::stats::PeerState;
+use crate::tls::{certified_name, client_tls, peer_node_id, server_tls, tls_err};
 use crate::{
     Connection, Handler, NetError, NetStats, QuicConfig, Request, Response, Server, Transport,
 };
@@ -78,51 +76,6 @@ pub struct QuicTransport {
     local_addr: SocketAddr,
     stats: Arc<NetStats>,
     serving: AtomicBool,
-}
-
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn tls_err(e: impl std::fmt::Display) -> CertError {
-    CertError::Tls {
-        reason: e.to_string(),
-    }
-}
-
-fn roots(identity: &NodeIdentity) -> Result<Arc<RootCertStore>, CertError> {
-    let mut roots = RootCertStore::empty();
-    roots.add(identity.ca.clone()).map_err(tls_err)?;
-    Ok(Arc::new(roots))
-}
-
-/// The server's TLS: our node certificate, and client certificates required and checked
-/// against the pool's CA.
-fn server_tls(identity: &NodeIdentity) -> Result<rustls::ServerConfig, CertError> {
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots(identity)?, provider())
-        .build()
-        .map_err(tls_err)?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(tls_err)?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(identity.chain.clone(), identity.key.clone_key())
-        .map_err(tls_err)?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    Ok(tls)
-}
-
-/// The client's TLS: the server checked against the pool's CA, our node certificate
-/// presented.
-fn client_tls(identity: &NodeIdentity) -> Result<rustls::ClientConfig, CertError> {
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(tls_err)?
-        .with_root_certificates(roots(identity)?)
-        .with_client_auth_cert(identity.chain.clone(), identity.key.clone_key())
-        .map_err(tls_err)?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    Ok(tls)
 }
 
 /// quinn's transport settings from our config; `mtu` is `Some` on loopback (fixed MTU).
@@ -369,27 +322,6 @@ impl QuicTransport {
 
     fn hello_timeout(&self) -> Duration {
         Duration::from_millis(self.config.hello_timeout_ms)
-    }
-}
-
-/// The node `conn`'s peer certificate names (its end-entity certificate; TLS has checked
-/// the chain against the pool's CA).
-fn peer_node_id(conn: &quinn::Connection) -> Result<NodeId, CertIdError> {
-    let certs = conn
-        .peer_identity()
-        .and_then(|any| {
-            any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                .ok()
-        })
-        .ok_or(CertIdError::NoCertificate)?;
-    cert_node_id(certs.first().ok_or(CertIdError::NoCertificate)?)
-}
-
-/// A certificate's node for logs: its id, or why it has none.
-fn certified_name(certified: &Result<NodeId, CertIdError>) -> String {
-    match certified {
-        Ok(node) => node.to_string(),
-        Err(e) => format!("none ({e})"),
     }
 }
 
