@@ -3,6 +3,7 @@
 //! their completions, which feed the bandwidth estimate of each direction.
 
 use super::*;
+use crate::eviction::VictimView;
 
 impl PoolCore {
     /// Records that copy `id` finished (`Err` with the device's message if it failed).
@@ -18,14 +19,7 @@ impl PoolCore {
         };
         let d = dir_index(t.direction);
         self.copies.in_flight_bytes[d] -= t.bytes;
-        let bw = &mut self.copies.bandwidth[d];
-        let service = now
-            .saturating_sub(t.issued_at.max(bw.last_done))
-            .as_secs_f64();
-        if service > 0.0 {
-            bw.bytes_per_s += BANDWIDTH_ALPHA * (t.bytes as f64 / service - bw.bytes_per_s);
-        }
-        bw.last_done = now;
+        self.copies.bandwidth[d].on_done(t.issued_at, now, t.bytes);
         let pid = t.page;
         let page = self.page_mut(pid);
         page.in_flight -= 1;
@@ -176,14 +170,7 @@ impl PoolCore {
                 *waiting += 1;
                 return Got::Later;
             }
-            let victim = self.eviction.choose_victim(&View::of(
-                &self.gpu,
-                &self.buffers,
-                &self.access,
-                bound,
-                preferred,
-            ));
-            let Some(victim) = victim else {
+            let Some(victim) = self.policy_victim(bound, preferred) else {
                 return Got::Never;
             };
             let pid = self.gpu.frames[victim.0 as usize].expect("eligible frames hold a page");
@@ -247,5 +234,76 @@ impl PoolCore {
             .get(&buffer)
             .copied()
             .filter(|&n| n > self.access.accesses)
+    }
+
+    /// The eviction policy's victim among the GPU frames (see [`VictimView`]).
+    pub(super) fn policy_victim(
+        &mut self,
+        bound: Option<u64>,
+        preferred: Option<FrameId>,
+    ) -> Option<FrameId> {
+        self.eviction.choose_victim(&View::of(
+            &self.gpu,
+            &self.buffers,
+            &self.access,
+            bound,
+            preferred,
+        ))
+    }
+}
+
+/// What the eviction policy sees of the core: the rooms it reads, not the policy, so the
+/// policy can be borrowed mutably beside them.
+struct View<'a> {
+    gpu: &'a GpuFrames,
+    buffers: &'a HashMap<BufferId, Buffer>,
+    accesses: u64,
+    bound: Option<u64>,
+    preferred: Option<FrameId>,
+}
+
+impl<'a> View<'a> {
+    /// What the eviction policy sees of `core` (the rooms it reads, not the policy, so
+    /// the policy can be borrowed mutably beside it).
+    fn of(
+        gpu: &'a GpuFrames,
+        buffers: &'a HashMap<BufferId, Buffer>,
+        access: &Access,
+        bound: Option<u64>,
+        preferred: Option<FrameId>,
+    ) -> Self {
+        View {
+            gpu,
+            buffers,
+            accesses: access.accesses,
+            bound,
+            preferred,
+        }
+    }
+}
+
+impl VictimView for View<'_> {
+    fn frame_count(&self) -> u32 {
+        self.gpu.frames.len() as u32
+    }
+
+    fn eligible(&self, frame: FrameId) -> bool {
+        let Some(pid) = self.gpu.frames[frame.0 as usize] else {
+            return false;
+        };
+        let page = &self.buffers[&pid.buffer].pages[pid.index as usize];
+        matches!(page.gpu, Gpu::Resident { .. }) && page.pins == 0 && page.host_pins == 0
+    }
+
+    fn next_use(&self, frame: FrameId) -> Option<u64> {
+        self.gpu.frame_next_use[frame.0 as usize].filter(|&n| n > self.accesses)
+    }
+
+    fn must_exceed(&self) -> Option<u64> {
+        self.bound
+    }
+
+    fn preferred(&self) -> Option<FrameId> {
+        self.preferred
     }
 }

@@ -74,7 +74,7 @@ use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, TransferId, limits};
 
 use crate::error::CoreError;
-use crate::eviction::{Clock, EvictionPolicy, NextUse, VictimView};
+use crate::eviction::{Clock, EvictionPolicy, NextUse};
 use crate::predictor::Predictor;
 use crate::retry::{Backoff, Verdict};
 
@@ -343,60 +343,6 @@ enum Spilled {
     Started,
     /// Nothing: the page cannot leave now (in-flight bound, no remote space).
     Blocked,
-}
-
-struct View<'a> {
-    gpu: &'a GpuFrames,
-    buffers: &'a HashMap<BufferId, Buffer>,
-    accesses: u64,
-    bound: Option<u64>,
-    preferred: Option<FrameId>,
-}
-
-impl<'a> View<'a> {
-    /// What the eviction policy sees of `core` (the rooms it reads, not the policy, so
-    /// the policy can be borrowed mutably beside it).
-    fn of(
-        gpu: &'a GpuFrames,
-        buffers: &'a HashMap<BufferId, Buffer>,
-        access: &Access,
-        bound: Option<u64>,
-        preferred: Option<FrameId>,
-    ) -> Self {
-        View {
-            gpu,
-            buffers,
-            accesses: access.accesses,
-            bound,
-            preferred,
-        }
-    }
-}
-
-impl VictimView for View<'_> {
-    fn frame_count(&self) -> u32 {
-        self.gpu.frames.len() as u32
-    }
-
-    fn eligible(&self, frame: FrameId) -> bool {
-        let Some(pid) = self.gpu.frames[frame.0 as usize] else {
-            return false;
-        };
-        let page = &self.buffers[&pid.buffer].pages[pid.index as usize];
-        matches!(page.gpu, Gpu::Resident { .. }) && page.pins == 0 && page.host_pins == 0
-    }
-
-    fn next_use(&self, frame: FrameId) -> Option<u64> {
-        self.gpu.frame_next_use[frame.0 as usize].filter(|&n| n > self.accesses)
-    }
-
-    fn must_exceed(&self) -> Option<u64> {
-        self.bound
-    }
-
-    fn preferred(&self) -> Option<FrameId> {
-        self.preferred
-    }
 }
 
 impl PoolCore {

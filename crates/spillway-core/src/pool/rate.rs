@@ -13,6 +13,21 @@ pub(super) struct Bandwidth {
     pub(super) last_done: Duration,
 }
 
+impl Bandwidth {
+    /// A copy of `bytes` issued at `issued_at` finished at `now`: its service time runs
+    /// from when it was issued or the previous copy of the engine finished, whichever is
+    /// later (copies of one direction run one after another).
+    pub(super) fn on_done(&mut self, issued_at: Duration, now: Duration, bytes: u64) {
+        let service = now
+            .saturating_sub(issued_at.max(self.last_done))
+            .as_secs_f64();
+        if service > 0.0 {
+            self.bytes_per_s += BANDWIDTH_ALPHA * (bytes as f64 / service - self.bytes_per_s);
+        }
+        self.last_done = now;
+    }
+}
+
 /// Throughput of a tier whose ops run many at once (the network): bytes completed over
 /// the time at least one op was in flight, sampled every [`Throughput::WINDOW`] of busy
 /// time. Per-op service times would overestimate it, since completions arrive in bursts.

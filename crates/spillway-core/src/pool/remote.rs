@@ -357,14 +357,7 @@ impl PoolCore {
     /// Takes a page off the GPU so that its slot can leave the host tier: the eviction
     /// policy's victim. True if one left at once (it was clean).
     pub(super) fn evict_for_slot(&mut self, now: Duration) -> bool {
-        let victim = self.eviction.choose_victim(&View::of(
-            &self.gpu,
-            &self.buffers,
-            &self.access,
-            None,
-            None,
-        ));
-        let Some(frame) = victim else {
+        let Some(frame) = self.policy_victim(None, None) else {
             return false;
         };
         let pid = self.gpu.frames[frame.0 as usize].expect("eligible frames hold a page");
