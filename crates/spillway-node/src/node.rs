@@ -316,41 +316,49 @@ async fn announce_incarnation(
             state: MemberState::Up,
         },
     ];
-    let mut delay = ANNOUNCE_RETRY_MIN;
-    loop {
-        match meta.propose(updates.clone()).await {
-            Ok(outcomes) if outcomes.iter().all(Outcome::is_accepted) => {
-                tracing::info!(%node, "new incarnation recorded: the directory no longer names this node for earlier pages");
-                break;
-            }
-            Ok(outcomes) => {
-                tracing::warn!(%node, ?outcomes, "the group refused this node's new incarnation");
-                break;
-            }
-            Err(e) => tracing::debug!(%node, error = %e, "incarnation not recorded yet; retrying"),
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(ANNOUNCE_RETRY_MAX);
+    let Some(outcomes) = until_done(&cancel, "incarnation not recorded yet", || {
+        meta.propose(updates.clone())
+    })
+    .await
+    else {
+        return;
+    };
+    if outcomes.iter().all(Outcome::is_accepted) {
+        tracing::info!(%node, "new incarnation recorded: the directory no longer names this node for earlier pages");
+    } else {
+        tracing::warn!(%node, ?outcomes, "the group refused this node's new incarnation");
     }
     // The earlier incarnation's clients are gone; new ones reuse their numbers.
+    if until_done(&cancel, "earlier pages not released yet", || {
+        remote.release_earlier_incarnation()
+    })
+    .await
+    .is_none()
+    {
+        return;
+    }
+    let _ = ready.send(true);
+}
+
+/// Runs `attempt` until it succeeds, waiting [`ANNOUNCE_RETRY_MIN`] doubling to
+/// [`ANNOUNCE_RETRY_MAX`] between tries; `None` if `cancel` fires first.
+async fn until_done<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    cancel: &CancellationToken,
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) -> Option<T> {
     let mut delay = ANNOUNCE_RETRY_MIN;
     loop {
-        match remote.release_earlier_incarnation().await {
-            Ok(_) => break,
-            Err(e) => {
-                tracing::debug!(%node, error = %e, "earlier pages not released yet; retrying")
-            }
+        match attempt().await {
+            Ok(v) => return Some(v),
+            Err(e) => tracing::debug!(error = %e, "{what}; retrying"),
         }
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => return None,
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(ANNOUNCE_RETRY_MAX);
     }
-    let _ = ready.send(true);
 }
 
 /// A running node (from [`Node::start`]). Dropping it stops serving peers without waiting;
