@@ -2,6 +2,8 @@
 #[cfg(feature = "cuda")]
 pub mod gpu_offload;
 pub mod offload;
+pub mod remote;
+mod remote_ucx;
 pub mod replay;
 pub mod report;
 pub mod trace;

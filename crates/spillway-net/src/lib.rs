@@ -10,7 +10,8 @@
 //!   reads the node a peer's certificate names.
 //! - [`sim`]: the in-memory twin for tests, with the same trait and the same frame checks.
 //! - [`mem_store`]: a handler that keeps pages in memory (tests, bench, a first host tier).
-//! - [`bench`](mod@bench): page throughput over QUIC against raw TCP, measured in one run.
+//! Page throughput over QUIC against raw TCP (`spillway bench remote`) is measured in the
+//! `spillway-bench` crate (`bench/src/remote.rs`).
 //!
 //! Invariants every implementation keeps:
 //! - every frame is encoded and decoded by `spillway_types::wire`, with its size limits,
@@ -27,7 +28,6 @@
 //! the peer's certificate names, or the hello is refused; the in-memory twin has no
 //! certificates and takes the hello's word.
 
-pub mod bench;
 pub mod certs;
 pub mod config;
 pub mod mem_store;

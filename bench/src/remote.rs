@@ -1,5 +1,5 @@
-//! Page throughput over the QUIC transport against raw TCP, measured in the same run on
-//! loopback: what `spillway bench remote` reports.
+//! `spillway bench remote`: page throughput over the peer transport against raw TCP,
+//! measured in the same run on loopback (the CLI parses the flags and dispatches here).
 //!
 //! Both sides move the same bytes in `page_bytes` pieces between two endpoints of this
 //! process, after their connections are up:
@@ -29,17 +29,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
+use serde::Serialize;
 use spillway_types::{BufferId, NodeId, PageId, PoolId, pattern};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::certs::PoolCa;
-use crate::mem_store::MemStore;
-use crate::quic::QuicTransport;
-use crate::{Connection, NetError, Page, QuicConfig, Transport};
+use spillway_client::fmt_bytes;
+use spillway_net::certs::PoolCa;
+use spillway_net::mem_store::MemStore;
+use spillway_net::quic::QuicTransport;
+use spillway_net::{Connection, NetError, Page, QuicConfig, Transport};
 
 /// What [`page_throughput`] measured.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ThroughputReport {
     /// Size of each page (and TCP write).
     pub page_bytes: u64,
@@ -266,4 +268,168 @@ async fn quic_throughput(
     client.close().await;
     server.close().await;
     Ok((pages * page_bytes) as f64 / elapsed)
+}
+
+/// The transport measured against TCP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RemoteTransport {
+    /// QUIC with mutual TLS (quinn), the peer transport of the nodes.
+    Quic,
+    /// UCX tagged messages (feature `ucx`), measured beside QUIC and TCP.
+    Ucx,
+}
+
+/// What `spillway bench remote` measures.
+#[derive(Clone, Debug)]
+pub struct RemoteConfig {
+    /// The transport measured beside QUIC and TCP (QUIC is always measured).
+    pub transport: RemoteTransport,
+    /// The QUIC configuration (a node config's `[quic]`).
+    pub quic: QuicConfig,
+    /// Page size.
+    pub page_bytes: u64,
+    /// Bytes each method moves per round.
+    pub total_bytes: u64,
+    /// Requests in flight at once.
+    pub in_flight: usize,
+}
+
+/// Runs `spillway bench remote`: TCP and QUIC, and UCX with [`RemoteTransport::Ucx`], in
+/// one tokio runtime of as many threads as the machine has cores.
+pub fn run(cfg: &RemoteConfig) -> anyhow::Result<RemoteReport> {
+    use anyhow::Context as _;
+    let worker_threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let throughput = runtime
+        .block_on(page_throughput_with(
+            &cfg.quic,
+            cfg.page_bytes,
+            cfg.total_bytes,
+            cfg.in_flight,
+        ))
+        .context("measuring page throughput")?;
+    let (ucx_bytes_per_s, ucx_raw_bytes_per_s, ucx_env) = if cfg.transport == RemoteTransport::Ucx {
+        let env = std::env::vars()
+            .filter(|(k, _)| k.starts_with("UCX_"))
+            .collect();
+        (
+            Some(crate::remote_ucx::measure_ucx(
+                &runtime,
+                &cfg.quic,
+                throughput.page_bytes,
+                throughput.total_bytes,
+                cfg.in_flight,
+            )?),
+            Some(crate::remote_ucx::measure_ucx_raw(
+                &runtime,
+                throughput.page_bytes,
+                throughput.total_bytes,
+                cfg.in_flight,
+            )?),
+            Some(env),
+        )
+    } else {
+        (None, None, None)
+    };
+    Ok(RemoteReport {
+        transport: cfg.transport,
+        ucx_over_tcp: ucx_bytes_per_s.map(|u| u / throughput.tcp_bytes_per_s),
+        ucx_bytes_per_s,
+        ucx_raw_bytes_per_s,
+        ucx_env,
+        quic_over_tcp: throughput.ratio(),
+        throughput,
+        connections_per_peer: cfg.quic.connections_per_peer,
+        worker_threads,
+        quic: cfg.quic.clone(),
+    })
+}
+
+/// What `bench remote --json` prints.
+#[derive(Debug, Serialize)]
+pub struct RemoteReport {
+    /// The transport measured against TCP.
+    pub transport: RemoteTransport,
+    #[serde(flatten)]
+    /// QUIC and TCP, measured in the same run.
+    pub throughput: ThroughputReport,
+    /// QUIC throughput as a fraction of the TCP baseline.
+    pub quic_over_tcp: f64,
+    /// Pages put over the UCX transport (`--transport ucx`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ucx_bytes_per_s: Option<f64>,
+    /// UCX throughput as a fraction of the TCP baseline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ucx_over_tcp: Option<f64>,
+    /// The floor under the UCX transport: bare tagged messages of one page each between
+    /// two UCX workers (no frames, checksums or copies out of the receive slots).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ucx_raw_bytes_per_s: Option<f64>,
+    /// The UCX settings in effect (`UCX_*` environment variables).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ucx_env: Option<std::collections::BTreeMap<String, String>>,
+    /// QUIC connections to the peer.
+    pub connections_per_peer: u32,
+    /// Threads of the tokio runtime both ends share.
+    pub worker_threads: usize,
+    /// The QUIC configuration measured.
+    pub quic: QuicConfig,
+}
+
+/// The result as Markdown, for a results file.
+pub fn markdown(r: &RemoteReport) -> String {
+    let t = &r.throughput;
+    let gb = |b: f64| format!("{:.2} GB/s", b / 1e9);
+    let ucx_row = match (r.ucx_bytes_per_s, r.ucx_over_tcp) {
+        (Some(u), Some(ratio)) => {
+            format!(
+                "| UCX (tagged messages, frames, checksums) | {} | **{ratio:.3}** |\n",
+                gb(u)
+            )
+        }
+        _ => String::new(),
+    };
+    let ucx_raw_row = match r.ucx_raw_bytes_per_s {
+        Some(u) => format!(
+            "| UCX bare tagged messages (no frames, checksums or copies; the floor) | {} | {:.3} |\n",
+            gb(u),
+            u / t.tcp_bytes_per_s
+        ),
+        None => String::new(),
+    };
+    let ucx_env = match &r.ucx_env {
+        Some(env) if !env.is_empty() => format!(
+            "\nUCX settings: {}\n",
+            env.iter()
+                .map(|(k, v)| format!("`{k}={v}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => String::new(),
+    };
+    let table = format!(
+        "Pages of {} on 127.0.0.1, {} per method per round (best of {} rounds), {} requests in flight, {} QUIC connections, {} runtime threads.\n\n\
+         | path | throughput | ratio to TCP |\n|---|---|---|\n\
+         | TCP, 1 connection | {} | {:.3} |\n\
+         | TCP, 8 connections | {} | {:.3} |\n\
+         | QUIC (mutual TLS, frames, checksums) | {} | **{:.3}** |\n",
+        fmt_bytes(t.page_bytes),
+        fmt_bytes(t.total_bytes),
+        ROUNDS,
+        t.in_flight,
+        r.connections_per_peer,
+        r.worker_threads,
+        gb(t.tcp_1_bytes_per_s),
+        t.tcp_1_bytes_per_s / t.tcp_bytes_per_s,
+        gb(t.tcp_8_bytes_per_s),
+        t.tcp_8_bytes_per_s / t.tcp_bytes_per_s,
+        gb(t.quic_bytes_per_s),
+        r.quic_over_tcp,
+    );
+    table + &ucx_row + &ucx_raw_row + &ucx_env
 }

@@ -1,6 +1,6 @@
 //! The throughput function runs end to end with a small total and measures both paths.
 
-use spillway_net::bench::page_throughput;
+use spillway_bench::remote::page_throughput;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_throughput_measures_tcp_and_quic() {

@@ -1,15 +1,15 @@
 //! Page throughput over QUIC against raw TCP on loopback, in one run:
 //!
 //! ```text
-//! cargo run --release -p spillway-net --example page_throughput -- [total_mib] [in_flight] [page_kib] [lanes]
+//! cargo run --release -p spillway-bench --example page_throughput -- [total_mib] [in_flight] [page_kib] [lanes]
 //! ```
 //!
 //! Defaults: 1024 MiB, 4 requests in flight, 2048 KiB pages, and the default
 //! `QuicConfig` (whose `connections_per_peer` the fourth argument overrides). Prints one JSON line with
 //! `page_bytes`, `tcp_bytes_per_s`, `quic_bytes_per_s` (and the details), then the ratio.
 
+use spillway_bench::remote::page_throughput_with;
 use spillway_net::QuicConfig;
-use spillway_net::bench::page_throughput_with;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
