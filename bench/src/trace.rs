@@ -1151,6 +1151,22 @@ mod tests {
                 buffers: 71,
                 buffer_bytes: 79_824_896,
             },
+            Expected {
+                name: "mixtral_b1",
+                accesses: 2052,
+                markers: 12,
+                steps: 12,
+                buffers: 123,
+                buffer_bytes: 114_377_728,
+            },
+            Expected {
+                name: "mixtral_b4",
+                accesses: 2742,
+                markers: 12,
+                steps: 12,
+                buffers: 123,
+                buffer_bytes: 114_377_728,
+            },
         ];
         let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/traces"));
         for want in cases {
