@@ -147,6 +147,11 @@ impl PoolCore {
     /// `waiting` counts loads of this pump pass already waiting for a write-back.
     /// Clean victims are dropped at once; a dirty one starts a write-back, and the frame
     /// comes free when it finishes.
+    ///
+    /// Extents: a buffer's pages go to consecutive frames when they can (the frame after
+    /// the previous page's, else the start of a free run or of the victim's own extent),
+    /// so that the device can show an acquired buffer as one array at its frames' own
+    /// addresses, with no remapping (`Device::acquire_ptr`).
     pub(super) fn frame_for(
         &mut self,
         pid: PageId,
@@ -154,25 +159,40 @@ impl PoolCore {
         waiting: &mut u64,
         now: Duration,
     ) -> Got {
-        let preferred = self.page(pid).last_frame;
+        let next_to = self.extent_neighbour(pid);
+        let preferred = next_to.or(self.page(pid).last_frame);
         loop {
-            // The page's last frame if it is free (no remap), else any free frame.
+            // The frame that extends the buffer's extent, or the page's last frame, if it
+            // is free; else a free frame (the start of its free run when the page starts
+            // an extent).
             if let Some(p) = preferred
                 && self.gpu.frames[p.0 as usize].is_none()
                 && let Some(i) = self.gpu.free_frames.iter().rposition(|&f| f == p)
             {
                 return Got::Frame(self.gpu.free_frames.swap_remove(i));
             }
-            if let Some(f) = self.gpu.free_frames.pop() {
+            if let Some(mut f) = self.gpu.free_frames.pop() {
+                if next_to.is_none() {
+                    let start = self.free_run_start(f);
+                    if start != f
+                        && let Some(i) = self.gpu.free_frames.iter().rposition(|&x| x == start)
+                    {
+                        self.gpu.free_frames[i] = f;
+                        f = start;
+                    }
+                }
                 return Got::Frame(f);
             }
             if self.gpu.evicting_frames > *waiting {
                 *waiting += 1;
                 return Got::Later;
             }
-            let Some(victim) = self.policy_victim(bound, preferred) else {
+            let Some(mut victim) = self.policy_victim(bound, preferred) else {
                 return Got::Never;
             };
+            if Some(victim) != preferred {
+                victim = self.victim_extent_start(victim);
+            }
             let pid = self.gpu.frames[victim.0 as usize].expect("eligible frames hold a page");
             if !self.evict(pid, now) && !matches!(self.page(pid).gpu, Gpu::Evicting { .. }) {
                 // Dirty, and the write-back bound is reached or no slot can take it now:
@@ -189,6 +209,71 @@ impl PoolCore {
                 }
             }
         }
+    }
+
+    /// The frame that would continue `pid`'s buffer's extent: the one after the previous
+    /// page's frame, else the one before the next page's (when that page is on the GPU).
+    fn extent_neighbour(&self, pid: PageId) -> Option<FrameId> {
+        let pages = &self.buffers[&pid.buffer].pages;
+        let i = pid.index as usize;
+        let on_gpu = |p: &Page| match p.gpu {
+            Gpu::Loading { frame, .. } | Gpu::Resident { frame, .. } => Some(frame.0),
+            Gpu::Absent | Gpu::Evicting { .. } => None,
+        };
+        let n = self.gpu.frames.len() as u32;
+        let after = i
+            .checked_sub(1)
+            .and_then(|j| on_gpu(&pages[j]))
+            .and_then(|f| f.checked_add(1))
+            .filter(|&f| f < n);
+        let before = || {
+            pages
+                .get(i + 1)
+                .and_then(on_gpu)
+                .and_then(|f| f.checked_sub(1))
+        };
+        after.or_else(before).map(FrameId)
+    }
+
+    /// The first frame of the free run that `frame` (free) lies in. Bounded by the run.
+    fn free_run_start(&self, frame: FrameId) -> FrameId {
+        let mut f = frame.0;
+        while f > 0 && self.gpu.frames[f as usize - 1].is_none() {
+            f -= 1;
+        }
+        FrameId(f)
+    }
+
+    /// The first frame of the victim's own extent: walks back while the frame before
+    /// holds the previous page of the same buffer, evictable and next used at the same
+    /// access (equally good by any policy's measure), so the incoming buffer takes the
+    /// extent from its start. Bounded by the buffer's page count.
+    fn victim_extent_start(&self, victim: FrameId) -> FrameId {
+        let evictable = |f: u32| {
+            self.gpu.frames[f as usize].filter(|p| {
+                let page = self.page(*p);
+                matches!(page.gpu, Gpu::Resident { .. }) && page.pins == 0 && page.host_pins == 0
+            })
+        };
+        let Some(mut holder) = evictable(victim.0) else {
+            return victim;
+        };
+        let next_use = self.gpu.frame_next_use[victim.0 as usize];
+        let mut f = victim.0;
+        while f > 0 && holder.index > 0 {
+            match evictable(f - 1) {
+                Some(p)
+                    if p.buffer == holder.buffer
+                        && p.index + 1 == holder.index
+                        && self.gpu.frame_next_use[f as usize - 1] == next_use =>
+                {
+                    holder = p;
+                    f -= 1;
+                }
+                _ => break,
+            }
+        }
+        FrameId(f)
     }
 
     pub(super) fn start_load(
