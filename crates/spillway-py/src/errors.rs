@@ -4,10 +4,11 @@
 //! `PoolFullError` both a `SpillwayError` and a `MemoryError`); this module picks the class
 //! for each [`PoolError`] variant, makes it with the SDK's message, and sets the cause's
 //! numbers as attributes. Every variant maps to a class: a new variant fails to compile
-//! here until it is given one.
+//! here until it is given one. [`DaemonError`] (`Pool.connect`) maps the same way.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use spillway_client::daemon::DaemonError;
 use spillway_client::{CoreError, DeviceError, PoolError};
 
 /// One attribute of an exception: its name and value.
@@ -177,4 +178,86 @@ impl<T> IntoPyResult<T> for Result<T, PoolError> {
     fn py_err(self, py: Python<'_>) -> PyResult<T> {
         self.map_err(|e| to_py(py, e))
     }
+}
+
+/// What `Pool.connect` can fail with: linking to the node, or building the pool on it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    /// The link to the node.
+    #[error(transparent)]
+    Daemon(DaemonError),
+    /// The pool over the link.
+    #[error(transparent)]
+    Pool(PoolError),
+}
+
+impl ConnectError {
+    /// The exception of its class, with its numbers as attributes.
+    pub(crate) fn into_py(self, py: Python<'_>) -> PyErr {
+        match self {
+            ConnectError::Pool(e) => to_py(py, e),
+            ConnectError::Daemon(e) => daemon_to_py(py, e),
+        }
+    }
+}
+
+/// `err` as the exception of its class (`spillway._errors`, under `NodeLinkError`).
+fn daemon_to_py(py: Python<'_>, err: DaemonError) -> PyErr {
+    let message = err.to_string();
+    let text = |v: String| v.into_pyobject(py).map(|b| b.into_any().unbind());
+    let int = |v: u64| v.into_pyobject(py).map(|b| b.into_any().unbind());
+    let fields: PyResult<(&'static str, Vec<Field>)> = (|| {
+        Ok(match &err {
+            DaemonError::NoNode { socket, .. } => (
+                "NoNodeError",
+                vec![("socket", text(socket.display().to_string())?)],
+            ),
+            DaemonError::Connect { socket, source } => (
+                "NodeLinkError",
+                vec![
+                    ("socket", text(socket.display().to_string())?),
+                    ("reason", text(source.to_string())?),
+                ],
+            ),
+            DaemonError::Refused { code, message } => (
+                "NodeRefusedError",
+                vec![
+                    ("code", text(format!("{code:?}"))?),
+                    ("reason", text(message.clone())?),
+                ],
+            ),
+            DaemonError::VersionMismatch { node, client } => (
+                "NodeProtocolError",
+                vec![
+                    ("node_version", int(u64::from(*node))?),
+                    ("client_version", int(u64::from(*client))?),
+                ],
+            ),
+            DaemonError::Protocol { reason } => {
+                ("NodeProtocolError", vec![("reason", text(reason.clone())?)])
+            }
+            DaemonError::Io { source } => {
+                ("NodeLinkError", vec![("reason", text(source.to_string())?)])
+            }
+            DaemonError::Map { bytes, source } => (
+                "NodeLinkError",
+                vec![
+                    ("bytes", int(*bytes)?),
+                    ("reason", text(source.to_string())?),
+                ],
+            ),
+        })
+    })();
+    let (class, fields) = match fields {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let exc = new_error(py, class, message);
+    let value = exc.value(py);
+    for (name, v) in fields {
+        if let Err(e) = value.setattr(name, v) {
+            return e;
+        }
+    }
+    exc
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict};
+use spillway_client::daemon::DaemonLink;
 use spillway_client::{Buffer, DeviceChoice, PageSize, Policy, Pool, PoolBuilder};
 
 mod errors;
@@ -33,6 +34,28 @@ use errors::IntoPyResult;
 pub(crate) struct PyPool {
     pub(crate) pool: Arc<Pool>,
     page_bytes: u64,
+    /// Daemon mode: the link to the node (its socket stays open while the pool lives).
+    link: Option<DaemonLink>,
+}
+
+/// The arguments every pool takes: page size, device and policy, parsed.
+fn pool_args(
+    page_size: Option<&Bound<'_, PyAny>>,
+    device: &str,
+    policy: &str,
+) -> PyResult<(PageSize, DeviceChoice, Policy)> {
+    let page = match page_size {
+        None => PageSize::DEFAULT,
+        Some(p) => PageSize::new(size::size_arg("page_size", p)?)
+            .map_err(|e| PyValueError::new_err(format!("page_size: {e}")))?,
+    };
+    let device: DeviceChoice = device
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("device: {e}")))?;
+    let policy: Policy = policy
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("policy: {e}")))?;
+    Ok((page, device, policy))
 }
 
 /// `spillway.Buffer`: a buffer of a pool; a handle, freed with `Pool.free`.
@@ -125,17 +148,7 @@ impl PyPool {
     ) -> PyResult<Self> {
         let gpu = size::size_arg("gpu_budget", gpu_budget)?;
         let host = size::size_arg("host_budget", host_budget)?;
-        let page = match page_size {
-            None => PageSize::DEFAULT,
-            Some(p) => PageSize::new(size::size_arg("page_size", p)?)
-                .map_err(|e| PyValueError::new_err(format!("page_size: {e}")))?,
-        };
-        let device: DeviceChoice = device
-            .parse()
-            .map_err(|e| PyValueError::new_err(format!("device: {e}")))?;
-        let policy: Policy = policy
-            .parse()
-            .map_err(|e| PyValueError::new_err(format!("policy: {e}")))?;
+        let (page, device, policy) = pool_args(page_size, device, policy)?;
         let pool = py
             .detach(|| {
                 PoolBuilder::new()
@@ -150,7 +163,58 @@ impl PyPool {
         Ok(PyPool {
             pool: Arc::new(pool),
             page_bytes: page.bytes(),
+            link: None,
         })
+    }
+
+    /// Daemon mode: a pool whose host tier is memory shared with the node listening on
+    /// `socket` (`spillway node` or `spillway cluster up`), and whose remote tier is the
+    /// node's (its peers' RAM). See `spillway/_core.pyi`.
+    #[staticmethod]
+    #[pyo3(signature = (socket, gpu_budget, host_budget, page_size=None, device="auto", policy="learned"))]
+    fn connect(
+        py: Python<'_>,
+        socket: std::path::PathBuf,
+        gpu_budget: &Bound<'_, PyAny>,
+        host_budget: &Bound<'_, PyAny>,
+        page_size: Option<&Bound<'_, PyAny>>,
+        device: &str,
+        policy: &str,
+    ) -> PyResult<Self> {
+        let gpu = size::size_arg("gpu_budget", gpu_budget)?;
+        let host = size::size_arg("host_budget", host_budget)?;
+        let (page, device, policy) = pool_args(page_size, device, policy)?;
+        let (link, pool) = py
+            .detach(|| {
+                let link = DaemonLink::connect(&socket, host, page)
+                    .map_err(errors::ConnectError::Daemon)?;
+                let pool = link
+                    .pool_builder()
+                    .gpu_budget_bytes(gpu)
+                    .policy(policy)
+                    .device(device)
+                    .build()
+                    .map_err(errors::ConnectError::Pool)?;
+                Ok::<_, errors::ConnectError>((link, pool))
+            })
+            .map_err(|e| e.into_py(py))?;
+        Ok(PyPool {
+            pool: Arc::new(pool),
+            page_bytes: page.bytes(),
+            link: Some(link),
+        })
+    }
+
+    /// The node's socket in daemon mode (`Pool.connect`), else `None`.
+    #[getter]
+    fn socket(&self) -> Option<std::path::PathBuf> {
+        self.link.as_ref().map(|l| l.socket().to_path_buf())
+    }
+
+    /// This client's number on its node in daemon mode, else `None`.
+    #[getter]
+    fn client_id(&self) -> Option<u32> {
+        self.link.as_ref().map(|l| l.client_id())
     }
 
     /// Registers a buffer of `nbytes` (zeros); returns its handle.
@@ -267,8 +331,12 @@ impl PyPool {
 
     fn __repr__(&self) -> String {
         let c = self.pool.config();
+        let socket = match &self.link {
+            Some(l) => format!(", socket={:?}", l.socket().display().to_string()),
+            None => String::new(),
+        };
         format!(
-            "Pool(gpu_budget={}, host_budget={}, page_size={}, device={:?}, policy={:?})",
+            "Pool(gpu_budget={}, host_budget={}, page_size={}, device={:?}, policy={:?}{socket})",
             c.gpu_budget_bytes,
             c.host_budget_bytes,
             self.page_bytes,

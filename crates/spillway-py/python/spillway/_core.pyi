@@ -1,5 +1,6 @@
 """Type stubs of the Rust extension ``spillway._core`` (crates/spillway-py/src)."""
 
+import os
 from types import TracebackType
 from typing import Any, Dict, Literal, Optional, Tuple, Type, Union
 
@@ -99,6 +100,31 @@ class Pool:
         device: Literal["auto", "sim", "cuda"] = "auto",
         policy: Literal["learned", "clock", "on_demand"] = "learned",
     ) -> None: ...
+    @staticmethod
+    def connect(
+        socket: Union[str, "os.PathLike[str]"],
+        gpu_budget: Size,
+        host_budget: Size,
+        page_size: Optional[Size] = None,
+        device: Literal["auto", "sim", "cuda"] = "auto",
+        policy: Literal["learned", "clock", "on_demand"] = "learned",
+    ) -> "Pool":
+        """Daemon mode: a pool whose host tier (``host_budget``, a whole number of pages)
+        is memory shared with the node listening on ``socket`` (``spillway node``, or
+        ``spillway cluster up``: ``<dir>/node-1/client.sock``), and whose remote tier is
+        the node's peers' RAM when the node has room for it. ``page_size`` must be the
+        node's (default 2MiB). Raises ``NoNodeError`` when nobody listens,
+        ``NodeRefusedError`` (``code``) when the node refuses, other ``NodeLinkError``s
+        when the link fails."""
+        ...
+    @property
+    def socket(self) -> Optional["os.PathLike[str]"]:
+        """The node's socket in daemon mode, else ``None``."""
+        ...
+    @property
+    def client_id(self) -> Optional[int]:
+        """This client's number on its node in daemon mode, else ``None``."""
+        ...
     @property
     def device(self) -> Literal["sim", "cuda"]: ...
     @property

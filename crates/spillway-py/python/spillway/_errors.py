@@ -83,6 +83,26 @@ class RemoteError(SpillwayError):
     """The remote tier could not be set up."""
 
 
+class NodeLinkError(SpillwayError, ConnectionError):
+    """``Pool.connect`` could not link to the node (``socket``/``reason``; ``bytes`` when
+    the shared memory could not be mapped)."""
+
+
+class NoNodeError(NodeLinkError):
+    """No node listens on the socket (``socket``): start one with ``spillway node`` or
+    ``spillway cluster up``."""
+
+
+class NodeRefusedError(NodeLinkError):
+    """The node refused the client (``code``: ``PageSizeMismatch``,
+    ``HostBytesTooLarge``, ``BadHostBytes``, ``TooManyClients``, ...; ``reason``)."""
+
+
+class NodeProtocolError(NodeLinkError):
+    """The node's answer breaks the local protocol, or it speaks another version
+    (``node_version``, ``client_version``)."""
+
+
 class NotHostVisibleError(SpillwayError):
     """Host access to device memory the host cannot see (the ``cuda`` device)."""
 
