@@ -6,7 +6,8 @@
 //! is `spillway-client`. Parts:
 //! - [`pool`]: the page table, tier accounting with hard budgets, and transfer planning;
 //! - [`eviction`]: the [`eviction::EvictionPolicy`] trait, CLOCK and next-use;
-//! - [`predictor`]: learns each step's access order and predicts what comes next;
+//! - [`predictor`]: the [`predictor::Predictor`] trait; the learned predictor learns each
+//!   step's access order and predicts what comes next;
 //! - [`retry`]: bounded backoff for operations the remote tier refuses.
 
 pub mod error;

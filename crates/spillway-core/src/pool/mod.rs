@@ -75,7 +75,7 @@ use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, TransferId,
 
 use crate::error::CoreError;
 use crate::eviction::{Clock, EvictionPolicy, NextUse};
-use crate::predictor::Predictor;
+use crate::predictor::{Predictor, TracePredictor};
 use crate::retry::{Backoff, Verdict};
 
 mod check;
@@ -286,7 +286,7 @@ struct Access {
     plan: VecDeque<(PageId, u64)>,
     next_use: HashMap<BufferId, u64>,
     accesses: u64,
-    predictor: Predictor,
+    predictor: Box<dyn Predictor>,
 }
 
 /// Acquires held, and the pages they pin (bounded by the frames).
@@ -391,7 +391,7 @@ impl PoolCore {
                 plan: VecDeque::new(),
                 next_use: HashMap::new(),
                 accesses: 0,
-                predictor: Predictor::new(cfg.history_steps),
+                predictor: Box::new(TracePredictor::new(cfg.history_steps)),
             },
             held: Held {
                 acquires: HashMap::new(),

@@ -1,4 +1,4 @@
-//! The prefetch predictor: learns the order of accesses from earlier steps.
+//! [`TracePredictor`], the learned predictor: the order of accesses of earlier steps.
 //!
 //! Each step's accesses (buffer ids, with the time since the step began) are recorded as
 //! a *trace*. The predictor keeps the last `history_steps` traces and, for each, a
@@ -15,13 +15,13 @@
 //! (unlike systems that discard the trace on the first mismatch). Cursors wrap: the end
 //! of a trace predicts the start of the next step.
 //!
-//! Predictions ([`Predictor::upcoming`]) are the union of the traces whose cursors have
+//! Predictions ([`TracePredictor::upcoming`]) are the union of the traces whose cursors have
 //! matched recently (a score, an exponential average of matches), each buffer at its
 //! nearest predicted distance. With several different recent steps (mixture-of-experts
 //! routing that changes per step) the union predicts every expert chosen recently at that
 //! point; the pool then loads as many of them as the budget allows, nearest first.
 //!
-//! Steps come from [`Predictor::end_step`]. A job that never marks steps gets them from
+//! Steps come from [`TracePredictor::end_step`]. A job that never marks steps gets them from
 //! period detection: each access whose buffer was seen `p` accesses ago (one of its last few
 //! positions) proposes period `p`; a proposal survives while every following access equals the one `p` before it,
 //! and once it has held for a whole period the smallest such `p` is taken, and from then
@@ -32,6 +32,8 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use spillway_types::{BufferId, limits};
+
+use super::{Predictor, PredictorStats, Upcoming};
 
 /// Weight of the newest access in a cursor's match score.
 const SCORE_ALPHA: f64 = 0.1;
@@ -100,33 +102,9 @@ struct Cursor {
     score: f64,
 }
 
-/// One predicted upcoming access.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Upcoming {
-    /// The buffer predicted.
-    pub buffer: BufferId,
-    /// How many accesses from now (0 = the next one).
-    pub distance: u64,
-    /// Predicted time from now until the access.
-    pub time_until: Duration,
-}
-
-/// Counters of how well predictions held.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PredictorStats {
-    /// Accesses recorded.
-    pub accesses: u64,
-    /// Accesses the best cursor expected exactly.
-    pub matched: u64,
-    /// Steps completed (marked or detected).
-    pub steps: u64,
-    /// Period detected in a job that never marks steps, in accesses.
-    pub detected_period: Option<u64>,
-}
-
 /// See the module docs.
 #[derive(Debug)]
-pub struct Predictor {
+pub struct TracePredictor {
     history: VecDeque<(Trace, Cursor)>,
     history_max: usize,
     current: Vec<BufferId>,
@@ -143,10 +121,10 @@ pub struct Predictor {
     stats: PredictorStats,
 }
 
-impl Predictor {
+impl TracePredictor {
     /// A predictor keeping `history_steps` traces.
-    pub fn new(history_steps: usize) -> Predictor {
-        Predictor {
+    pub fn new(history_steps: usize) -> TracePredictor {
+        TracePredictor {
             history: VecDeque::new(),
             history_max: history_steps.clamp(1, limits::HISTORY_STEPS_MAX),
             current: Vec::new(),
@@ -159,57 +137,6 @@ impl Predictor {
             last_seen: HashMap::new(),
             stats: PredictorStats::default(),
         }
-    }
-
-    /// Counters so far.
-    pub fn stats(&self) -> PredictorStats {
-        self.stats
-    }
-
-    /// Whether any earlier step is known (predictions exist).
-    pub fn has_history(&self) -> bool {
-        !self.history.is_empty()
-    }
-
-    /// Records an access to `buffer` at `now`.
-    pub fn on_access(&mut self, buffer: BufferId, now: Duration) {
-        let start = *self.step_start.get_or_insert(now);
-        self.stats.accesses += 1;
-        let count = self.stats.accesses;
-        self.pending
-            .retain(|&(b, expires)| b != buffer && expires > count);
-        let best = self.best_index();
-        for (i, (trace, cursor)) in self.history.iter_mut().enumerate() {
-            let matched = advance(trace, cursor, buffer, |skipped| {
-                if Some(i) == best {
-                    let ttl = PENDING_TTL_ACCESSES + 2 * skipped.len() as u64;
-                    for &b in skipped {
-                        if self.pending.len() >= PENDING_MAX {
-                            self.pending.pop_front();
-                        }
-                        self.pending.push_back((b, count + ttl));
-                    }
-                }
-            });
-            if matched && Some(i) == best {
-                self.stats.matched += 1;
-            }
-        }
-        self.current.push(buffer);
-        self.current_offsets.push(now.saturating_sub(start));
-        if !self.steps_marked {
-            self.detect_period(now);
-        }
-        if self.current.len() >= limits::TRACE_ACCESSES_PER_STEP_MAX {
-            self.finish_step(now);
-        }
-    }
-
-    /// Marks the end of a step at `now`; the next access starts the next step.
-    pub fn end_step(&mut self, now: Duration) {
-        self.steps_marked = true;
-        self.period = None;
-        self.finish_step(now);
     }
 
     fn finish_step(&mut self, now: Duration) {
@@ -260,68 +187,6 @@ impl Predictor {
             }
         }
         best.map(|(i, _)| i)
-    }
-
-    /// Predicted upcoming accesses, each buffer once at its nearest distance, sorted by
-    /// distance, at most `limit` of them.
-    pub fn upcoming(&self, limit: usize) -> Vec<Upcoming> {
-        let mut nearest: HashMap<BufferId, Upcoming> = HashMap::new();
-        let mut offer = |u: Upcoming| {
-            nearest
-                .entry(u.buffer)
-                .and_modify(|e| {
-                    if u.distance < e.distance {
-                        *e = u
-                    }
-                })
-                .or_insert(u);
-        };
-        for &(b, _) in &self.pending {
-            offer(Upcoming {
-                buffer: b,
-                distance: 0,
-                time_until: Duration::ZERO,
-            });
-        }
-        if self.history.is_empty() {
-            // The first step: nothing to learn from yet, but a loop's next iteration starts
-            // where this one started, no sooner than this step's length from now. This
-            // keeps the step's first buffers over pages with no predicted use.
-            let elapsed = self.current_offsets.last().copied().unwrap_or_default();
-            let n = self.current.len();
-            for (k, &b) in self
-                .current
-                .iter()
-                .take(PROVISIONAL_PREFIX_ACCESSES.min(limit))
-                .enumerate()
-            {
-                offer(Upcoming {
-                    buffer: b,
-                    distance: (n + k) as u64,
-                    time_until: elapsed,
-                });
-            }
-        }
-        for (trace, cursor) in &self.history {
-            if cursor.score < SCORE_FLOOR || trace.len() == 0 {
-                continue;
-            }
-            let mut seen = 0usize;
-            for k in 0..limit.min(trace.len()) {
-                let b = trace.seq[(cursor.pos + k) % trace.len()];
-                offer(Upcoming {
-                    buffer: b,
-                    distance: k as u64,
-                    time_until: trace.time_between(cursor.pos, k),
-                });
-                seen += 1;
-            }
-            debug_assert!(seen <= limit);
-        }
-        let mut out: Vec<Upcoming> = nearest.into_values().collect();
-        out.sort_by_key(|u| (u.distance, u.time_until, u.buffer));
-        out.truncate(limit);
-        out
     }
 
     fn detect_period(&mut self, now: Duration) {
@@ -386,6 +251,128 @@ impl Predictor {
     }
 }
 
+impl Predictor for TracePredictor {
+    fn name(&self) -> &'static str {
+        "trace"
+    }
+
+    /// Counters so far.
+    fn stats(&self) -> PredictorStats {
+        self.stats
+    }
+
+    /// Whether any earlier step is known (predictions exist).
+    fn has_history(&self) -> bool {
+        !self.history.is_empty()
+    }
+
+    /// Records an access to `buffer` at `now`.
+    fn on_access(&mut self, buffer: BufferId, now: Duration) {
+        let start = *self.step_start.get_or_insert(now);
+        self.stats.accesses += 1;
+        let count = self.stats.accesses;
+        self.pending
+            .retain(|&(b, expires)| b != buffer && expires > count);
+        let best = self.best_index();
+        for (i, (trace, cursor)) in self.history.iter_mut().enumerate() {
+            let matched = advance(trace, cursor, buffer, |skipped| {
+                if Some(i) == best {
+                    let ttl = PENDING_TTL_ACCESSES + 2 * skipped.len() as u64;
+                    for &b in skipped {
+                        if self.pending.len() >= PENDING_MAX {
+                            self.pending.pop_front();
+                        }
+                        self.pending.push_back((b, count + ttl));
+                    }
+                }
+            });
+            if matched && Some(i) == best {
+                self.stats.matched += 1;
+            }
+        }
+        self.current.push(buffer);
+        self.current_offsets.push(now.saturating_sub(start));
+        if !self.steps_marked {
+            self.detect_period(now);
+        }
+        if self.current.len() >= limits::TRACE_ACCESSES_PER_STEP_MAX {
+            self.finish_step(now);
+        }
+    }
+
+    /// Marks the end of a step at `now`; the next access starts the next step.
+    fn end_step(&mut self, now: Duration) {
+        self.steps_marked = true;
+        self.period = None;
+        self.finish_step(now);
+    }
+
+    /// Predicted upcoming accesses, each buffer once at its nearest distance, sorted by
+    /// distance, at most `limit` of them.
+    fn upcoming(&self, limit: usize) -> Vec<Upcoming> {
+        let mut nearest: HashMap<BufferId, Upcoming> = HashMap::new();
+        let mut offer = |u: Upcoming| {
+            nearest
+                .entry(u.buffer)
+                .and_modify(|e| {
+                    if u.distance < e.distance {
+                        *e = u
+                    }
+                })
+                .or_insert(u);
+        };
+        for &(b, _) in &self.pending {
+            offer(Upcoming {
+                buffer: b,
+                distance: 0,
+                time_until: Duration::ZERO,
+                probability: 1.0,
+            });
+        }
+        if self.history.is_empty() {
+            // The first step: nothing to learn from yet, but a loop's next iteration starts
+            // where this one started, no sooner than this step's length from now. This
+            // keeps the step's first buffers over pages with no predicted use.
+            let elapsed = self.current_offsets.last().copied().unwrap_or_default();
+            let n = self.current.len();
+            for (k, &b) in self
+                .current
+                .iter()
+                .take(PROVISIONAL_PREFIX_ACCESSES.min(limit))
+                .enumerate()
+            {
+                offer(Upcoming {
+                    buffer: b,
+                    distance: (n + k) as u64,
+                    time_until: elapsed,
+                    probability: 1.0,
+                });
+            }
+        }
+        for (trace, cursor) in &self.history {
+            if cursor.score < SCORE_FLOOR || trace.len() == 0 {
+                continue;
+            }
+            let mut seen = 0usize;
+            for k in 0..limit.min(trace.len()) {
+                let b = trace.seq[(cursor.pos + k) % trace.len()];
+                offer(Upcoming {
+                    buffer: b,
+                    distance: k as u64,
+                    time_until: trace.time_between(cursor.pos, k),
+                    probability: 1.0,
+                });
+                seen += 1;
+            }
+            debug_assert!(seen <= limit);
+        }
+        let mut out: Vec<Upcoming> = nearest.into_values().collect();
+        out.sort_by_key(|u| (u.distance, u.time_until, u.buffer));
+        out.truncate(limit);
+        out
+    }
+}
+
 /// Moves `cursor` over `trace` for an access to `buffer`; `skipped` receives the entries
 /// jumped over. Returns whether the access was the expected one.
 fn advance(
@@ -437,7 +424,7 @@ mod tests {
         Duration::from_millis(i)
     }
 
-    fn run_step(p: &mut Predictor, seq: &[u64], t0: &mut u64) -> Vec<bool> {
+    fn run_step(p: &mut TracePredictor, seq: &[u64], t0: &mut u64) -> Vec<bool> {
         // Returns, for each access, whether it was among the first 3 predicted before it.
         let mut hits = Vec::new();
         for &x in seq {
@@ -452,7 +439,7 @@ mod tests {
 
     #[test]
     fn predicts_the_next_step_in_order() {
-        let mut p = Predictor::new(4);
+        let mut p = TracePredictor::new(4);
         let mut t = 0;
         let seq = [1, 2, 3, 4, 4, 3, 2, 1];
         run_step(&mut p, &seq, &mut t);
@@ -469,7 +456,7 @@ mod tests {
 
     #[test]
     fn survives_a_swap_and_a_skip() {
-        let mut p = Predictor::new(4);
+        let mut p = TracePredictor::new(4);
         let mut t = 0;
         let normal: Vec<u64> = (0..10).chain((0..10).rev()).collect();
         run_step(&mut p, &normal, &mut t);
@@ -485,7 +472,7 @@ mod tests {
 
     #[test]
     fn new_buffers_do_not_derail_the_cursor() {
-        let mut p = Predictor::new(2);
+        let mut p = TracePredictor::new(2);
         let mut t = 0;
         run_step(&mut p, &[1, 2, 3, 4], &mut t);
         p.on_access(b(1), ms(t));
@@ -495,7 +482,7 @@ mod tests {
 
     #[test]
     fn detects_the_period_without_step_marks() {
-        let mut p = Predictor::new(2);
+        let mut p = TracePredictor::new(2);
         // A warm-up access, then a loop of period 5.
         p.on_access(b(100), ms(0));
         let mut predicted = 0;
@@ -512,7 +499,7 @@ mod tests {
 
     #[test]
     fn history_is_bounded() {
-        let mut p = Predictor::new(3);
+        let mut p = TracePredictor::new(3);
         let mut t = 0;
         for s in 0..10 {
             run_step(&mut p, &[s, s + 1], &mut t);
