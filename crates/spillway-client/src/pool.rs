@@ -740,6 +740,7 @@ impl Pool {
             range: buffer.range,
             hit,
             waited,
+            streams: Vec::new(),
         })
     }
 
@@ -792,6 +793,9 @@ pub struct Guard<'p> {
     range: Option<DevicePtr>,
     hit: bool,
     waited: Duration,
+    /// Consumer streams the release waits for besides the compute stream (the DLPack
+    /// stream contract; see [`Guard::release_after_stream`]).
+    streams: Vec<u64>,
 }
 
 impl std::fmt::Debug for Guard<'_> {
@@ -871,6 +875,17 @@ impl Guard<'_> {
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.page_len(index) as usize) })
     }
 
+    /// Makes the release wait also for the work queued on `stream` (a raw `CUstream` of
+    /// the device's context, as DLPack passes it: `1` the legacy default stream) until
+    /// the guard is dropped, so the pool reuses no frame a consumer's queued kernel still
+    /// reads. Only the `cuda` backend has streams; elsewhere kernels are synchronous and
+    /// this does nothing.
+    pub fn release_after_stream(&mut self, stream: u64) {
+        if self.pool.shared.device().kind() == DeviceKind::Cuda && !self.streams.contains(&stream) {
+            self.streams.push(stream);
+        }
+    }
+
     /// Fills page `index` on the device with the deterministic pattern of `seed`.
     pub fn fill_pattern(&mut self, index: usize, seed: u64) -> Result<(), PoolError> {
         if self.mode != AccessMode::Exclusive {
@@ -902,6 +917,20 @@ impl Guard<'_> {
     }
 }
 
+/// Runs `done` after the device's queued work, and the consumer `streams`' on `cuda`.
+fn release_after(device: &dyn Device, streams: &[u64], done: Box<dyn FnOnce() + Send>) {
+    #[cfg(feature = "cuda")]
+    if !streams.is_empty()
+        && let Some(cuda) = device
+            .as_any()
+            .downcast_ref::<spillway_device::cuda::CudaDevice>()
+    {
+        return cuda.after_streams_work(streams, done);
+    }
+    let _ = streams;
+    device.after_queued_work(done);
+}
+
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
         // The release waits for the kernels queued on the device while the guard was held
@@ -910,13 +939,14 @@ impl Drop for Guard<'_> {
         shared.lock().pending_releases += 1;
         let id = self.id;
         let device = shared.device().clone();
-        device.after_queued_work(Box::new(move || {
+        let done: Box<dyn FnOnce() + Send> = Box::new(move || {
             let mut state = shared.lock();
             state.pending_releases -= 1;
             state.core.release(id, shared.now());
             shared.drive(&mut state);
             drop(state);
             shared.cond.notify_all();
-        }));
+        });
+        release_after(&*device, &self.streams, done);
     }
 }

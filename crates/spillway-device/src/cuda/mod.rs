@@ -53,6 +53,8 @@
 //! - `ranges`: buffer ranges; `mapper`: the thread that maps frames into them.
 //! - `device`: [`CudaDevice`] put together (creation, teardown, the API beyond the trait)
 //!   and [`DeviceAlloc`]; `device_impl`: the [`Device`](crate::Device) trait on it.
+//! - `streams`: releases behind consumer streams (the DLPack stream contract):
+//!   [`CudaDevice::after_streams_work`].
 //! - `bench`: the raw pinned-copy benchmark ([`raw_pinned_bandwidth`]), the ceiling the
 //!   copy lanes are measured against.
 //!
@@ -114,6 +116,7 @@ mod kernels;
 mod lanes;
 mod mapper;
 mod ranges;
+mod streams;
 
 pub use bench::{
     RawCopyBandwidth, RawCopyOptions, raw_pinned_bandwidth, raw_pinned_bandwidth_with,
@@ -123,6 +126,7 @@ pub use device::{
     STREAMS_PER_DIRECTION_MAX,
 };
 pub use driver::cuda_available;
+pub use streams::CONSUMER_STREAMS_MAX;
 pub use kernels::compute_reference;
 
 #[cfg(test)]
