@@ -37,6 +37,7 @@ pub mod stats;
 #[cfg(feature = "ucx")]
 pub mod ucx;
 
+mod exchange;
 mod message;
 mod server;
 mod tls;

@@ -34,7 +34,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -44,12 +44,12 @@ use spillway_types::wire::{
     self, ErrorCode, ErrorReply, FrameHeader, HEADER_BYTES, Hello, Message, PROTOCOL_VERSION,
     WireError,
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::certs::{CertIdError, NodeIdentity, SERVER_NAME};
-use crate::config::permits_for;
+use crate::exchange::{self, Carrier, CarryError, Decoded, Link, Outgoing, Received};
 use crate::stats::PeerState;
 use crate::tls::{certified_name, client_tls, peer_node_id, server_tls, tls_err};
 use crate::{
@@ -249,9 +249,9 @@ impl QuicTransport {
                 .map_err(|e| connect_err(e.to_string()))?;
             let head = wire::encode_frame(0, &Message::Hello(self.hello()))
                 .expect("a hello always encodes");
-            let sent = write_frame(&mut send, head, Vec::new())
+            let sent = write_frame(&mut send, vec![Bytes::from(head)])
                 .await
-                .map_err(connect_err)?;
+                .map_err(|e| connect_err(e.to_string()))?;
             let reply = match read_head(&mut recv).await {
                 Ok(head) => head,
                 Err(ReadFail::Stream(reason)) => return Err(connect_err(reason)),
@@ -421,38 +421,22 @@ async fn read_rest(recv: &mut RecvStream, head: &Head) -> Result<Bytes, ReadFail
     Ok(payload)
 }
 
-/// Writes a frame (header and body in `head`, then the pages) and finishes the stream.
-async fn write_frame(
-    send: &mut SendStream,
-    head: Vec<u8>,
-    pages: Vec<Bytes>,
-) -> Result<u64, String> {
-    let mut chunks = Vec::with_capacity(1 + pages.len());
-    chunks.push(Bytes::from(head));
-    chunks.extend(pages);
-    let bytes = chunks.iter().map(|c| c.len() as u64).sum();
-    send.write_all_chunks(&mut chunks)
-        .await
-        .map_err(|e| e.to_string())?;
-    send.finish().map_err(|e| e.to_string())?;
-    Ok(bytes)
+/// Why a frame could not be written: the stream or its connection failed.
+#[derive(Debug, thiserror::Error)]
+enum WriteFail {
+    #[error(transparent)]
+    Write(#[from] quinn::WriteError),
+    #[error(transparent)]
+    Finish(#[from] quinn::ClosedStream),
 }
 
-async fn acquire(
-    budget: &Arc<Semaphore>,
-    bytes: u64,
-    budget_permits: u32,
-) -> Option<OwnedSemaphorePermit> {
-    if bytes == 0 {
-        return None;
-    }
-    Some(
-        budget
-            .clone()
-            .acquire_many_owned(permits_for(bytes, budget_permits))
-            .await
-            .expect("in-flight budgets are never closed"),
-    )
+/// Writes a frame (header and body first, then the payload parts) and finishes the
+/// stream; returns the bytes written.
+async fn write_frame(send: &mut SendStream, mut parts: Vec<Bytes>) -> Result<u64, WriteFail> {
+    let bytes = exchange::parts_len(&parts);
+    send.write_all_chunks(&mut parts).await?;
+    send.finish()?;
+    Ok(bytes)
 }
 
 /// Closes `conn` for a bad frame and counts it on `state`.
@@ -523,10 +507,11 @@ impl Transport for QuicTransport {
             inner: Arc::new(ConnInner {
                 lanes,
                 next_lane: AtomicUsize::new(0),
-                peer,
-                state: self.stats.peer_state(peer),
-                budget_permits: self.config.peer_permits(),
-                next_request_id: AtomicU64::new(1),
+                link: Link::new(
+                    peer,
+                    self.stats.peer_state(peer),
+                    self.config.peer_permits(),
+                ),
             }),
         })
     }
@@ -750,7 +735,7 @@ async fn accept_hello<H: Handler>(
         None => Message::HelloReply(ctx.hello),
     };
     let frame = wire::encode_frame(head.header.request_id, &reply).expect("a hello reply encodes");
-    let sent = write_frame(&mut send, frame, Vec::new()).await;
+    let sent = write_frame(&mut send, vec![Bytes::from(frame)]).await;
     if let Some(e) = refusal {
         // Let the error reply reach the peer before closing; bounded by the hello timeout.
         if sent.is_ok() {
@@ -792,7 +777,7 @@ async fn serve_stream<H: Handler>(
             return;
         }
     };
-    let permit = acquire(
+    let permit = exchange::acquire(
         &state.inbound,
         head.header.payload_bytes,
         ctx.budget_permits,
@@ -811,31 +796,17 @@ async fn serve_stream<H: Handler>(
     };
     state.add_in(head.wire_bytes + payload.len() as u64);
     let request_id = head.header.request_id;
-    let response = match Request::from_wire(head.message, &payload) {
-        Ok(request) => ctx.handler.handle(peer, request).await,
-        Err(kind) => Response::Error(ErrorReply::new(
-            ErrorCode::BadRequest,
-            format!("a {kind:?} frame is not a request"),
-        )),
-    };
+    let parts = exchange::answer(
+        &*ctx.handler,
+        peer,
+        request_id,
+        head.message,
+        &payload,
+        permit,
+    )
+    .await;
     drop(payload);
-    drop(permit);
-    let encoded = response.into_wire().and_then(|(message, pages)| {
-        wire::encode_frame(request_id, &message).map(|head| (head, pages))
-    });
-    let (frame, pages) = match encoded {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::error!(%peer, error = %e, "the handler's response cannot be sent");
-            let message = Message::Error(ErrorReply::new(
-                ErrorCode::Internal,
-                format!("response cannot be sent: {e}"),
-            ));
-            let frame = wire::encode_frame(request_id, &message).expect("an error reply encodes");
-            (frame, Vec::new())
-        }
-    };
-    match write_frame(&mut send, frame, pages).await {
+    match write_frame(&mut send, parts).await {
         Ok(bytes) => state.add_out(bytes),
         Err(reason) => tracing::debug!(%peer, %reason, "could not send a reply"),
     }
@@ -846,10 +817,7 @@ struct ConnInner {
     /// [`QuicConfig::connections_per_peer`]).
     lanes: Vec<quinn::Connection>,
     next_lane: AtomicUsize,
-    peer: NodeId,
-    state: Arc<PeerState>,
-    budget_permits: u32,
-    next_request_id: AtomicU64,
+    link: Link,
 }
 
 /// A QUIC connection to one peer (see [`Connection`]).
@@ -861,7 +829,7 @@ pub struct QuicConnection {
 impl std::fmt::Debug for QuicConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuicConnection")
-            .field("peer", &self.inner.peer)
+            .field("peer", &self.inner.link.peer)
             .field("remote", &self.inner.lanes[0].remote_address())
             .field("lanes", &self.inner.lanes.len())
             .finish()
@@ -904,84 +872,72 @@ impl QuicConnection {
             None => reason.to_string(),
         };
         NetError::ConnectionLost {
-            peer: self.inner.peer,
+            peer: self.inner.link.peer,
             reason,
         }
     }
+}
 
-    /// The peer sent a bad frame: it is broken, so every lane to it is closed.
-    fn bad_frame(&self, source: WireError) -> NetError {
-        self.inner.state.reject();
+impl Carrier for QuicConnection {
+    fn link(&self) -> &Link {
+        &self.inner.link
+    }
+
+    /// One stream per request: the request's bytes are in flight until the reply's header
+    /// arrives; the reply's payload is then taken from the same budget while it is read,
+    /// its checksums verified chunk by chunk.
+    async fn carry(
+        &self,
+        request: Outgoing,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Received, CarryError> {
+        let inner = &*self.inner;
+        let lane = self.lane();
+        let lost = |e: &dyn std::fmt::Display| CarryError::Lost(self.lost(lane, e));
+        let (mut send, mut recv) = lane.open_bi().await.map_err(|e| lost(&e))?;
+        write_frame(&mut send, request.parts)
+            .await
+            .map_err(|e| lost(&e))?;
+        let reply = match read_head(&mut recv).await {
+            Ok(head) => head,
+            Err(ReadFail::Wire(e)) => return Err(CarryError::BadFrame(e)),
+            Err(ReadFail::Stream(reason)) => return Err(lost(&reason)),
+        };
+        drop(permit);
+        let reply_permit = exchange::acquire(
+            &inner.link.state.outbound,
+            reply.header.payload_bytes,
+            inner.link.budget_permits,
+        )
+        .await;
+        let payload = match read_rest(&mut recv, &reply).await {
+            Ok(p) => p,
+            Err(ReadFail::Wire(e)) => return Err(CarryError::BadFrame(e)),
+            Err(ReadFail::Stream(reason)) => return Err(lost(&reason)),
+        };
+        drop(reply_permit);
+        Ok(Received::Decoded(Decoded {
+            request_id: reply.header.request_id,
+            wire_bytes: reply.wire_bytes + payload.len() as u64,
+            message: reply.message,
+            payload,
+        }))
+    }
+
+    /// The peer is broken: every lane to it is closed.
+    fn close_bad_frame(&self, error: &WireError) {
         for lane in &self.inner.lanes {
-            close_bad_frame(lane, &source);
-        }
-        NetError::BadFrame {
-            peer: Some(self.inner.peer),
-            source,
+            close_bad_frame(lane, error);
         }
     }
 }
 
 impl Connection for QuicConnection {
     fn peer(&self) -> NodeId {
-        self.inner.peer
+        self.inner.link.peer
     }
 
     async fn request(&self, request: Request) -> Result<Response, NetError> {
-        let inner = &*self.inner;
-        let peer = inner.peer;
-        let kind = request.kind();
-        let (message, pages) = request
-            .into_wire()
-            .map_err(|source| NetError::Encode { peer, source })?;
-        let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let head =
-            wire::encode_frame(id, &message).map_err(|source| NetError::Encode { peer, source })?;
-        let payload_bytes = wire::pages_bytes(message.page_descs());
-        // Held until the reply's header arrives: the request's bytes are in flight until then.
-        let request_permit =
-            acquire(&inner.state.outbound, payload_bytes, inner.budget_permits).await;
-        let lane = self.lane();
-        let (mut send, mut recv) = lane.open_bi().await.map_err(|e| self.lost(lane, e))?;
-        let sent = write_frame(&mut send, head, pages)
-            .await
-            .map_err(|e| self.lost(lane, e))?;
-        inner.state.add_out(sent);
-        let reply = match read_head(&mut recv).await {
-            Ok(head) => head,
-            Err(ReadFail::Wire(e)) => return Err(self.bad_frame(e)),
-            Err(ReadFail::Stream(reason)) => return Err(self.lost(lane, reason)),
-        };
-        drop(request_permit);
-        if reply.header.request_id != id || !Response::answers(reply.header.kind, kind) {
-            let e = WireError::UndecodableBody {
-                kind: reply.header.kind,
-                reason: format!(
-                    "reply {} does not answer {kind:?} request {id}",
-                    reply.header.request_id
-                ),
-            };
-            return Err(self.bad_frame(e));
-        }
-        let reply_permit = acquire(
-            &inner.state.outbound,
-            reply.header.payload_bytes,
-            inner.budget_permits,
-        )
-        .await;
-        let payload = match read_rest(&mut recv, &reply).await {
-            Ok(p) => p,
-            Err(ReadFail::Wire(e)) => return Err(self.bad_frame(e)),
-            Err(ReadFail::Stream(reason)) => return Err(self.lost(lane, reason)),
-        };
-        drop(reply_permit);
-        inner.state.add_in(reply.wire_bytes + payload.len() as u64);
-        Response::from_wire(reply.message, &payload).map_err(|reply_kind| {
-            NetError::UnexpectedReply {
-                peer,
-                request: kind,
-                reply: reply_kind,
-            }
-        })
+        exchange::round_trip(self, request).await
     }
 }

@@ -1,10 +1,12 @@
 //! The in-memory twin of the QUIC transport, for tests: same traits, same frames, no sockets.
 //!
-//! A [`SimNetwork`] is a registry of simulated nodes by address. Every request is encoded
-//! into one frame buffer with `spillway_types::wire`, decoded on the other side with the
-//! same limits and checksum checks as over QUIC, handed to the [`Handler`] in the caller's
-//! task, and the reply goes back the same way. So the logic tested here is the logic that
-//! runs over QUIC; only the bytes do not leave the process.
+//! A [`SimNetwork`] is a registry of simulated nodes by address. A request goes through
+//! the one round trip every transport runs (`exchange::round_trip`: encode, size and
+//! in-flight budgets, decode with the wire limits, kind check); only its carrier differs:
+//! the request frame, in one buffer, is handed to the peer's service in the caller's task,
+//! which serves it through `exchange::serve_whole` (as UCX does) and hands the reply frame
+//! back. So the logic tested here is the logic that runs over QUIC and UCX; only the bytes
+//! do not leave the process.
 //!
 //! What is modelled: mutual TLS by pool id (a node of another pool is refused at connect,
 //! like a certificate of another CA); a bad frame closes its connection and is counted;
@@ -19,14 +21,14 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use spillway_types::wire::{self, Hello, Message, PROTOCOL_VERSION, WireError};
 use spillway_types::{NodeId, PoolId};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::permits_for;
-use crate::stats::PeerState;
+use crate::exchange::{self, Carrier, CarryError, Link, Outgoing, Received};
 use crate::{
     Connection, Handler, NetError, NetStats, QuicConfig, Request, Response, Server, Transport,
 };
@@ -102,11 +104,11 @@ impl SimNetwork {
     }
 
     /// The node at `addr`, if it is up and serving.
-    fn target(&self, addr: SocketAddr) -> Result<Target, String> {
+    fn target(&self, addr: SocketAddr) -> Result<Target, Unreachable> {
         let nodes = self.lock();
-        let node = nodes.get(&addr).ok_or("no node at this address")?;
+        let node = nodes.get(&addr).ok_or(Unreachable::NoNode)?;
         if node.down {
-            return Err("node is down".to_string());
+            return Err(Unreachable::Down);
         }
         match &node.service {
             Some((service, cancel)) if !cancel.is_cancelled() => Ok(Target {
@@ -115,9 +117,20 @@ impl SimNetwork {
                 node_id: node.node_id,
                 stats: node.stats.clone(),
             }),
-            _ => Err("node is not serving".to_string()),
+            _ => Err(Unreachable::NotServing),
         }
     }
+}
+
+/// Why a simulated node cannot be reached.
+#[derive(Clone, Copy, Debug, thiserror::Error)]
+enum Unreachable {
+    #[error("no node at this address")]
+    NoNode,
+    #[error("node is down")]
+    Down,
+    #[error("node is not serving")]
+    NotServing,
 }
 
 /// A node reached through the network.
@@ -140,22 +153,16 @@ pub struct SimTransport {
     serving: AtomicBool,
 }
 
-/// The frame of `message` with its pages appended, in one buffer.
-fn frame_bytes(request_id: u64, message: &Message, pages: &[Bytes]) -> Result<Bytes, WireError> {
-    let head = wire::encode_frame(request_id, message)?;
-    let mut buf = BytesMut::with_capacity(head.len() + pages.iter().map(Bytes::len).sum::<usize>());
-    buf.extend_from_slice(&head);
-    for p in pages {
-        buf.extend_from_slice(p);
-    }
-    Ok(buf.freeze())
-}
-
-/// Decodes a frame buffer; the payload comes back as a slice of it (no copy).
-fn decode(buf: &Bytes) -> Result<(Message, Bytes), WireError> {
-    let (frame, used) = wire::decode_frame(buf)?;
-    let payload_at = used - frame.payload.len();
-    Ok((frame.message, buf.slice(payload_at..used)))
+/// A hello frame, encoded and decoded as over the wire so that its checks run too.
+fn hello_frame(pool_id: PoolId, node_id: NodeId) -> Result<Bytes, WireError> {
+    let hello = Message::Hello(Hello {
+        pool_id,
+        node_id,
+        protocol_version: PROTOCOL_VERSION,
+    });
+    let frame = Bytes::from(wire::encode_frame(0, &hello)?);
+    exchange::decode_whole(&frame)?;
+    Ok(frame)
 }
 
 impl Transport for SimTransport {
@@ -174,10 +181,10 @@ impl Transport for SimTransport {
     }
 
     async fn connect(&self, addr: SocketAddr) -> Result<SimConnection, NetError> {
-        let target = self
-            .network
-            .target(addr)
-            .map_err(|reason| NetError::Connect { addr, reason })?;
+        let target = self.network.target(addr).map_err(|e| NetError::Connect {
+            addr,
+            reason: e.to_string(),
+        })?;
         if target.pool_id != self.pool_id {
             // What mutual TLS does to a certificate of another CA: both sides refuse.
             target.stats.handshake_refused();
@@ -187,23 +194,9 @@ impl Transport for SimTransport {
             });
         }
         // The hello exchange, as frames, so that its encoding and checks run too.
-        let hello = |pool_id, node_id| {
-            frame_bytes(
-                0,
-                &Message::Hello(Hello {
-                    pool_id,
-                    node_id,
-                    protocol_version: PROTOCOL_VERSION,
-                }),
-                &[],
-            )
-            .expect("a hello encodes")
-        };
-        let ours = hello(self.pool_id, self.node_id);
-        let theirs = hello(target.pool_id, target.node_id);
-        for frame in [&ours, &theirs] {
-            decode(frame).map_err(|source| NetError::BadFrame { peer: None, source })?;
-        }
+        let hellos = hello_frame(self.pool_id, self.node_id)
+            .and_then(|ours| Ok((ours, hello_frame(target.pool_id, target.node_id)?)));
+        let (ours, theirs) = hellos.map_err(|source| NetError::BadFrame { peer: None, source })?;
         target.stats.connection_accepted();
         let server_side = target.stats.peer_state(self.node_id);
         server_side.add_in(ours.len() as u64);
@@ -216,11 +209,7 @@ impl Transport for SimTransport {
                 network: self.network.clone(),
                 addr,
                 me: self.node_id,
-                peer: target.node_id,
-                state,
-                budget_permits: self.budget_permits,
-                closed: AtomicBool::new(false),
-                next_request_id: AtomicU64::new(1),
+                link: Link::new(target.node_id, state, self.budget_permits),
             }),
         })
     }
@@ -237,48 +226,9 @@ impl Transport for SimTransport {
             let stats = stats.clone();
             Box::pin(async move {
                 let state = stats.peer_state(peer);
-                let (message, payload) = match decode(&frame) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        state.reject();
-                        return Err(e);
-                    }
-                };
-                let permit = if payload.is_empty() {
-                    None
-                } else {
-                    Some(
-                        state
-                            .inbound
-                            .clone()
-                            .acquire_many_owned(permits_for(payload.len() as u64, budget_permits))
-                            .await
-                            .expect("in-flight budgets are never closed"),
-                    )
-                };
-                state.add_in(frame.len() as u64);
-                let request_id =
-                    u64::from_le_bytes(frame[8..16].try_into().expect("header checked"));
-                let response = match Request::from_wire(message, &payload) {
-                    Ok(request) => handler.handle(peer, request).await,
-                    Err(kind) => Response::Error(wire::ErrorReply::new(
-                        wire::ErrorCode::BadRequest,
-                        format!("a {kind:?} frame is not a request"),
-                    )),
-                };
-                drop(permit);
-                let reply = response
-                    .into_wire()
-                    .and_then(|(message, pages)| frame_bytes(request_id, &message, &pages))
-                    .unwrap_or_else(|e| {
-                        let message = Message::Error(wire::ErrorReply::new(
-                            wire::ErrorCode::Internal,
-                            format!("response cannot be sent: {e}"),
-                        ));
-                        frame_bytes(request_id, &message, &[]).expect("an error reply encodes")
-                    });
-                state.add_out(reply.len() as u64);
-                Ok(reply)
+                let (_, parts) =
+                    exchange::serve_whole(&*handler, peer, &state, budget_permits, &frame).await?;
+                Ok(exchange::concat(&parts))
             }) as ServeFuture
         });
         if let Some(node) = self.network.lock().get_mut(&self.addr) {
@@ -296,11 +246,7 @@ struct SimConnInner {
     network: SimNetwork,
     addr: SocketAddr,
     me: NodeId,
-    peer: NodeId,
-    state: Arc<PeerState>,
-    budget_permits: u32,
-    closed: AtomicBool,
-    next_request_id: AtomicU64,
+    link: Link,
 }
 
 /// A simulated connection to one peer.
@@ -312,7 +258,7 @@ pub struct SimConnection {
 impl std::fmt::Debug for SimConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimConnection")
-            .field("peer", &self.inner.peer)
+            .field("peer", &self.inner.link.peer)
             .field("addr", &self.inner.addr)
             .finish()
     }
@@ -322,84 +268,52 @@ impl SimConnection {
     /// Sends `frame` as raw bytes, as a broken or hostile peer would, and returns the raw
     /// reply frame. A frame the peer refuses closes this connection, as over QUIC.
     pub async fn send_raw(&self, frame: Bytes) -> Result<Bytes, NetError> {
+        self.inner.link.state.add_out(frame.len() as u64);
+        self.send(frame).await
+    }
+
+    /// Hands `frame` to the peer's service and returns its reply frame.
+    async fn send(&self, frame: Bytes) -> Result<Bytes, NetError> {
         let inner = &*self.inner;
-        if inner.closed.load(Ordering::SeqCst) {
-            return Err(self.lost("connection closed"));
+        if inner.link.is_closed() {
+            return Err(inner.link.lost("connection closed"));
         }
-        let target = inner.network.target(inner.addr).map_err(|r| self.lost(r))?;
-        inner.state.add_out(frame.len() as u64);
+        let target = inner
+            .network
+            .target(inner.addr)
+            .map_err(|r| inner.link.lost(r.to_string()))?;
         match (target.service)(inner.me, frame).await {
             Ok(reply) => Ok(reply),
             Err(e) => {
-                inner.closed.store(true, Ordering::SeqCst);
-                Err(self.lost(format!("closed by peer: bad frame: {e}")))
+                inner.link.close();
+                Err(inner.link.lost(format!("closed by peer: bad frame: {e}")))
             }
         }
     }
+}
 
-    fn lost(&self, reason: impl Into<String>) -> NetError {
-        NetError::ConnectionLost {
-            peer: self.inner.peer,
-            reason: reason.into(),
-        }
+impl Carrier for SimConnection {
+    fn link(&self) -> &Link {
+        &self.inner.link
+    }
+
+    async fn carry(
+        &self,
+        request: Outgoing,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Received, CarryError> {
+        let reply = self.send(exchange::concat(&request.parts)).await;
+        drop(permit);
+        reply.map(Received::Whole).map_err(CarryError::Lost)
     }
 }
 
 impl Connection for SimConnection {
     fn peer(&self) -> NodeId {
-        self.inner.peer
+        self.inner.link.peer
     }
 
     async fn request(&self, request: Request) -> Result<Response, NetError> {
-        let inner = &*self.inner;
-        let peer = inner.peer;
-        let kind = request.kind();
-        let payload_bytes = request.payload_bytes();
-        let (message, pages) = request
-            .into_wire()
-            .map_err(|source| NetError::Encode { peer, source })?;
-        let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let frame = frame_bytes(id, &message, &pages)
-            .map_err(|source| NetError::Encode { peer, source })?;
-        drop(pages);
-        let permit = if payload_bytes == 0 {
-            None
-        } else {
-            Some(
-                inner
-                    .state
-                    .outbound
-                    .clone()
-                    .acquire_many_owned(permits_for(payload_bytes, inner.budget_permits))
-                    .await
-                    .expect("in-flight budgets are never closed"),
-            )
-        };
-        let reply = self.send_raw(frame).await?;
-        drop(permit);
-        let (message, payload) = match decode(&reply) {
-            Ok(v) => v,
-            Err(source) => {
-                inner.state.reject();
-                inner.closed.store(true, Ordering::SeqCst);
-                return Err(NetError::BadFrame {
-                    peer: Some(peer),
-                    source,
-                });
-            }
-        };
-        inner.state.add_in(reply.len() as u64);
-        if !Response::answers(message.kind(), kind) {
-            return Err(NetError::UnexpectedReply {
-                peer,
-                request: kind,
-                reply: message.kind(),
-            });
-        }
-        Response::from_wire(message, &payload).map_err(|reply| NetError::UnexpectedReply {
-            peer,
-            request: kind,
-            reply,
-        })
+        exchange::round_trip(self, request).await
     }
 }

@@ -43,7 +43,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -52,11 +52,12 @@ use spillway_types::wire::{self, Hello, Message, PROTOCOL_VERSION, WireError};
 use spillway_types::{NodeId, PoolId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{Endpoint, UcxError, UcxWorkerConfig, Worker};
-use crate::config::permits_for;
+use crate::exchange::{self, Carrier, CarryError, Link, Outgoing, Received};
 use crate::stats::PeerState;
 use crate::{
     Connection, Handler, NetError, NetStats, QuicConfig, Request, Response, Server, Transport,
@@ -244,13 +245,9 @@ impl UcxTransport {
             inner: Arc::new(ConnInner {
                 worker: self.worker.clone(),
                 ep,
-                peer,
                 server_conn,
                 my_conn: offer.conn,
-                state: self.stats.peer_state(peer),
-                budget_permits: self.budget_permits,
-                closed: AtomicBool::new(false),
-                next_request_id: AtomicU64::new(1),
+                link: Link::new(peer, self.stats.peer_state(peer), self.budget_permits),
                 _side: None,
             }),
         })
@@ -417,34 +414,6 @@ async fn read_side_hello(stream: &mut TcpStream) -> Result<SideHello, SideError>
     })
 }
 
-/// The frame of `message` with its pages after it, as iov parts (no copy of the pages).
-fn frame_parts(
-    request_id: u64,
-    message: &Message,
-    pages: Vec<Bytes>,
-) -> Result<Vec<Bytes>, WireError> {
-    let head = wire::encode_frame(request_id, message)?;
-    let mut parts = Vec::with_capacity(1 + pages.len());
-    parts.push(Bytes::from(head));
-    parts.extend(pages);
-    Ok(parts)
-}
-
-fn parts_len(parts: &[Bytes]) -> u64 {
-    parts.iter().map(|p| p.len() as u64).sum()
-}
-
-/// Decodes a received frame; the payload is a slice of `buf`.
-fn decode(buf: &Bytes) -> Result<(u64, Message, Bytes), WireError> {
-    let (frame, used) = wire::decode_frame(buf)?;
-    let payload_at = used - frame.payload.len();
-    Ok((
-        frame.header.request_id,
-        frame.message,
-        buf.slice(payload_at..used),
-    ))
-}
-
 impl Transport for UcxTransport {
     type Connection = UcxConnection;
 
@@ -517,13 +486,9 @@ impl Transport for UcxTransport {
             inner: Arc::new(ConnInner {
                 worker: self.worker.clone(),
                 ep,
-                peer,
                 server_conn: theirs.conn,
                 my_conn,
-                state: self.stats.peer_state(peer),
-                budget_permits: self.budget_permits,
-                closed: AtomicBool::new(false),
-                next_request_id: AtomicU64::new(1),
+                link: Link::new(peer, self.stats.peer_state(peer), self.budget_permits),
                 _side: Some(side),
             }),
         })
@@ -778,51 +743,15 @@ async fn serve_request<H: Handler>(
     handler: Arc<H>,
     conn_cancel: CancellationToken,
 ) {
-    let (request_id, message, payload) = match decode(&frame) {
-        Ok(v) => v,
-        Err(e) => {
-            state.reject();
-            tracing::debug!(%peer, error = %e, "bad frame over UCX; closing the connection");
-            conn_cancel.cancel();
-            return;
-        }
-    };
-    let permit = if payload.is_empty() {
-        None
-    } else {
-        state
-            .inbound
-            .clone()
-            .acquire_many_owned(permits_for(payload.len() as u64, budget_permits))
-            .await
-            .ok()
-    };
-    state.add_in(frame.len() as u64);
-    let response = match Request::from_wire(message, &payload) {
-        Ok(request) => handler.handle(peer, request).await,
-        Err(kind) => Response::Error(wire::ErrorReply::new(
-            wire::ErrorCode::BadRequest,
-            format!("a {kind:?} frame is not a request"),
-        )),
-    };
-    drop(permit);
-    let parts = match response
-        .into_wire()
-        .and_then(|(message, pages)| frame_parts(request_id, &message, pages))
-    {
-        Ok(p) => p,
-        Err(e) => {
-            let message = Message::Error(wire::ErrorReply::new(
-                wire::ErrorCode::Internal,
-                format!("response cannot be sent: {e}"),
-            ));
-            match frame_parts(request_id, &message, Vec::new()) {
-                Ok(p) => p,
-                Err(_) => return,
+    let (request_id, parts) =
+        match exchange::serve_whole(&*handler, peer, &state, budget_permits, &frame).await {
+            Ok(answered) => answered,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "bad frame over UCX; closing the connection");
+                conn_cancel.cancel();
+                return;
             }
-        }
-    };
-    state.add_out(parts_len(&parts));
+        };
     if let Err(e) = ep
         .send_parts(tag(TAG_REPLY, client_conn, request_id), parts)
         .await
@@ -835,13 +764,9 @@ async fn serve_request<H: Handler>(
 struct ConnInner {
     worker: Worker,
     ep: Endpoint,
-    peer: NodeId,
     server_conn: u32,
     my_conn: u32,
-    state: Arc<PeerState>,
-    budget_permits: u32,
-    closed: AtomicBool,
-    next_request_id: AtomicU64,
+    link: Link,
     /// The side channel, kept open: closing it tells the server the connection ended
     /// (none for connections introduced over another channel).
     _side: Option<TcpStream>,
@@ -856,62 +781,30 @@ pub struct UcxConnection {
 impl std::fmt::Debug for UcxConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UcxConnection")
-            .field("peer", &self.inner.peer)
+            .field("peer", &self.inner.link.peer)
             .finish()
     }
 }
 
-impl UcxConnection {
-    fn lost(&self, reason: impl Into<String>) -> NetError {
-        NetError::ConnectionLost {
-            peer: self.inner.peer,
-            reason: reason.into(),
-        }
-    }
-}
-
-impl Connection for UcxConnection {
-    fn peer(&self) -> NodeId {
-        self.inner.peer
+impl Carrier for UcxConnection {
+    fn link(&self) -> &Link {
+        &self.inner.link
     }
 
-    async fn request(&self, request: Request) -> Result<Response, NetError> {
+    /// The peer drops a message longer than its bound without knowing whose it was; both
+    /// sides share the bound, so a longer request is refused here, where the caller can
+    /// be told.
+    fn frame_bytes_max(&self) -> Option<u64> {
+        Some(self.inner.worker.max_message_bytes() as u64)
+    }
+
+    async fn carry(
+        &self,
+        request: Outgoing,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<Received, CarryError> {
         let inner = &*self.inner;
-        let peer = inner.peer;
-        if inner.closed.load(Ordering::SeqCst) {
-            return Err(self.lost("connection closed"));
-        }
-        let kind = request.kind();
-        let payload_bytes = request.payload_bytes();
-        let (message, pages) = request
-            .into_wire()
-            .map_err(|source| NetError::Encode { peer, source })?;
-        let id = inner.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let parts =
-            frame_parts(id, &message, pages).map_err(|source| NetError::Encode { peer, source })?;
-        // The peer drops a message longer than its bound without knowing whose it was;
-        // both sides share the bound, so refuse it here, where the caller can be told.
-        let frame_bytes = parts_len(&parts);
-        let limit_bytes = inner.worker.max_message_bytes() as u64;
-        if frame_bytes > limit_bytes {
-            return Err(NetError::TooLarge {
-                peer,
-                frame_bytes,
-                limit_bytes,
-            });
-        }
-        let permit = if payload_bytes == 0 {
-            None
-        } else {
-            inner
-                .state
-                .outbound
-                .clone()
-                .acquire_many_owned(permits_for(payload_bytes, inner.budget_permits))
-                .await
-                .ok()
-        };
-        inner.state.add_out(parts_len(&parts));
+        let id = request.id;
         let reply = inner.worker.recv_owned(
             tag(TAG_REPLY, inner.my_conn, id),
             u64::MAX,
@@ -920,7 +813,7 @@ impl Connection for UcxConnection {
         );
         let send = inner
             .ep
-            .send_parts(tag(TAG_REQUEST, inner.server_conn, id), parts);
+            .send_parts(tag(TAG_REQUEST, inner.server_conn, id), request.parts);
         // A send that fails ends the wait for its reply (the receive is cancelled).
         let send_failed = CancellationToken::new();
         let reply = async {
@@ -938,34 +831,21 @@ impl Connection for UcxConnection {
         };
         let (reply, sent) = tokio::join!(reply, send);
         drop(permit);
-        sent.map_err(|e| self.lost(e.to_string()))?;
-        let reply = reply
-            .ok_or_else(|| self.lost("request not sent"))?
-            .map_err(|e| self.lost(e.to_string()))?;
-        let (reply, _) = reply;
-        let (_, message, payload) = match decode(&reply) {
-            Ok(v) => v,
-            Err(source) => {
-                inner.state.reject();
-                inner.closed.store(true, Ordering::SeqCst);
-                return Err(NetError::BadFrame {
-                    peer: Some(peer),
-                    source,
-                });
-            }
-        };
-        inner.state.add_in(reply.len() as u64);
-        if !Response::answers(message.kind(), kind) {
-            return Err(NetError::UnexpectedReply {
-                peer,
-                request: kind,
-                reply: message.kind(),
-            });
-        }
-        Response::from_wire(message, &payload).map_err(|reply| NetError::UnexpectedReply {
-            peer,
-            request: kind,
-            reply,
-        })
+        let lost = |reason: String| CarryError::Lost(inner.link.lost(reason));
+        sent.map_err(|e| lost(e.to_string()))?;
+        let (reply, _) = reply
+            .ok_or_else(|| lost("request not sent".to_string()))?
+            .map_err(|e| lost(e.to_string()))?;
+        Ok(Received::Whole(reply))
+    }
+}
+
+impl Connection for UcxConnection {
+    fn peer(&self) -> NodeId {
+        self.inner.link.peer
+    }
+
+    async fn request(&self, request: Request) -> Result<Response, NetError> {
+        exchange::round_trip(self, request).await
     }
 }
