@@ -29,3 +29,104 @@ def test_torch_cuda_view():
         t.add_(1)
         torch.cuda.synchronize()
     assert p.read(b, 0, 4) == b"\x04" * 4
+
+
+# ---- spillway.torch.offload on the sim device (CPU tensors) -----------------------------
+
+import copy  # noqa: E402
+
+import spillway.torch as st  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+STEPS = 3
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d, 2 * d)
+        self.fc2 = torch.nn.Linear(2 * d, d)
+        self.norm = torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(x + self.fc2(torch.relu(self.fc1(x))))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, d=32, blocks=4, ckpt=False):
+        super().__init__()
+        self.embed = torch.nn.Linear(16, d)
+        self.blocks = torch.nn.ModuleList(Block(d) for _ in range(blocks))
+        self.head = torch.nn.Linear(d, 8, bias=False)
+        self.ckpt = ckpt
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = checkpoint(b, h, use_reentrant=False) if self.ckpt else b(h)
+        return self.head(h)
+
+
+def train(model, steps, opt_step, zero, grads_of):
+    torch.manual_seed(1)
+    xs = [torch.randn(32, 16) for _ in range(steps)]
+    ys = [torch.randn(32, 8) for _ in range(steps)]
+    losses, grads = [], []
+    for x, y in zip(xs, ys):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(grads_of())
+        opt_step()
+        zero()
+    return losses, grads
+
+
+@pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "checkpointed"])
+def test_offload_is_bit_identical_to_the_model_without_it(ckpt):
+    torch.manual_seed(0)
+    ref = Net(ckpt=ckpt)
+    off = copy.deepcopy(ref)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    ref_losses, ref_grads = train(
+        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
+        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()})
+
+    # 64 KiB pages (every buffer one page: one tensor on sim), 8 of them on the "GPU":
+    # weights, gradients and Adam state in 42 buffers go through evictions every step.
+    pool = spillway.Pool(gpu_budget="512KiB", host_budget="64MiB", page_size="64KiB",
+                         device="sim")
+    handle = st.offload(off, pool)
+    assert all(p.numel() == 0 for p in off.parameters())  # the storage is the pool's
+    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
+    losses, grads = train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle))
+
+    assert losses == ref_losses  # bit-identical, every step
+    for g, rg in zip(grads, ref_grads):
+        assert g.keys() == rg.keys()
+        for name in rg:
+            assert torch.equal(g[name], rg[name]), name
+    params = st.parameters(handle)
+    for name, p in ref.named_parameters():
+        assert torch.equal(params[name], p.detach()), name
+    stats = pool.stats()
+    assert stats["steps"] == STEPS
+    assert stats["evictions_dirty"] > 0 and stats["h2d_bytes"] > 0  # it really streamed
+    assert stats["gpu_bytes_peak"] <= stats["gpu_budget_bytes"]
+
+
+def test_offload_inference_streams_weights_and_steps_the_pool():
+    torch.manual_seed(0)
+    ref = Net()
+    off = copy.deepcopy(ref)
+    pool = spillway.Pool(gpu_budget="512KiB", host_budget="16MiB", page_size="64KiB",
+                         device="sim")
+    st.offload(off, pool)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        want = ref(x)
+        for _ in range(3):
+            assert torch.equal(off(x), want)
+    stats = pool.stats()
+    assert stats["steps"] == 3 and stats["d2h_bytes"] == 0  # shared acquires: no write-back
+    assert stats["evictions_clean"] > 0

@@ -1,0 +1,438 @@
+"""``spillway.torch``: a PyTorch model's parameters streamed through a Spillway pool.
+
+    pool = spillway.Pool(gpu_budget="6GiB", host_budget="96GiB", page_size="8MiB")
+    handle = spillway.torch.offload(model, pool)            # weights now live in the pool
+    opt = spillway.torch.Optimizer(torch.optim.AdamW, handle, lr=1e-4)
+    for batch in data:
+        loss = model(batch).loss
+        loss.backward()
+        opt.step()          # parameter group by group; calls pool.step()
+        opt.zero_grad()
+
+Design (``docs/DESIGN.md``, "SDK: Python"):
+
+- **One buffer per module's own parameters** (``recurse=False``), in registration order,
+  each parameter at an offset aligned to :data:`PARAM_ALIGN_BYTES`. A parameter's
+  ``.data`` is an empty placeholder except while its group is acquired; then it is a
+  zero-copy slice of the pool's view (DLPack).
+- **Hooks**: a forward pre-hook acquires the module's group (shared: clean pages are
+  evicted without a write-back) and a forward hook releases it; a hook on the module's
+  outputs acquires it again when backward reaches the module, and it is released once
+  its parameters' gradients are stored (or at the end of backward). Acquires nest: a
+  group is held while anyone needs it (recomputation inside backward keeps it held).
+- **Saved tensors**: autograd keeps tensors for backward that may alias the group's
+  memory (``weight.t()`` in ``linear``). A ``saved_tensors_hooks`` pair installed for the
+  root module's forward packs such a tensor as *(group, offset, shape, strides)* and
+  unpacks it against the group's memory as acquired at backward time, so a released
+  group's frames may be reused in between. Other tensors go to the hooks that were
+  installed before (a checkpoint's), so activation recomputation keeps working.
+- **Gradients** accumulate into a gradient buffer per group (written back to the host
+  tier when evicted); ``.grad`` is ``None`` outside the optimizer. :func:`gradients`
+  reads them.
+- **Optimizer**: :class:`Optimizer` makes one inner optimizer per group and steps group
+  by group with the weights (exclusive), gradients and optimizer state acquired
+  together; the state (``exp_avg``, ... every tensor shaped like its parameter) lives in
+  a third buffer per group after the first step. ``step()`` ends with ``pool.step()``.
+- **Inference**: under ``torch.no_grad()`` only the weights stream; each forward of the
+  root module ends with ``pool.step()`` when no :class:`Optimizer` steps the pool.
+
+On CUDA, tensors taken from a view carry PyTorch's current stream into the view's DLPack
+export, so the pool reuses no frame before the kernels queued on it have run (the
+DLPack stream contract); a release never blocks the host.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+PARAM_ALIGN_BYTES = 256
+"""Offset alignment of each parameter inside its group's buffer (any dtype's alignment,
+and what CUDA kernels prefer for vector loads); costs at most 255 bytes per parameter."""
+
+__all__ = ["offload", "Offloaded", "Optimizer", "gradients", "PARAM_ALIGN_BYTES"]
+
+
+def _align(n: int) -> int:
+    return (n + PARAM_ALIGN_BYTES - 1) // PARAM_ALIGN_BYTES * PARAM_ALIGN_BYTES
+
+
+class _Slot:
+    """One parameter's place in its group's buffers."""
+
+    __slots__ = ("name", "param", "offset", "nbytes", "shape", "dtype", "grad_valid")
+
+    def __init__(self, name: str, param: nn.Parameter, offset: int):
+        self.name = name
+        self.param = param
+        self.offset = offset
+        self.nbytes = param.numel() * param.element_size()
+        self.shape = tuple(param.shape)
+        self.dtype = param.dtype
+        self.grad_valid = False
+
+    def of(self, base: torch.Tensor) -> torch.Tensor:
+        """The slot's tensor inside `base` (a uint8 view of the whole buffer)."""
+        return base[self.offset:self.offset + self.nbytes].view(self.dtype).view(self.shape)
+
+
+class _Group:
+    """One module's own parameters: a weights buffer, then gradients and optimizer
+    state buffers made on first use."""
+
+    def __init__(self, owner: "Offloaded", name: str, slots: List[_Slot], nbytes: int):
+        self.owner = owner
+        self.name = name
+        self.slots = slots
+        self.nbytes = nbytes
+        self.buf = None
+        self.grad_buf = None
+        self.state_buf = None
+        self.state_layout: List[tuple] = []  # (slot, key, offset, nbytes)
+        self.view = None
+        self.base: Optional[torch.Tensor] = None
+        self.refs = 0
+        self.exclusive = False
+        self.backward_held = False
+        self.grads_pending = 0
+
+    # -- acquiring the weights -------------------------------------------------------
+    def acquire(self, exclusive: bool = False) -> None:
+        if self.refs == 0:
+            pool = self.owner.pool
+            self.view = pool.acquire_mut(self.buf) if exclusive else pool.acquire(self.buf)
+            self.exclusive = exclusive
+            self.base = torch.from_dlpack(self.view)
+            self.owner._held[self.base.untyped_storage().data_ptr()] = self
+            for s in self.slots:
+                s.param.data = s.of(self.base)
+        elif exclusive and not self.exclusive:
+            raise RuntimeError(f"{self.name}: held shared, cannot be written now")
+        self.refs += 1
+
+    def release(self) -> None:
+        self.refs -= 1
+        assert self.refs >= 0, self.name
+        if self.refs == 0:
+            for s in self.slots:
+                s.param.data = self.owner._placeholder(s.dtype)
+            self.owner._held.pop(self.base.untyped_storage().data_ptr(), None)
+            self.base = None
+            self.view.release()
+            self.view = None
+
+    # -- gradients -------------------------------------------------------------------
+    def store_grads(self) -> None:
+        """Moves the parameters' ``.grad`` into the gradient buffer (adding to what it
+        holds since the last ``zero_grad``)."""
+        slots = [s for s in self.slots if s.param.grad is not None]
+        if not slots:
+            return
+        pool = self.owner.pool
+        if self.grad_buf is None:
+            self.grad_buf = pool.alloc(f"{self.name}.grads", self.nbytes)
+        with pool.acquire_mut(self.grad_buf) as view:
+            gbase = torch.from_dlpack(view)
+            for s in slots:
+                dst = s.of(gbase)
+                if s.grad_valid:
+                    dst.add_(s.param.grad)
+                else:
+                    dst.copy_(s.param.grad)
+                    s.grad_valid = True
+                s.param.grad = None
+
+
+class Offloaded:
+    """What :func:`offload` returns: the groups of a model and the hooks that stream them."""
+
+    def __init__(self, model: nn.Module, pool: Any):
+        self.model = model
+        self.pool = pool
+        self.device = torch.device("cpu" if pool.device == "sim" else "cuda")
+        self.groups: List[_Group] = []
+        self._held: Dict[int, _Group] = {}
+        self._placeholders: Dict[torch.dtype, torch.Tensor] = {}
+        self._handles: list = []
+        self._saved_hooks: list = []
+        self._backward_callback_queued = False
+        self.optimizer_steps_pool = False
+
+    def _placeholder(self, dtype: torch.dtype) -> torch.Tensor:
+        t = self._placeholders.get(dtype)
+        if t is None:
+            t = self._placeholders[dtype] = torch.empty(0, dtype=dtype, device=self.device)
+        return t
+
+    # -- forward and backward hooks ----------------------------------------------------
+    def _pre_forward(self, groups: List[_Group]):
+        def hook(module, args):
+            for g in groups:
+                g.acquire()
+        return hook
+
+    def _post_forward(self, groups: List[_Group]):
+        def hook(module, args, output):
+            training = torch.is_grad_enabled() and any(
+                s.param.requires_grad for g in groups for s in g.slots)
+            if training:
+                outs = [t for t in pytree.tree_leaves(output)
+                        if isinstance(t, torch.Tensor) and t.requires_grad]
+                if outs:
+                    fired = [False]
+
+                    def pre_backward(_grad):
+                        if not fired[0]:
+                            fired[0] = True
+                            self._enter_backward(groups)
+                    for t in outs:
+                        t.register_hook(pre_backward)
+                if torch._C._current_graph_task_id() != -1:
+                    # Recomputation inside backward (checkpointing): the tensors it saves
+                    # are used at once, so the group stays held until its gradients.
+                    self._enter_backward(groups)
+            for g in groups:
+                g.release()
+        return hook
+
+    def _enter_backward(self, groups: List[_Group]) -> None:
+        for g in groups:
+            if not g.backward_held:
+                g.acquire()
+                g.backward_held = True
+                g.grads_pending = sum(1 for s in g.slots if s.param.requires_grad)
+        if not self._backward_callback_queued:
+            self._backward_callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _after_grad(self, group: _Group):
+        def hook(param):
+            if group.backward_held:
+                group.grads_pending -= 1
+                if group.grads_pending <= 0:
+                    group.store_grads()
+                    group.backward_held = False
+                    group.release()
+            else:
+                group.store_grads()
+        return hook
+
+    def _end_backward(self) -> None:
+        self._backward_callback_queued = False
+        for g in self.groups:
+            if g.backward_held:
+                g.store_grads()
+                g.backward_held = False
+                g.release()
+
+    # -- saved tensors -----------------------------------------------------------------
+    def _pack(self, outer_pack):
+        def pack(t: torch.Tensor):
+            g = self._held.get(t.untyped_storage().data_ptr()) if t.device == self.device else None
+            if g is not None:
+                return ("spillway", g, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
+                        t.requires_grad)
+            return ("outer", outer_pack(t) if outer_pack is not None else t)
+        return pack
+
+    def _unpack(self, outer_unpack):
+        def unpack(packed):
+            if packed[0] == "outer":
+                return outer_unpack(packed[1]) if outer_unpack is not None else packed[1]
+            _, g, offset, shape, stride, dtype, _rg = packed
+            if g.base is None:  # backward reached it before its output hook
+                self._enter_backward([g])
+            t = torch.empty(0, dtype=dtype, device=self.device)
+            return t.set_(g.base.untyped_storage(), offset, shape, stride)
+        return unpack
+
+    def _root_pre(self, module, args):
+        outer = None
+        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        if top is not None:
+            outer = top(False)
+        outer_pack, outer_unpack = outer if outer else (None, None)
+        ctx = torch.autograd.graph.saved_tensors_hooks(self._pack(outer_pack),
+                                                       self._unpack(outer_unpack))
+        ctx.__enter__()
+        self._saved_hooks.append(ctx)
+
+    def _root_post(self, module, args, output):
+        if self._saved_hooks:
+            self._saved_hooks.pop().__exit__(None, None, None)
+        if not torch.is_grad_enabled() and not self.optimizer_steps_pool:
+            self.pool.step()
+
+    # -- reading back --------------------------------------------------------------------
+    def named_groups(self) -> Iterable[tuple]:
+        return ((g.name, g) for g in self.groups)
+
+    def remove(self) -> None:
+        """Removes the hooks (the parameters stay in the pool)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def offload(model: nn.Module, pool: Any) -> Offloaded:
+    """Moves every parameter's storage into `pool` (one buffer per module's own
+    parameters, ordered as registered) and registers the hooks that acquire a module's
+    parameters just before its forward and its backward and release them right after.
+    The parameters may be on any device; afterwards they live in the pool, and a
+    parameter's ``.data`` is only valid inside its module's forward and backward (and
+    inside :class:`Optimizer` steps). Returns the handle :class:`Optimizer` and
+    :func:`gradients` take."""
+    handle = Offloaded(model, pool)
+    owner: Dict[int, _Group] = {}
+    uses: Dict[nn.Module, List[_Group]] = {}
+    for mname, module in model.named_modules():
+        params = list(module.named_parameters(recurse=False))
+        if not params:
+            continue
+        slots, offset, needed = [], 0, []
+        for pname, p in params:
+            if id(p) in owner:  # a tied weight: owned by the first module that has it
+                if owner[id(p)] not in needed:
+                    needed.append(owner[id(p)])
+                continue
+            slots.append(_Slot(f"{mname}.{pname}" if mname else pname, p, offset))
+            offset = _align(offset + slots[-1].nbytes)
+        if slots:
+            g = _Group(handle, mname or "<root>", slots, max(offset, 1))
+            g.buf = pool.alloc(f"{g.name}.params", g.nbytes)
+            for s in slots:
+                # Into the host tier directly: no GPU page is dirtied by the move.
+                data = s.param.detach().reshape(-1).view(torch.uint8).cpu().numpy()
+                pool.write(g.buf, s.offset, data)
+                owner[id(s.param)] = g
+            for s in slots:
+                s.param.data = handle._placeholder(s.dtype)
+                s.param.grad = None
+            handle.groups.append(g)
+            needed.insert(0, g)
+        uses[module] = needed
+    for module, groups in uses.items():
+        handle._handles.append(module.register_forward_pre_hook(handle._pre_forward(groups)))
+        handle._handles.append(
+            module.register_forward_hook(handle._post_forward(groups), always_call=True))
+    for g in handle.groups:
+        for s in g.slots:
+            if s.param.requires_grad:
+                handle._handles.append(
+                    s.param.register_post_accumulate_grad_hook(handle._after_grad(g)))
+    handle._handles.append(model.register_forward_pre_hook(handle._root_pre))
+    handle._handles.append(model.register_forward_hook(handle._root_post, always_call=True))
+    model._spillway = handle
+    return handle
+
+
+def gradients(handle: Offloaded) -> Dict[str, torch.Tensor]:
+    """Copies of the gradients accumulated since the last ``zero_grad``, by parameter
+    name (``None`` for a parameter that got none)."""
+    out: Dict[str, Optional[torch.Tensor]] = {}
+    pool = handle.pool
+    for g in handle.groups:
+        if g.grad_buf is None:
+            out.update({s.name: None for s in g.slots})
+            continue
+        with pool.acquire(g.grad_buf) as view:
+            gbase = torch.from_dlpack(view)
+            for s in g.slots:
+                out[s.name] = s.of(gbase).clone() if s.grad_valid else None
+    return out
+
+
+def parameters(handle: Offloaded) -> Dict[str, torch.Tensor]:
+    """Copies of the parameters' current values, by name."""
+    out = {}
+    for g in handle.groups:
+        with handle.pool.acquire(g.buf) as view:
+            base = torch.from_dlpack(view)
+            for s in g.slots:
+                out[s.name] = s.of(base).clone()
+    return out
+
+
+class Optimizer:
+    """``Optimizer(torch.optim.AdamW, handle, lr=...)``: one ``optimizer_cls`` per group
+    of :func:`offload`, stepped group by group with the weights (exclusive), gradients
+    and optimizer state acquired together; the state lives in the pool from the first
+    step on. ``step()`` ends with ``pool.step()``."""
+
+    def __init__(self, optimizer_cls: Callable[..., torch.optim.Optimizer], handle: Offloaded,
+                 **kwargs: Any):
+        self.handle = handle
+        handle.optimizer_steps_pool = True
+        self.inner = [optimizer_cls([s.param for s in g.slots], **kwargs)
+                      for g in handle.groups]
+
+    def _bind_state(self, g: _Group, opt: torch.optim.Optimizer, sbase) -> None:
+        for s, key, off, n in g.state_layout:
+            src = sbase[off:off + n].view(s.dtype).view(s.shape)
+            opt.state[s.param][key] = src
+
+    def _unbind_state(self, g: _Group, opt: torch.optim.Optimizer) -> None:
+        for s, key, _off, _n in g.state_layout:
+            opt.state[s.param][key] = self.handle._placeholder(s.dtype)
+
+    def _move_state_into_pool(self, g: _Group, opt: torch.optim.Optimizer) -> None:
+        """After the first step: every state tensor shaped like its parameter goes into
+        a state buffer of the group."""
+        layout, offset = [], 0
+        for s in g.slots:
+            for key, v in opt.state.get(s.param, {}).items():
+                if isinstance(v, torch.Tensor) and tuple(v.shape) == s.shape and v.dtype == s.dtype \
+                        and v.numel() > 1:
+                    n = v.numel() * v.element_size()
+                    layout.append((s, key, offset, n))
+                    offset = _align(offset + n)
+        if not layout:
+            return
+        pool = self.handle.pool
+        g.state_buf = pool.alloc(f"{g.name}.state", offset)
+        with pool.acquire_mut(g.state_buf) as view:
+            sbase = torch.from_dlpack(view)
+            for s, key, off, n in layout:
+                sbase[off:off + n].view(s.dtype).view(s.shape).copy_(opt.state[s.param][key])
+        g.state_layout = layout
+        self._unbind_state(g, opt)
+
+    def step(self) -> None:
+        pool = self.handle.pool
+        for g, opt in zip(self.handle.groups, self.inner):
+            live = [s for s in g.slots if s.grad_valid]
+            if not live or g.grad_buf is None:
+                continue
+            g.acquire(exclusive=True)
+            gview = pool.acquire(g.grad_buf)
+            sview = pool.acquire_mut(g.state_buf) if g.state_buf is not None else None
+            try:
+                gbase = torch.from_dlpack(gview)
+                for s in live:
+                    s.param.grad = s.of(gbase)
+                if sview is not None:
+                    self._bind_state(g, opt, torch.from_dlpack(sview))
+                opt.step()
+                for s in g.slots:
+                    s.param.grad = None
+                if sview is None:
+                    self._move_state_into_pool(g, opt)
+                else:
+                    self._unbind_state(g, opt)
+            finally:
+                if sview is not None:
+                    sview.release()
+                gview.release()
+                g.release()
+        pool.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forgets the accumulated gradients (the buffers are overwritten next time)."""
+        for g in self.handle.groups:
+            for s in g.slots:
+                s.grad_valid = False
+                s.param.grad = None
