@@ -17,17 +17,23 @@
 //! until the last tensor is gone, even after the `Pool` object itself is. Using the
 //! `View` itself after release raises `ViewReleasedError`.
 //!
-//! On `cuda`, the acquire has waited for the copies on the host, so a consumer's stream
-//! may use the tensor at once; the release is fenced behind the pool's compute stream
-//! (the SDK's guard), not the consumer's. Work queued on another stream must be finished
-//! (or the stream synchronized) before `__exit__` — ordering the release behind the
-//! consumer's stream is issue 11's next step.
+//! ## The DLPack stream contract (on `cuda`)
+//! - The consumer's stream sees the data: the acquire waited (GIL released) for the
+//!   copies' events before the view exists, so the bytes are in device memory before any
+//!   consumer stream can be handed the tensor; no stream-side wait is left to queue.
+//! - The pool does not reuse the frames until the consumer's queued work has passed:
+//!   each `__dlpack__(stream=s)` records `s` in the view's guard
+//!   ([`Guard::release_after_stream`]; `None` is the legacy default stream `1`, `-1`
+//!   asks for nothing), and the release at `__exit__` records an event on every such
+//!   stream and lets the pool take the pages back only after those events (the SDK's
+//!   `CudaDevice::after_streams_work`). `__exit__` does not block: a `with` block may end
+//!   while the consumer's kernels are still queued.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
-use dlpark::python::{DlpackExporter, ExportRequest, export_dlpack};
+use dlpark::python::{CudaStreamRequest, DlpackExporter, ExportRequest, export_dlpack};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyBufferError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -107,6 +113,23 @@ impl View {
         })
     }
 
+    /// Makes the release wait for the consumer's stream of `request` (module docs).
+    fn note_stream(&self, request: &ExportRequest<'_>) -> PyResult<()> {
+        if self.device == DLDevice::CPU {
+            return Ok(());
+        }
+        let stream = match request.cuda_stream()? {
+            CudaStreamRequest::NoSync => return Ok(()),
+            CudaStreamRequest::Omitted | CudaStreamRequest::LegacyDefault => 1,
+            CudaStreamRequest::PerThreadDefault => 2,
+            CudaStreamRequest::Pointer(p) => p as u64,
+        };
+        if let Some(h) = self.lock().as_mut() {
+            h.guard.release_after_stream(stream);
+        }
+        Ok(())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Option<Held>> {
         // A panic while holding this lock leaves no broken state (an Option swap).
         self.held.lock().unwrap_or_else(|p| p.into_inner())
@@ -168,6 +191,7 @@ impl View {
     ) -> PyResult<Py<PyAny>> {
         let export = self.export(py, None)?;
         let request = ExportRequest::parse(stream, max_version, dl_device, copy)?;
+        self.note_stream(&request)?;
         export_dlpack(&export, py, request)
     }
 
@@ -285,8 +309,10 @@ impl PageView {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let export = self.view.get().export(py, Some(self.index))?;
+        let view = self.view.get();
+        let export = view.export(py, Some(self.index))?;
         let request = ExportRequest::parse(stream, max_version, dl_device, copy)?;
+        view.note_stream(&request)?;
         export_dlpack(&export, py, request)
     }
 
