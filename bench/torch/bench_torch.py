@@ -36,6 +36,10 @@ import time
 import torch
 
 GiB = 1 << 30
+DEVICE = "cuda"
+# Bit-identity needs the same kernels in every run: cuBLAS's fixed workspace, and
+# deterministic algorithms where PyTorch has them (warn where it has none).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def log(*a):
@@ -61,7 +65,7 @@ def make_config(args):
         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 128,
         num_key_value_heads=args.hidden // 128, vocab_size=args.vocab,
         max_position_embeddings=max(args.seq, args.infer_seq), tie_word_embeddings=False,
-        torch_dtype="bfloat16", attn_implementation="sdpa")
+        torch_dtype="bfloat16", attn_implementation=args.attn)
 
 
 def new_model(config, weights):
@@ -69,9 +73,10 @@ def new_model(config, weights):
     from transformers import LlamaForCausalLM
     with torch.device("meta"):
         m = LlamaForCausalLM(config).to(torch.bfloat16)
-    m = m.to_empty(device="cuda")
+    m = m.to_empty(device=DEVICE)
     m.load_state_dict(weights, strict=True)
-    m.model.rotary_emb.__init__(config=config, device="cuda")  # buffers, not in the state dict
+    with torch.device(DEVICE):  # its buffers are not in the state dict: make them again
+        m.model.rotary_emb = type(m.model.rotary_emb)(config)
     return m
 
 
@@ -402,6 +407,7 @@ def main():
     ap.add_argument("--infer-batch", type=int, default=1)
     ap.add_argument("--infer-seq", type=int, default=128)
     ap.add_argument("--infer-steps", type=int, default=6)
+    ap.add_argument("--attn", default="sdpa", help="transformers attn_implementation")
     ap.add_argument("--gpu-budget", default="2GiB")
     ap.add_argument("--page-size", default="8MiB")
     ap.add_argument("--skip", nargs="*", default=[], help="variants to skip, e.g. fsdp2")
@@ -409,6 +415,7 @@ def main():
     args = ap.parse_args()
 
     import spillway
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(0)
     config = make_config(args)
     from transformers import LlamaForCausalLM

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Turns bench_torch.py's JSON into the markdown section of bench/RESULTS.md.
+
+    python3 bench/torch/record.py RUN.json "COMMAND" > section.md
+
+Every figure comes from the JSON; nothing is typed by hand.
+"""
+
+import json
+import sys
+
+GiB = 1 << 30
+
+
+def rows(part, doc):
+    rs = doc[part]
+    floor = doc[f"{part}_floor_s"]
+    out = ["| variant | step s | x floor | GPU peak GiB | H2D GB/step | D2H GB/step | hit rate |",
+           "|---|---|---|---|---|---|---|"]
+    for name, r in rs.items():
+        if "error" in r:
+            out.append(f"| {name} | error: {r['error'][:80]} | | | | | |")
+            continue
+        hit = f"{r['hit_rate']:.3f}" if "hit_rate" in r else ""
+        out.append(
+            f"| {name} | {r['step_s']:.3f} | {r['step_s'] / floor:.3f} | "
+            f"{r.get('gpu_peak_bytes', 0) / GiB:.2f} | {r.get('h2d_bytes_per_step', 0) / 1e9:.2f} | "
+            f"{r.get('d2h_bytes_per_step', 0) / 1e9:.2f} | {hit} |")
+    return out
+
+
+def main():
+    doc = json.load(open(sys.argv[1]))
+    command = sys.argv[2] if len(sys.argv) > 2 else "python3 bench/torch/bench_torch.py"
+    a = doc["args"]
+    lines = [
+        f"Run: `{command}` on {doc['device']} (torch {doc['torch']}, transformers "
+        f"{doc.get('transformers', '?')}, spillway {doc['spillway']}). Model: Llama architecture, "
+        f"{a['layers']} layers, hidden {a['hidden']}, {doc['weights_bytes'] / GiB:.2f} GiB of bf16 "
+        f"weights = {doc['weights_bytes'] / doc['gpu_budget_bytes']:.2f}x the pool's GPU budget "
+        f"({a['gpu_budget']}, pages {a['page_size']}). Floor = max(resident, copy floor).",
+        "",
+        f"Training: batch {a['train_batch']} x {a['seq']} tokens, AdamW, {a['train_steps']} steps "
+        f"(median of the steps after the first); floor {doc['train_floor_s']:.3f} s.",
+        "",
+        *rows("train", doc),
+        "",
+        f"Inference: batch {a['infer_batch']} x {a['infer_seq']} tokens, forward only; floor "
+        f"{doc['infer_floor_s']:.3f} s.",
+        "",
+        *rows("infer", doc),
+        "",
+    ]
+    learned = doc["train"].get("learned", {})
+    checks = {k: learned.get(k) for k in ("losses_equal", "grads_equal", "weights_equal")}
+    lines.append(f"Bit-identical to resident training over {a['train_steps']} steps: {checks}.")
+    il = doc["infer"].get("learned", {})
+    if "logits_equal" in il:
+        lines.append(f"Inference logits equal to resident: {il['logits_equal']}.")
+    for k in ("train_fsdp2_over_learned", "train_on_demand_over_learned",
+              "infer_accelerate_over_learned", "infer_handwritten_over_learned",
+              "infer_on_demand_over_learned"):
+        if k in doc:
+            lines.append(f"- `{k}`: {doc[k]:.2f}")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
