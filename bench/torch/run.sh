@@ -8,7 +8,8 @@
 # Installs dist/py/*.whl (no dependencies: the machine has torch, transformers,
 # accelerate, numpy), runs the Python package's tests there (the CUDA view tests run; the
 # daemon tests need dist/gpu/spillway), a small smoke run of the benchmark, then the
-# benchmark itself. Exit statuses go to OUT_DIR/status.txt.
+# benchmark itself. pytest comes from dist/py/deps when the machine lacks it
+# (`pip download pytest -d dist/py/deps --only-binary=:all: --python-version 3.12`). Exit statuses go to OUT_DIR/status.txt.
 set -u
 out=${1:?usage: bench/torch/run.sh OUT_DIR}
 mkdir -p "$out"
@@ -20,6 +21,8 @@ step() { # name, timeout seconds, command...
     echo "$name rc=$? seconds=$((SECONDS - t0))" >> "$out/status.txt"
 }
 step pip 120 python3 -m pip install --no-deps --no-index --force-reinstall dist/py/*.whl
+python3 -c 'import pytest' 2>/dev/null || \
+    step pip-pytest 120 python3 -m pip install --no-index --find-links dist/py/deps pytest
 [ -x dist/gpu/spillway ] && export SPILLWAY_BIN=$PWD/dist/gpu/spillway
 step pytest 120 python3 -m pytest -q -rs crates/spillway-py/tests
 step smoke 120 python3 bench/torch/bench_torch.py --layers 2 --hidden 1024 --intermediate 2816 \
