@@ -241,8 +241,11 @@ pub(crate) async fn round_trip<C: Carrier>(
         return Err(link.lost("connection closed"));
     }
     let kind = request.kind();
-    let id = link.next_request_id.fetch_add(1, Ordering::Relaxed);
-    let outgoing = encode_request(peer, id, request)?;
+    let outgoing = encode_request(
+        peer,
+        link.next_request_id.fetch_add(1, Ordering::Relaxed),
+        request,
+    )?;
     if let Some(limit_bytes) = carrier.frame_bytes_max()
         && outgoing.frame_bytes > limit_bytes
     {
@@ -254,7 +257,7 @@ pub(crate) async fn round_trip<C: Carrier>(
     }
     let state = &*link.state;
     let permit = acquire(&state.outbound, outgoing.payload_bytes, link.budget_permits).await;
-    let frame_bytes = outgoing.frame_bytes;
+    let (id, frame_bytes) = (outgoing.id, outgoing.frame_bytes);
     let received = carrier.carry(outgoing, permit).await;
     // Counted once the request left (a carrier fails before sending only for a closed
     // connection, whose counters no longer matter).

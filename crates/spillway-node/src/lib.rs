@@ -13,8 +13,10 @@
 //! - [`service`]: the peer [`Handler`](spillway_net::Handler): pages to the host tier,
 //!   Raft messages and proposals to the metadata group.
 //! - [`remote`]: [`RemoteService`], the remote tier of this node's local clients (pages
-//!   spilled to peers, placed in the replicated directory); `ledger`, the sans-IO record of
-//!   the reservations it holds on peers and spends.
+//!   spilled to peers, placed in the replicated directory): the tokio driver of
+//!   `placement`, the sans-IO brain that decides placement, reservation spending,
+//!   batching, fetch routing and deletes; `ledger`, the sans-IO record of the
+//!   reservations it holds on peers and spends; `tier`, their shared ids, limits, errors.
 //! - [`http`]: `/metrics` (Prometheus) and `/status` (JSON) on `metrics_addr`.
 //! - [`local`]: the Unix socket for this machine's clients.
 //! - [`node`]: [`Node::start`] and the [`NodeHandle`] with the counters and the graceful
@@ -28,9 +30,11 @@ mod ledger;
 pub mod local;
 pub mod meta;
 pub mod node;
+mod placement;
 pub mod remote;
 pub mod service;
 pub mod store;
+mod tier;
 #[cfg(feature = "ucx")]
 mod ucx_pages;
 
