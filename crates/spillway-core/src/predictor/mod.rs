@@ -5,7 +5,11 @@
 //! accesses, which it turns into a prefetch plan and into each resident page's next use
 //! (for eviction). Implementations:
 //! - [`TracePredictor`] (`trace`): the order of earlier steps, matched by cursors that
-//!   survive divergence (see [`trace`]).
+//!   survive divergence (see [`trace`]);
+//! - [`OrderPredictor`] (`order`): the same, plus the order within the step (what this
+//!   step used comes back where earlier steps' did) and a measured probability for each
+//!   guess, which bounds how far speculation may push out pages surely needed (see
+//!   [`order`]). Mixture-of-experts routing is its case in point.
 //!
 //! ## Contract, for every implementation
 //! - The caller guarantees: [`Predictor::on_access`] once per acquire, in the order the job
@@ -16,10 +20,11 @@
 //!   SHOULD give each buffer its nearest predicted distance. Entries are predictions only:
 //!   the pool prefetches them ahead of need, and demand always goes before them.
 //! - `probability` is the implementation's estimate that the access happens (as measured:
-//!   an implementation that cannot tell says 1). The pool treats a buffer predicted with
-//!   probability `p` at distance `d` as needed no sooner than `d / p` when it decides what
-//!   to load and what to evict, so a guess never displaces a page that is surely needed
-//!   sooner.
+//!   an implementation that cannot tell says 1). `distance` and `time_until` are what the
+//!   pool plans by (it loads nearest first within a horizon, and evicts the furthest next
+//!   use): an implementation that guesses MUST weight them by the guess's probability, no
+//!   nearer than `(d + 1) / p - 1` accesses and `t / p` for a raw distance `d` and time
+//!   `t`, so that a guess never displaces a page surely needed sooner.
 //! - Any order of buffers is valid input (unknown buffers, repeats, empty steps, steps of
 //!   [`spillway_types::limits::TRACE_ACCESSES_PER_STEP_MAX`] accesses): an implementation
 //!   never panics on it. State is bounded by the history it keeps: at most
@@ -30,8 +35,10 @@ use std::time::Duration;
 
 use spillway_types::BufferId;
 
+pub mod order;
 pub mod trace;
 
+pub use order::OrderPredictor;
 pub use trace::TracePredictor;
 
 /// One predicted upcoming access.
@@ -39,9 +46,10 @@ pub use trace::TracePredictor;
 pub struct Upcoming {
     /// The buffer predicted.
     pub buffer: BufferId,
-    /// How many accesses from now (0 = the next one).
+    /// How many accesses from now (0 = the next one), weighted by `probability` (see the
+    /// module docs).
     pub distance: u64,
-    /// Predicted time from now until the access.
+    /// Predicted time from now until the access, weighted by `probability`.
     pub time_until: Duration,
     /// Estimated probability that the access happens, in `(0, 1]`.
     pub probability: f64,

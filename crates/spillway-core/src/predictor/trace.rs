@@ -38,7 +38,7 @@ use super::{Predictor, PredictorStats, Upcoming};
 /// Weight of the newest access in a cursor's match score.
 const SCORE_ALPHA: f64 = 0.1;
 /// A trace whose score falls below this stops contributing predictions.
-const SCORE_FLOOR: f64 = 0.3;
+pub(super) const SCORE_FLOOR: f64 = 0.3;
 /// Skipped entries stay predicted for this many accesses plus twice the skip length.
 const PENDING_TTL_ACCESSES: u64 = 8;
 /// Most skipped entries kept predicted at once.
@@ -57,15 +57,24 @@ const PERIOD_OCCURRENCES_KEPT: usize = 4;
 
 /// One recorded step.
 #[derive(Debug, Clone)]
-struct Trace {
-    seq: Vec<BufferId>,
+pub(super) struct Trace {
+    pub(super) seq: Vec<BufferId>,
     /// Time from the step's start to each access.
     offsets: Vec<Duration>,
     /// Time from the step's start to the start of the next step.
     duration: Duration,
     /// Sorted positions of each buffer in `seq`.
-    positions: HashMap<BufferId, Vec<u32>>,
+    pub(super) positions: HashMap<BufferId, Vec<u32>>,
+    /// For each position, the next position of the same buffer in this step
+    /// ([`NO_POSITION`]: none): where a buffer used here comes back within the step.
+    pub(super) next_in_step: Vec<u32>,
+    /// For each position, the previous position of the same buffer in this step
+    /// ([`NO_POSITION`]: none).
+    pub(super) prev_in_step: Vec<u32>,
 }
+
+/// No position (see [`Trace::next_in_step`]).
+pub(super) const NO_POSITION: u32 = u32::MAX;
 
 impl Trace {
     fn new(seq: Vec<BufferId>, offsets: Vec<Duration>, duration: Duration) -> Trace {
@@ -73,20 +82,30 @@ impl Trace {
         for (i, b) in seq.iter().enumerate() {
             positions.entry(*b).or_default().push(i as u32);
         }
+        let mut next_in_step = vec![NO_POSITION; seq.len()];
+        let mut prev_in_step = vec![NO_POSITION; seq.len()];
+        for ps in positions.values() {
+            for w in ps.windows(2) {
+                next_in_step[w[0] as usize] = w[1];
+                prev_in_step[w[1] as usize] = w[0];
+            }
+        }
         Trace {
             seq,
             offsets,
             duration,
             positions,
+            next_in_step,
+            prev_in_step,
         }
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.seq.len()
     }
 
     /// Time from position `from` to position `from + k` (wrapping into later steps).
-    fn time_between(&self, from: usize, k: usize) -> Duration {
+    pub(super) fn time_between(&self, from: usize, k: usize) -> Duration {
         let n = self.len();
         let (a, b) = (from % n, from + k);
         let laps = (b / n) as u32;
@@ -96,22 +115,22 @@ impl Trace {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Cursor {
+pub(super) struct Cursor {
     /// Position of the next expected access, in `0..len`.
-    pos: usize,
-    score: f64,
+    pub(super) pos: usize,
+    pub(super) score: f64,
 }
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct TracePredictor {
-    history: VecDeque<(Trace, Cursor)>,
+    pub(super) history: VecDeque<(Trace, Cursor)>,
     history_max: usize,
     current: Vec<BufferId>,
     current_offsets: Vec<Duration>,
     step_start: Option<Duration>,
     /// Skipped-over entries still predicted: (buffer, expires at access number).
-    pending: VecDeque<(BufferId, u64)>,
+    pub(super) pending: VecDeque<(BufferId, u64)>,
     steps_marked: bool,
     period: Option<usize>,
     /// Period candidates: (period, accesses in a row that repeat at that distance).
