@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use spillway_client::remote::{
-    RemoteCompletion, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSink, RemoteTier,
+    DeviceFault, RemoteCompletion, RemoteError, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSink,
+    RemoteTier,
 };
 use spillway_client::{Device, PageId};
 use spillway_node::remote::RemoteService;
@@ -75,7 +76,10 @@ impl RemoteTier for ServiceTier {
                     self.runtime.spawn(async move {
                         sink(RemoteCompletion {
                             id: op.id,
-                            result: Err(format!("reading slot {:?}: {e}", op.slot)),
+                            result: Err(RemoteError::Slot {
+                                slot: op.slot,
+                                fault: DeviceFault::new(e),
+                            }),
                         });
                     });
                     return;
@@ -84,7 +88,7 @@ impl RemoteTier for ServiceTier {
                     let result = service
                         .spill(client, vec![(op.page, Bytes::from(data))])
                         .await
-                        .map_err(|e| e.to_string());
+                        .map_err(RemoteError::tier);
                     sink(RemoteCompletion { id: op.id, result });
                 });
             }
@@ -95,16 +99,18 @@ impl RemoteTier for ServiceTier {
                         Ok(pages) => match pages.first() {
                             Some(data) if data.len() as u64 == op.bytes => device
                                 .write_host(op.slot, 0, data)
-                                .map_err(|e| e.to_string()),
-                            Some(data) => Err(format!(
-                                "page {} came back with {} bytes, {} expected",
-                                op.page,
-                                data.len(),
-                                op.bytes
-                            )),
-                            None => Err(format!("page {} did not come back", op.page)),
+                                .map_err(|e| RemoteError::Slot {
+                                    slot: op.slot,
+                                    fault: DeviceFault::new(e),
+                                }),
+                            Some(data) => Err(RemoteError::WrongLength {
+                                page: op.page,
+                                got_bytes: data.len() as u64,
+                                expected_bytes: op.bytes,
+                            }),
+                            None => Err(RemoteError::NotHeld { page: op.page }),
                         },
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err(RemoteError::tier(e)),
                     };
                     sink(RemoteCompletion { id: op.id, result });
                 });

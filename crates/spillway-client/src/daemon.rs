@@ -48,7 +48,8 @@ use spillway_types::{PageId, PageSize};
 
 use crate::PoolBuilder;
 use crate::remote::{
-    RemoteCompletion, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSink, RemoteTier,
+    RemoteCompletion, RemoteError, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSetupError,
+    RemoteSink, RemoteTier,
 };
 
 /// How long the node has to answer the `Hello`: 10 s (it creates the shared memory
@@ -272,11 +273,8 @@ impl DaemonLink {
         let socket = self.socket.clone();
         let welcome = self.welcome;
         Box::new(move |_device, sink| {
-            let stream = stream.ok_or_else(|| {
-                format!(
-                    "the link to {} already made its remote tier",
-                    socket.display()
-                )
+            let stream = stream.ok_or_else(|| RemoteSetupError::LinkTaken {
+                socket: socket.clone(),
             })?;
             DaemonRemote::start(stream, socket, welcome, sink)
                 .map(|tier| Arc::new(tier) as Arc<dyn RemoteTier>)
@@ -366,11 +364,11 @@ impl DaemonRemote {
         socket: PathBuf,
         welcome: Welcome,
         sink: RemoteSink,
-    ) -> Result<DaemonRemote, String> {
+    ) -> Result<DaemonRemote, RemoteSetupError> {
         let clone = || {
             stream
                 .try_clone()
-                .map_err(|e| format!("cannot clone the socket to the node: {e}"))
+                .map_err(|source| RemoteSetupError::Socket { source })
         };
         let (reader, closer) = (clone()?, clone()?);
         let (tx, rx) = mpsc::channel::<RemoteCompletion>();
@@ -394,7 +392,10 @@ impl DaemonRemote {
                     sink(c);
                 }
             })
-            .map_err(|e| format!("cannot start the remote tier's completion thread: {e}"))?;
+            .map_err(|source| RemoteSetupError::Thread {
+                role: "completion",
+                source,
+            })?;
         let reading = conn.clone();
         std::thread::Builder::new()
             .name("spillway-daemon-read".into())
@@ -402,16 +403,20 @@ impl DaemonRemote {
                 let cause = reading.read_loop(reader);
                 reading.die(cause);
             })
-            .map_err(|e| format!("cannot start the remote tier's reader thread: {e}"))?;
+            .map_err(|source| RemoteSetupError::Thread {
+                role: "reader",
+                source,
+            })?;
         Ok(DaemonRemote { conn })
     }
 }
 
 impl Conn {
+    /// Completes op `id`; an error is the node's message or why the link is gone.
     fn complete(&self, id: u64, result: Result<(), String>) {
         let c = RemoteCompletion {
             id: spillway_types::TransferId(id),
-            result,
+            result: result.map_err(RemoteError::tier),
         };
         // The completion thread lives while any sender does; ours is one.
         let _ = self.completions.send(c);

@@ -37,7 +37,10 @@ pub use pool::{
     Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, make_device,
     make_device_in,
 };
-pub use remote::{RemoteCompletion, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSink, RemoteTier};
+pub use remote::{
+    RemoteCompletion, RemoteError, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSetupError,
+    RemoteSink, RemoteTier,
+};
 pub use spillway_core::{AccessMode, CoreError, CoreStats};
 pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
 pub use spillway_device::{Device, DeviceError, DeviceKind, HostMemory};

@@ -5,19 +5,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use spillway_core::{
-    AccessMode, AcquireId, CoreError, CoreStats, MappingChange, PageLocation, PoolCore, RemoteKind,
+    AccessMode, AcquireId, CoreError, CoreStats, DeviceFault, MappingChange, PageLocation,
+    PoolCore, RemoteError,
 };
 use spillway_device::sim::SimDevice;
 use spillway_device::{
-    Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
+    Completion, CompletionSink, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
     HostMemory,
 };
 use spillway_types::config::{ConfigError, Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, PageSize};
 
-use crate::remote::{
-    RemoteCompletion, RemoteFactory, RemoteOp, RemoteOpKind, RemoteSink, RemoteTier,
-};
+use crate::remote::{RemoteCompletion, RemoteFactory, RemoteSetupError, RemoteSink, RemoteTier};
 
 /// Errors of the pool's API.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +49,7 @@ pub enum PoolError {
     NotExclusive,
     /// The remote tier could not be set up.
     #[error("the remote tier is unavailable: {0}")]
-    Remote(String),
+    Remote(#[from] RemoteSetupError),
 }
 
 /// Which GPU tier backend to use.
@@ -282,6 +281,15 @@ impl Shared {
     /// Starts every copy and mapping change the core has queued. Called with the lock held.
     fn drive(&self, state: &mut State) {
         let device = self.device();
+        // Zero fills first: the copies and remote ops below may read those slots.
+        while let Some(fill) = state.core.poll_zero_fill() {
+            let zeros = vec![0u8; fill.bytes as usize];
+            if let Err(e) = device.write_host(fill.slot, 0, &zeros) {
+                tracing::error!(error = %e, page = %fill.page, "zero fill failed");
+                let now = self.now();
+                state.core.handle_zero_fill_failed(fill.page, DeviceFault::new(e), now);
+            }
+        }
         while let Some(m) = state.core.poll_mapping() {
             let r = match m {
                 MappingChange::Map { page, frame } => {
@@ -294,56 +302,15 @@ impl Shared {
             }
         }
         while let Some(t) = state.core.poll_transfer() {
-            device.submit(CopyOp {
-                id: t.id,
-                direction: t.direction,
-                frame: t.frame,
-                slot: t.slot,
-                bytes: t.bytes,
-            });
+            device.submit(t);
         }
-        // Remote ops, and zero fills of pages never written (done here: a memset).
-        loop {
-            let mut zeroed = Vec::new();
-            while let Some(op) = state.core.poll_remote() {
-                let kind = match op.kind {
-                    RemoteKind::Zero => {
-                        let zeros = vec![0u8; op.bytes as usize];
-                        let r = device
-                            .write_host(op.slot, 0, &zeros)
-                            .map_err(|e| e.to_string());
-                        zeroed.push((op.id, r));
-                        continue;
-                    }
-                    RemoteKind::Spill => RemoteOpKind::Spill,
-                    RemoteKind::Fetch => RemoteOpKind::Fetch,
-                };
-                match self.remote.get() {
-                    Some(remote) => remote.submit(RemoteOp {
-                        id: op.id,
-                        kind,
-                        page: op.page,
-                        slot: op.slot,
-                        bytes: op.bytes,
-                    }),
-                    None => zeroed.push((op.id, Err("the pool has no remote tier".to_string()))),
+        while let Some(op) = state.core.poll_remote() {
+            match self.remote.get() {
+                Some(remote) => remote.submit(op),
+                None => {
+                    let now = self.now();
+                    state.core.handle_remote_done(op.id, Err(RemoteError::NoTier), now);
                 }
-            }
-            if zeroed.is_empty() {
-                break;
-            }
-            let now = self.now();
-            for (id, r) in zeroed {
-                state.core.handle_remote_done(id, r, now);
-            }
-            while let Some(t) = state.core.poll_transfer() {
-                device.submit(CopyOp {
-                    id: t.id,
-                    direction: t.direction,
-                    frame: t.frame,
-                    slot: t.slot,
-                    bytes: t.bytes,
-                });
             }
         }
         let discards = state.core.take_discards();
@@ -394,7 +361,7 @@ impl Shared {
         let now = self.now();
         let result = c.result.map_err(|e| {
             tracing::error!(error = %e, "device copy failed");
-            e.to_string()
+            DeviceFault::new(e)
         });
         state.core.handle_transfer_done(c.id, result, now);
         self.drive(&mut state);
@@ -514,7 +481,7 @@ impl Pool {
                     shared.on_remote_completion(c);
                 }
             });
-            let tier = factory(device, sink).map_err(PoolError::Remote)?;
+            let tier = factory(device, sink)?;
             shared
                 .lock()
                 .core

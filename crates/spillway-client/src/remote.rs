@@ -13,46 +13,52 @@
 //! Contract (the same as a device's copies): while an op is in flight, nobody else
 //! touches its host slot; a spill's bytes are read from the slot before its completion,
 //! a fetch's bytes are in the slot before its completion. Every op completes exactly once,
-//! successfully or with a message.
+//! successfully or with a [`RemoteError`]. The ops are the core's own
+//! ([`spillway_core::RemoteOp`]): the pool hands them over as the core gives them.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use spillway_device::Device;
-use spillway_types::{HostSlot, PageId, TransferId};
+use spillway_types::PageId;
 
-/// What a remote op does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RemoteOpKind {
-    /// Copy `bytes` of the host slot to the remote tier, under the page's id (replacing
-    /// what the tier held for it).
-    Spill,
-    /// Copy the page's bytes from the remote tier into the host slot.
-    Fetch,
-}
-
-/// One page moving between the host tier and the remote tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RemoteOp {
-    /// Reported back in the completion.
-    pub id: TransferId,
-    /// Which way.
-    pub kind: RemoteOpKind,
-    /// The page (its id is the key in the remote tier).
-    pub page: PageId,
-    /// The host side.
-    pub slot: HostSlot,
-    /// The page's length (the last page of a buffer may be short).
-    pub bytes: u64,
-}
+pub use spillway_core::{DeviceFault, RemoteError, RemoteOp, RemoteOpKind};
 
 /// A finished remote op.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteCompletion {
     /// The op's id, as submitted.
-    pub id: TransferId,
-    /// Whether the bytes arrived; the error names what failed.
-    pub result: Result<(), String>,
+    pub id: spillway_types::TransferId,
+    /// Whether the bytes arrived; the error says what failed.
+    pub result: Result<(), RemoteError>,
+}
+
+/// Why a pool's remote tier could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteSetupError {
+    /// A thread of the tier could not be started.
+    #[error("cannot start the remote tier's {role} thread: {source}")]
+    Thread {
+        /// What the thread does.
+        role: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket to the node could not be cloned for the tier's threads.
+    #[error("cannot clone the socket to the node: {source}")]
+    Socket {
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A node link makes one remote tier; this one already made it.
+    #[error("the link to {} already made its remote tier", socket.display())]
+    LinkTaken {
+        /// The node's socket.
+        socket: PathBuf,
+    },
 }
 
 /// Where remote completions go; called from the tier's threads, never while it holds a
@@ -76,8 +82,13 @@ pub trait RemoteTier: Send + Sync {
 
 /// Makes a pool's remote tier once the pool's device exists (the tier reads and writes
 /// host slots through it) and its completion sink is known.
-pub type RemoteFactory =
-    Box<dyn FnOnce(Arc<dyn Device>, RemoteSink) -> Result<Arc<dyn RemoteTier>, String> + Send>;
+pub type RemoteFactory = Box<
+    dyn FnOnce(Arc<dyn Device>, RemoteSink) -> Result<Arc<dyn RemoteTier>, RemoteSetupError> + Send,
+>;
+
+/// The bandwidth [`MemRemote`] claims: 5 GB/s, about a `memcpy` into touched memory on
+/// a small machine (`../shared/FACTS.md`).
+pub const MEM_REMOTE_BYTES_PER_S: f64 = 5e9;
 
 /// A remote tier in this process's memory, for tests: ops run in order on a thread of
 /// its own (so completions never arrive inside `submit`).
@@ -112,7 +123,10 @@ impl MemRemote {
                         sink(RemoteCompletion { id: op.id, result });
                     }
                 })
-                .map_err(|e| format!("cannot start the remote tier's thread: {e}"))?;
+                .map_err(|source| RemoteSetupError::Thread {
+                    role: "worker",
+                    source,
+                })?;
             Ok(Arc::new(MemRemote {
                 inner,
                 ops: Mutex::new(tx),
@@ -127,32 +141,33 @@ impl MemRemote {
 }
 
 impl MemInner {
-    fn run(&self, op: RemoteOp) -> Result<(), String> {
+    fn run(&self, op: RemoteOp) -> Result<(), RemoteError> {
         let mut pages = self.pages.lock().expect("mem remote lock");
+        let slot_fault = |e: spillway_device::DeviceError| RemoteError::Slot {
+            slot: op.slot,
+            fault: DeviceFault::new(e),
+        };
         match op.kind {
             RemoteOpKind::Spill => {
                 let mut data = vec![0u8; op.bytes as usize];
                 self.device
                     .read_host(op.slot, 0, &mut data)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(slot_fault)?;
                 pages.insert(op.page, data);
                 Ok(())
             }
             RemoteOpKind::Fetch => {
                 let data = pages
                     .get(&op.page)
-                    .ok_or_else(|| format!("remote tier does not hold page {}", op.page))?;
+                    .ok_or(RemoteError::NotHeld { page: op.page })?;
                 if data.len() as u64 != op.bytes {
-                    return Err(format!(
-                        "page {} has {} bytes in the remote tier, {} expected",
-                        op.page,
-                        data.len(),
-                        op.bytes
-                    ));
+                    return Err(RemoteError::WrongLength {
+                        page: op.page,
+                        got_bytes: data.len() as u64,
+                        expected_bytes: op.bytes,
+                    });
                 }
-                self.device
-                    .write_host(op.slot, 0, data)
-                    .map_err(|e| e.to_string())
+                self.device.write_host(op.slot, 0, data).map_err(slot_fault)
             }
         }
     }
@@ -168,7 +183,7 @@ impl RemoteTier for MemRemote {
     }
 
     fn bandwidth_hint_bytes_per_s(&self) -> f64 {
-        5e9
+        MEM_REMOTE_BYTES_PER_S
     }
 
     fn submit(&self, op: RemoteOp) {

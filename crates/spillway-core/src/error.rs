@@ -1,6 +1,77 @@
 //! Errors of the pool's state machine. Each names the numbers a user needs to act.
+//!
+//! [`CoreError`] is what the core refuses or reports; [`DeviceFault`] and [`RemoteError`]
+//! are what a driver reports into the core when a copy, a zero fill or a remote op
+//! failed.
 
-use spillway_types::BufferId;
+use spillway_types::{BufferId, HostSlot, PageId};
+
+use crate::pool::AccessMode;
+
+/// A device operation (a copy, a host slot's read or write) that failed. The device's
+/// own error type is a layer above the core; its message is kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct DeviceFault {
+    /// The device's message.
+    pub message: String,
+}
+
+impl DeviceFault {
+    /// A fault with `error`'s message.
+    pub fn new(error: impl std::fmt::Display) -> DeviceFault {
+        DeviceFault {
+            message: error.to_string(),
+        }
+    }
+}
+
+/// Why a remote op failed, as the remote tier reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteError {
+    /// The op's host slot could not be read or written.
+    #[error("host slot {}: {fault}", slot.0)]
+    Slot {
+        /// The slot.
+        slot: HostSlot,
+        /// What the device said.
+        fault: DeviceFault,
+    },
+    /// The remote tier does not hold the page.
+    #[error("the remote tier does not hold page {page}")]
+    NotHeld {
+        /// The page.
+        page: PageId,
+    },
+    /// The page came back with another length than the op's.
+    #[error("page {page} came back with {got_bytes} bytes, {expected_bytes} expected")]
+    WrongLength {
+        /// The page.
+        page: PageId,
+        /// Bytes that came back.
+        got_bytes: u64,
+        /// Bytes of the op.
+        expected_bytes: u64,
+    },
+    /// The pool has no remote tier (a driver bug: the core asked for an op anyway).
+    #[error("the pool has no remote tier")]
+    NoTier,
+    /// The tier failed the op: the message of a node, or why the link to it is gone.
+    #[error("{message}")]
+    Tier {
+        /// What failed.
+        message: String,
+    },
+}
+
+impl RemoteError {
+    /// A failure of the tier with `message`.
+    pub fn tier(message: impl std::fmt::Display) -> RemoteError {
+        RemoteError::Tier {
+            message: message.to_string(),
+        }
+    }
+}
 
 /// An operation the pool refused. The pool's state is unchanged by a refused operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,12 +127,12 @@ pub enum CoreError {
     },
     /// An exclusive acquire of a buffer that is held, or a shared one of a buffer held
     /// exclusively.
-    #[error("{buffer} is busy: it is acquired {mode} elsewhere")]
+    #[error("{buffer} is busy: it is acquired {} elsewhere", mode.as_str())]
     BufferBusy {
         /// The buffer.
         buffer: BufferId,
-        /// `shared` or `exclusively`.
-        mode: &'static str,
+        /// How it is held now.
+        mode: AccessMode,
     },
     /// The acquires held at once would need more GPU memory than the budget: waiting
     /// could never succeed, so it fails at once.
@@ -90,17 +161,18 @@ pub enum CoreError {
         /// The buffer's size.
         bytes: u64,
     },
-    /// A copy failed on the device; the pages involved are unusable.
+    /// A copy failed on the device (the pool fails), or a zero fill of a slot did (that
+    /// buffer is lost).
     #[error("device copy failed: {0}")]
-    DeviceFailed(String),
+    DeviceFailed(DeviceFault),
     /// A page could not be brought back from the remote tier (after the tier's own
     /// retries and grace): its bytes cannot be had.
     #[error("page {page} could not be fetched: {reason}")]
     FetchFailed {
         /// The page.
-        page: spillway_types::PageId,
-        /// The tier's message.
-        reason: String,
+        page: PageId,
+        /// Why.
+        reason: RemoteError,
     },
     /// The remote tier refused every spill for a whole deadline: the pool cannot make room.
     #[error(
@@ -111,7 +183,7 @@ pub enum CoreError {
         failing_ms: u64,
         /// Failed attempts in that time.
         attempts: u64,
-        /// The tier's last message.
-        reason: String,
+        /// Why the last one failed.
+        reason: RemoteError,
     },
 }

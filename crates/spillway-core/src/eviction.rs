@@ -1,22 +1,35 @@
-//! Eviction policies: which resident page leaves the GPU tier when a frame is needed.
+//! Eviction policies: which page leaves the GPU tier when a frame is needed, and which
+//! leaves the host tier when a slot is needed.
 //!
-//! A policy sees frames, not pages: the pool tells it when a frame is filled, accessed
-//! and freed, and asks it for a victim through a [`VictimView`].
+//! A policy owns its records and sees the pool through a view borrowed for one choice.
+//! In the GPU tier it keeps records of frames: the pool tells it when a frame is filled,
+//! accessed and freed, and asks it for a victim through a [`VictimView`]. In the host
+//! tier it keeps records of buffers: the pool tells it when a buffer is allocated or
+//! acquired and when it is freed, and asks it for a victim page through a
+//! [`HostVictimView`].
 //!
 //! Contract, for every implementation:
 //! - The caller guarantees that `on_fill` is called once when a frame starts holding a
 //!   page, `on_access` whenever that page is acquired, and `on_free` once when the frame
-//!   is given back; and that `choose_victim` is called with a view whose `eligible`
-//!   answers for the current state.
+//!   is given back; that `on_buffer_use` is called when a buffer is allocated and at
+//!   every acquire of it (with the pool's access count), and `on_buffer_free` once when
+//!   it is freed; and that `choose_victim` and `choose_host_victim` are called with
+//!   views that answer for the current state.
+//! - `choose_host_victim` MUST return only a page the view offers
+//!   ([`HostVictimView::victim_page`]) and, if the view has a bound, only one whose
+//!   buffer's next use is further than the bound (none predicted counts as infinitely
+//!   far). It returns `None` when no page qualifies.
 //! - `choose_victim` SHOULD return `preferred` among victims that are equally good by
 //!   the policy's own measure (ties), since it saves a remap.
 //! - `choose_victim` MUST return only a frame for which `eligible` is true; if the view
 //!   has a bound (`must_exceed`), it MUST return only a frame whose `next_use` is further
 //!   than the bound (a frame with no known next use counts as infinitely far). It returns
 //!   `None` when no frame qualifies. It must not loop forever: at most two sweeps.
-//! - Policies keep O(frames) state and never allocate per call.
+//! - Policies keep O(frames + buffers) state; choosing a victim never allocates.
 
-use spillway_types::FrameId;
+use std::collections::BTreeMap;
+
+use spillway_types::{BufferId, FrameId, PageId};
 
 /// What a policy may ask about frames while choosing a victim.
 pub trait VictimView {
@@ -36,7 +49,20 @@ pub trait VictimView {
     }
 }
 
-/// A policy choosing which frame to free. See the module docs for the contract.
+/// What a policy may ask about the host tier while choosing a victim there.
+pub trait HostVictimView {
+    /// The predicted next use of `buffer`, as an absolute access number; `None` when no
+    /// use is predicted.
+    fn next_use(&self, buffer: BufferId) -> Option<u64>;
+    /// When set, the victim's buffer's next use must be later than this.
+    fn must_exceed(&self) -> Option<u64>;
+    /// The page of `buffer` that may leave the host tier now, if any (the buffer is live
+    /// and not held, the page is settled in a slot).
+    fn victim_page(&self, buffer: BufferId) -> Option<PageId>;
+}
+
+/// A policy choosing which frame, and which host page, to free. See the module docs for
+/// the contract.
 pub trait EvictionPolicy: Send {
     /// A short name for logs and benchmarks.
     fn name(&self) -> &'static str;
@@ -48,6 +74,52 @@ pub trait EvictionPolicy: Send {
     fn on_free(&mut self, frame: FrameId);
     /// Picks an eligible frame to evict, or `None`.
     fn choose_victim(&mut self, view: &dyn VictimView) -> Option<FrameId>;
+    /// `buffer` was allocated or acquired when the pool had counted `accesses` accesses.
+    fn on_buffer_use(&mut self, buffer: BufferId, accesses: u64);
+    /// `buffer` was freed.
+    fn on_buffer_free(&mut self, buffer: BufferId);
+    /// Picks a page to take out of the host tier, or `None`.
+    fn choose_host_victim(&mut self, view: &dyn HostVictimView) -> Option<PageId>;
+}
+
+/// The host tier's records, shared by the policies here: each buffer's last use. The
+/// victim is a page of the buffer used furthest ahead (none predicted counts as
+/// infinitely far), then of the least recently used; ties go to the lowest buffer id.
+#[derive(Debug, Default)]
+pub struct HostRecency {
+    last_use: BTreeMap<BufferId, u64>,
+}
+
+impl HostRecency {
+    /// `buffer` was allocated or acquired at access count `accesses`.
+    pub fn on_use(&mut self, buffer: BufferId, accesses: u64) {
+        self.last_use.insert(buffer, accesses);
+    }
+
+    /// `buffer` was freed.
+    pub fn on_free(&mut self, buffer: BufferId) {
+        self.last_use.remove(&buffer);
+    }
+
+    /// The victim page (see the type's docs).
+    pub fn choose(&self, view: &dyn HostVictimView) -> Option<PageId> {
+        let mut best: Option<((u64, u64), PageId)> = None;
+        for (&buffer, &last) in &self.last_use {
+            let next = view.next_use(buffer).unwrap_or(u64::MAX);
+            if view.must_exceed().is_some_and(|bound| next <= bound) {
+                continue;
+            }
+            // Larger key wins: later next use, then older last use.
+            let key = (next, u64::MAX - last);
+            if best.is_some_and(|(k, _)| k >= key) {
+                continue;
+            }
+            if let Some(page) = view.victim_page(buffer) {
+                best = Some((key, page));
+            }
+        }
+        best.map(|(_, page)| page)
+    }
 }
 
 fn beyond(view: &dyn VictimView, frame: FrameId) -> bool {
@@ -63,6 +135,7 @@ fn beyond(view: &dyn VictimView, frame: FrameId) -> bool {
 pub struct Clock {
     referenced: Vec<bool>,
     hand: u32,
+    host: HostRecency,
 }
 
 impl Clock {
@@ -71,6 +144,7 @@ impl Clock {
         Clock {
             referenced: vec![false; frames as usize],
             hand: 0,
+            host: HostRecency::default(),
         }
     }
 }
@@ -111,6 +185,18 @@ impl EvictionPolicy for Clock {
             }
         }
         None
+    }
+
+    fn on_buffer_use(&mut self, buffer: BufferId, accesses: u64) {
+        self.host.on_use(buffer, accesses);
+    }
+
+    fn on_buffer_free(&mut self, buffer: BufferId) {
+        self.host.on_free(buffer);
+    }
+
+    fn choose_host_victim(&mut self, view: &dyn HostVictimView) -> Option<PageId> {
+        self.host.choose(view)
     }
 }
 
@@ -202,6 +288,18 @@ impl EvictionPolicy for NextUse {
             Some(bound) if next <= bound => None,
             _ => Some(f),
         }
+    }
+
+    fn on_buffer_use(&mut self, buffer: BufferId, accesses: u64) {
+        self.clock.on_buffer_use(buffer, accesses);
+    }
+
+    fn on_buffer_free(&mut self, buffer: BufferId) {
+        self.clock.on_buffer_free(buffer);
+    }
+
+    fn choose_host_victim(&mut self, view: &dyn HostVictimView) -> Option<PageId> {
+        self.clock.choose_host_victim(view)
     }
 }
 
@@ -304,5 +402,65 @@ mod tests {
             }),
             None
         );
+    }
+
+    /// Buffers 1..=4: next uses, which offer a page, and a bound.
+    struct Host {
+        next: Vec<Option<u64>>,
+        offers: Vec<bool>,
+        bound: Option<u64>,
+    }
+
+    impl HostVictimView for Host {
+        fn next_use(&self, b: BufferId) -> Option<u64> {
+            self.next[b.0 as usize - 1]
+        }
+        fn must_exceed(&self) -> Option<u64> {
+            self.bound
+        }
+        fn victim_page(&self, b: BufferId) -> Option<PageId> {
+            self.offers[b.0 as usize - 1].then_some(PageId {
+                buffer: b,
+                index: 0,
+            })
+        }
+    }
+
+    fn page(b: u64) -> Option<PageId> {
+        Some(PageId {
+            buffer: BufferId(b),
+            index: 0,
+        })
+    }
+
+    #[test]
+    fn host_victims_go_furthest_next_use_then_least_recently_used() {
+        for mut p in [
+            Box::new(Clock::new(1)) as Box<dyn EvictionPolicy>,
+            Box::new(NextUse::new(1)),
+        ] {
+            for (b, at) in [(1, 5), (2, 3), (3, 9), (4, 1)] {
+                p.on_buffer_use(BufferId(b), at);
+            }
+            let mut view = Host {
+                next: vec![None, None, None, Some(20)],
+                offers: vec![true; 4],
+                bound: None,
+            };
+            // No prediction (infinitely far) beats 20; among those, buffer 2 is oldest.
+            assert_eq!(p.choose_host_victim(&view), page(2), "{}", p.name());
+            view.offers[1] = false;
+            assert_eq!(p.choose_host_victim(&view), page(1), "{}", p.name());
+            // A bound keeps pages used by then.
+            view.next = vec![Some(10), Some(11), Some(12), Some(20)];
+            view.bound = Some(12);
+            assert_eq!(p.choose_host_victim(&view), page(4), "{}", p.name());
+            view.bound = Some(20);
+            assert_eq!(p.choose_host_victim(&view), None, "{}", p.name());
+            // A freed buffer is forgotten.
+            view.bound = None;
+            p.on_buffer_free(BufferId(4));
+            assert_eq!(p.choose_host_victim(&view), page(3), "{}", p.name());
+        }
     }
 }

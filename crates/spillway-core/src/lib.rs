@@ -16,8 +16,9 @@ pub mod pool;
 pub mod predictor;
 pub mod retry;
 
-pub use error::CoreError;
+pub use error::{CoreError, DeviceFault, RemoteError};
 pub use pool::{
-    AccessMode, AcquireId, CoreStats, MappingChange, PageLocation, PoolCore, RemoteKind,
-    RemoteTransfer, Transfer,
+    AccessMode, AcquireId, CoreStats, MappingChange, PageLocation, PoolCore, RemoteOp,
+    RemoteOpKind, ZeroFill,
 };
+pub use spillway_types::CopyOp;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use spillway_core::{AccessMode, CoreError, PoolCore, Transfer};
+use spillway_core::{AccessMode, CopyOp, CoreError, PoolCore};
 use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, PageSize};
 
@@ -18,7 +18,7 @@ fn pool(gpu_pages: u64, host_pages: u64, policy: Policy) -> PoolCore {
 }
 
 /// Finishes every copy the pool has started (and those they lead to), as a device would.
-fn settle(core: &mut PoolCore, now: Duration) -> Vec<Transfer> {
+fn settle(core: &mut PoolCore, now: Duration) -> Vec<CopyOp> {
     let mut done = Vec::new();
     while let Some(t) = core.poll_transfer() {
         core.handle_transfer_done(t.id, Ok(()), now);
@@ -169,7 +169,7 @@ fn exclusive_and_shared_conflict_and_held_buffers_cannot_be_freed() {
         c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap_err(),
         CoreError::BufferBusy {
             buffer: a,
-            mode: "exclusively"
+            mode: AccessMode::Exclusive
         }
     );
     assert_eq!(
@@ -186,7 +186,7 @@ fn exclusive_and_shared_conflict_and_held_buffers_cannot_be_freed() {
         c.begin_acquire(a, AccessMode::Exclusive, t(2)).unwrap_err(),
         CoreError::BufferBusy {
             buffer: a,
-            mode: "shared"
+            mode: AccessMode::Shared
         }
     );
     c.release(h, t(3));
@@ -381,7 +381,7 @@ proptest! {
         let mut c = pool(6, 24, policy);
         let mut bufs: Vec<BufferId> = Vec::new();
         let mut held: Vec<(usize, spillway_core::AcquireId)> = Vec::new();
-        let mut pending: Vec<Transfer> = Vec::new();
+        let mut pending: Vec<CopyOp> = Vec::new();
         let mut now = 0u64;
         for op in ops {
             now += 1;

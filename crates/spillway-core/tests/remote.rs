@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use spillway_core::{
-    AccessMode, AcquireId, PageLocation, PoolCore, RemoteKind, RemoteTransfer, Transfer,
+    AccessMode, AcquireId, CopyOp, MappingChange, PageLocation, PoolCore, RemoteError, RemoteOp,
+    RemoteOpKind,
 };
 use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, PageSize};
@@ -25,8 +26,10 @@ struct Model {
     slots: HashMap<HostSlot, Version>,
     remote: HashMap<PageId, u64>,
     latest: HashMap<PageId, u64>,
-    gpu: VecDeque<Transfer>,
-    net: VecDeque<RemoteTransfer>,
+    gpu: VecDeque<CopyOp>,
+    net: VecDeque<RemoteOp>,
+    /// The page mapped at each frame (from the core's mapping changes).
+    mapped: HashMap<FrameId, PageId>,
     now: u64,
     /// Copies and remote ops the model may still finish: a livelock (ops that never let
     /// an acquire become ready) fails the test instead of hanging it.
@@ -49,6 +52,7 @@ impl Model {
             latest: HashMap::new(),
             gpu: VecDeque::new(),
             net: VecDeque::new(),
+            mapped: HashMap::new(),
             now: 0,
             budget: 200_000,
         }
@@ -63,7 +67,23 @@ impl Model {
         Duration::from_micros(self.now * 100)
     }
 
-    fn collect(&mut self) {
+    /// Takes the work the core queued, as a driver does after every call; true if it
+    /// zero-filled a slot.
+    fn collect(&mut self) -> bool {
+        // Zero fills first: the copies and ops polled after them may read the slots.
+        let mut filled = false;
+        while let Some(fill) = self.core.poll_zero_fill() {
+            self.slots.insert(fill.slot, (fill.page, 0));
+            filled = true;
+        }
+        while let Some(m) = self.core.poll_mapping() {
+            match m {
+                MappingChange::Map { page, frame } => {
+                    self.mapped.insert(frame, page);
+                }
+                MappingChange::Unmap { page } => self.mapped.retain(|_, p| *p != page),
+            }
+        }
         self.gpu
             .extend(std::iter::from_fn(|| self.core.poll_transfer()));
         self.net
@@ -72,6 +92,7 @@ impl Model {
             self.remote.remove(&p);
         }
         self.core.check_invariants();
+        filled
     }
 
     /// Finishes the oldest GPU copy; false if none is in flight.
@@ -80,15 +101,16 @@ impl Model {
         let Some(tr) = self.gpu.pop_front() else {
             return false;
         };
+        let page = self.mapped[&tr.frame];
         match tr.direction {
             Direction::HostToDevice => {
                 let v = self.slots[&tr.slot];
-                assert_eq!(v.0, tr.page, "H2D of {} reads its own slot", tr.page);
+                assert_eq!(v.0, page, "H2D of {page} reads its own slot");
                 self.frames.insert(tr.frame, v);
             }
             Direction::DeviceToHost => {
                 let v = self.frames[&tr.frame];
-                assert_eq!(v.0, tr.page, "D2H of {} reads its own frame", tr.page);
+                assert_eq!(v.0, page, "D2H of {page} reads its own frame");
                 self.slots.insert(tr.slot, v);
             }
         }
@@ -105,20 +127,17 @@ impl Model {
             return false;
         };
         match op.kind {
-            RemoteKind::Spill => {
+            RemoteOpKind::Spill => {
                 let v = self.slots[&op.slot];
                 assert_eq!(v.0, op.page, "spill of {} reads its own slot", op.page);
                 self.remote.insert(op.page, v.1);
             }
-            RemoteKind::Fetch => {
+            RemoteOpKind::Fetch => {
                 let v = *self
                     .remote
                     .get(&op.page)
                     .unwrap_or_else(|| panic!("fetch of {} that the remote tier lost", op.page));
                 self.slots.insert(op.slot, (op.page, v));
-            }
-            RemoteKind::Zero => {
-                self.slots.insert(op.slot, (op.page, 0));
             }
         }
         let now = self.t();
@@ -174,6 +193,8 @@ impl Model {
             let now = self.t();
             match self.core.begin_host_access(b, 0, 1, write, now) {
                 Ok(Some(l)) => break l,
+                // The pages may have come into slots at once, zero-filled: ask again.
+                Ok(None) if self.collect() => {}
                 Ok(None) => assert!(
                     self.finish_gpu() | self.finish_net(),
                     "a host access waits with nothing in flight"
@@ -276,9 +297,9 @@ fn refuse_spills(m: &mut Model, now: Duration) -> usize {
     let mut refused = 0;
     let mut kept = VecDeque::new();
     while let Some(op) = m.net.pop_front() {
-        if op.kind == RemoteKind::Spill {
+        if op.kind == RemoteOpKind::Spill {
             m.core
-                .handle_remote_done(op.id, Err("no peer has room".into()), now);
+                .handle_remote_done(op.id, Err(RemoteError::tier("no peer has room")), now);
             refused += 1;
         } else {
             kept.push_back(op);
@@ -395,7 +416,7 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
         if let Some(i) = m
             .net
             .iter()
-            .position(|op| op.kind == RemoteKind::Fetch && op.page.buffer == bufs[0])
+            .position(|op| op.kind == RemoteOpKind::Fetch && op.page.buffer == bufs[0])
         {
             break m.net.remove(i).unwrap();
         }
@@ -406,11 +427,11 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
     };
     let now = m.t();
     m.core
-        .handle_remote_done(fetch.id, Err("peer 2 unreachable".into()), now);
+        .handle_remote_done(fetch.id, Err(RemoteError::tier("peer 2 unreachable")), now);
     let err = m.core.is_ready(h).unwrap_err();
     assert!(
         matches!(&err, spillway_core::CoreError::FetchFailed { page, reason }
-            if page.buffer == bufs[0] && reason.contains("unreachable")),
+            if page.buffer == bufs[0] && *reason == RemoteError::tier("peer 2 unreachable")),
         "{err:?}"
     );
     let now = m.t();

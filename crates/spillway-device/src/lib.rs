@@ -127,20 +127,8 @@ impl HostMemory {
     }
 }
 
-/// One copy of (part of) a page between a frame and a host slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CopyOp {
-    /// Reported back in the completion.
-    pub id: TransferId,
-    /// Which way the bytes go; also picks the stream.
-    pub direction: Direction,
-    /// The device side.
-    pub frame: FrameId,
-    /// The host side.
-    pub slot: HostSlot,
-    /// Bytes from the start of the page (at most the page size).
-    pub bytes: u64,
-}
+/// One copy of (part of) a page between a frame and a host slot: the core's type.
+pub use spillway_types::CopyOp;
 
 /// A finished copy.
 #[derive(Debug)]

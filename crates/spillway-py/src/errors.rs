@@ -62,7 +62,7 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             ),
             CoreError::BufferBusy { buffer, mode } => (
                 "BufferBusyError",
-                vec![f("buffer", int(buffer.0)?), f("mode", text(mode)?)],
+                vec![f("buffer", int(buffer.0)?), f("mode", text(mode.as_str())?)],
             ),
             CoreError::HeldAcquiresExceedBudget {
                 buffer,
@@ -92,13 +92,15 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
                     f("bytes", int(*bytes)?),
                 ],
             ),
-            CoreError::DeviceFailed(message) => ("DeviceError", vec![f("reason", text(message)?)]),
+            CoreError::DeviceFailed(fault) => {
+                ("DeviceError", vec![f("reason", text(&fault.message)?)])
+            }
             CoreError::FetchFailed { page, reason } => (
                 "FetchFailedError",
                 vec![
                     f("buffer", int(page.buffer.0)?),
                     f("page", int(u64::from(page.index))?),
-                    f("reason", text(reason)?),
+                    f("reason", text(&reason.to_string())?),
                 ],
             ),
             CoreError::SpillsFailing {
@@ -110,7 +112,7 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
                 vec![
                     f("failing_ms", int(*failing_ms)?),
                     f("attempts", int(*attempts)?),
-                    f("reason", text(reason)?),
+                    f("reason", text(&reason.to_string())?),
                 ],
             ),
         },
@@ -135,7 +137,7 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             ],
         ),
         PoolError::NotExclusive => ("NotExclusiveError", vec![]),
-        PoolError::Remote(reason) => ("RemoteError", vec![f("reason", text(reason)?)]),
+        PoolError::Remote(reason) => ("RemoteError", vec![f("reason", text(&reason.to_string())?)]),
     })
 }
 

@@ -149,6 +149,24 @@ pub enum Direction {
     DeviceToHost,
 }
 
+/// One copy of (part of) a page between a GPU frame and a host slot: what the core asks
+/// for (`spillway_core::PoolCore::poll_transfer`) is what the device takes
+/// (`spillway_device::Device::submit`), one type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyOp {
+    /// Reported back in the completion.
+    pub id: TransferId,
+    /// Which way the bytes go; also picks the stream.
+    pub direction: Direction,
+    /// The device side.
+    pub frame: FrameId,
+    /// The host side.
+    pub slot: HostSlot,
+    /// Bytes from the start of the page (at most the page size; a buffer's last page
+    /// may be short).
+    pub bytes: u64,
+}
+
 /// A validated page size: a power of two from [`limits::PAGE_BYTES_MIN`] to [`limits::PAGE_BYTES_MAX`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "u64", into = "u64")]

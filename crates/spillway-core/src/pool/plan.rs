@@ -1,188 +1,230 @@
-//! Planning: [`PoolCore::pump`] starts every copy the state allows (demand first, then the
-//! plan); [`PoolCore::replan`] turns the predictor's upcoming accesses into the plans of
-//! both tiers, within the lookahead horizon (see the module docs of [`super`]).
+//! The access stream and the planner ([`Access`]): what waits (demand), what the predictor
+//! expects, and one [`TierPlan`] per tier: loads host→GPU and staging remote→host, made
+//! by the same horizon rule (see the module docs of [`super`], "Planning") at each tier's
+//! bandwidth and lead factor.
 
-use super::*;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
-impl PoolCore {
-    /// Starts every copy that the current state allows: demand loads, then prefetches.
-    pub(super) fn pump(&mut self, now: Duration) {
-        if self.failed.is_some() {
-            return;
+use spillway_types::{BufferId, PageId};
+
+use super::pages::{Gpu, Host, Page, PageTable};
+use super::{JITTER_MARGIN, LEAD_FACTOR, MIN_LOOKAHEAD_ACCESSES, REMOTE_LEAD_FACTOR};
+use crate::predictor::{Predictor, PredictorStats, Upcoming};
+
+/// A tier pages are brought into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tier {
+    /// Host→GPU loads, into frames.
+    Gpu,
+    /// Remote→host fetches (and zero fills), into slots.
+    Host,
+}
+
+/// What a page needs from a tier's plan.
+enum Need {
+    /// It is not in the tier: plan it.
+    Bring,
+    /// It is on its way: its bytes count against the horizon.
+    Coming,
+    /// Nothing.
+    Nothing,
+}
+
+impl Tier {
+    fn need(self, p: &Page) -> Need {
+        match (self, p.gpu, p.host) {
+            (Tier::Gpu, Gpu::Absent, _) => Need::Bring,
+            (Tier::Gpu, Gpu::Loading { .. }, _) => Need::Coming,
+            (Tier::Host, Gpu::Absent, Host::Zero | Host::Remote) => Need::Bring,
+            (Tier::Host, _, Host::Fetching { .. }) => Need::Coming,
+            _ => Need::Nothing,
         }
-        if self.has_remote() {
-            self.pump_remote(now);
+    }
+}
+
+/// The pages to bring into one tier ahead of their use, nearest first, each with its
+/// predicted use (an absolute access number).
+#[derive(Debug)]
+pub(super) struct TierPlan {
+    tier: Tier,
+    /// How far ahead of its use a page is brought, as a multiple of the time the pages
+    /// planned before it take at the tier's bandwidth.
+    lead_factor: f64,
+    pub(super) queue: VecDeque<(PageId, u64)>,
+    /// The furthest access the last plan covers.
+    horizon: u64,
+}
+
+impl TierPlan {
+    fn new(tier: Tier, lead_factor: f64) -> TierPlan {
+        TierPlan {
+            tier,
+            lead_factor,
+            queue: VecDeque::new(),
+            horizon: 0,
         }
-        let mut waiting = 0u64;
-        let mut i = 0;
-        while i < self.access.demand.len() {
-            let pid = self.access.demand[i];
-            let wanted = self
-                .buffers
-                .get(&pid.buffer)
-                .is_some_and(|b| !b.freed && b.pages[pid.index as usize].pins > 0);
-            if wanted && self.page(pid).host_pins > 0 {
-                // The host is reading or writing it: retried when that ends.
-                i += 1;
-                continue;
-            }
-            if wanted
-                && self.page(pid).gpu == Gpu::Absent
-                && !matches!(self.page(pid).host, Host::Slot { .. })
+    }
+
+    /// Plans the pages of `upcoming` accesses (after access `now`) not in the tier,
+    /// within the horizon at `bytes_per_s`.
+    fn replan(&mut self, upcoming: &[Upcoming], now: u64, bytes_per_s: f64, pages: &PageTable) {
+        self.queue.clear();
+        self.horizon = now;
+        let mut queued_bytes = 0u64;
+        for u in upcoming {
+            if u.distance >= MIN_LOOKAHEAD_ACCESSES
+                && u.time_until.as_secs_f64()
+                    > self.lead_factor * queued_bytes as f64 / bytes_per_s
+                        + JITTER_MARGIN.as_secs_f64()
             {
-                // Not in a slot yet: a fetch is queued or in flight (pump_remote).
-                i += 1;
+                break;
+            }
+            let Some(b) = pages.live_buffer(u.buffer) else {
                 continue;
-            }
-            if !wanted || !self.needs_load(pid) {
-                // Loaded, loading, being written back (it will be kept), or not wanted.
-                self.access.demand.remove(i);
-                continue;
-            }
-            if !self.may_issue(Direction::HostToDevice, self.page_bytes()) {
-                return;
-            }
-            match self.frame_for(pid, None, &mut waiting, now) {
-                Got::Frame(frame) if !self.needs_load(pid) => {
-                    // Making room sent the page itself out of its slot: load it later.
-                    self.gpu.free_frames.push(frame);
-                    i += 1;
+            };
+            let next = now + 1 + u.distance;
+            self.horizon = self.horizon.max(next);
+            for (index, p) in b.pages.iter().enumerate() {
+                let index = index as u32;
+                match self.tier.need(p) {
+                    Need::Bring => {
+                        self.queue.push_back((
+                            PageId {
+                                buffer: u.buffer,
+                                index,
+                            },
+                            next,
+                        ));
+                        queued_bytes += pages.page_len(b.bytes, index);
+                    }
+                    Need::Coming => queued_bytes += pages.page_len(b.bytes, index),
+                    Need::Nothing => {}
                 }
-                Got::Frame(frame) => {
-                    self.access.demand.remove(i);
-                    self.start_load(pid, frame, false, now);
-                }
-                Got::Later => i += 1,
-                Got::Never => return,
-                Got::Slot(_) => unreachable!("frame_for returns frames"),
-            }
-        }
-        let mut i = 0;
-        while i < self.access.plan.len() {
-            let (pid, next) = self.access.plan[i];
-            if !self.needs_load(pid) {
-                if self.needs_fetch(pid)
-                    || self.buffers.get(&pid.buffer).is_some_and(|b| {
-                        !b.freed
-                            && matches!(
-                                b.pages[pid.index as usize].host,
-                                Host::Fetching { .. } | Host::Spilling { .. }
-                            )
-                    })
-                {
-                    // Being staged from the remote tier: loaded once it is in a slot. Pages
-                    // after it wait too, or they would take frames it then has to evict.
-                    return;
-                } else {
-                    self.access.plan.remove(i);
-                }
-                continue;
-            }
-            if !self.may_issue(Direction::HostToDevice, self.page_bytes()) {
-                return;
-            }
-            match self.frame_for(pid, Some(next), &mut waiting, now) {
-                Got::Frame(frame) if !self.needs_load(pid) => {
-                    // Making room sent the page itself out of its slot: load it later.
-                    self.gpu.free_frames.push(frame);
-                    i += 1;
-                }
-                Got::Frame(frame) => {
-                    self.access.plan.remove(i);
-                    self.start_load(pid, frame, true, now);
-                }
-                Got::Later => i += 1,
-                Got::Never => return,
-                Got::Slot(_) => unreachable!("frame_for returns frames"),
             }
         }
     }
 
-    /// Recomputes next uses and the prefetch plan from the predictor.
-    pub(super) fn replan(&mut self) {
-        self.access.plan.clear();
-        self.access.next_use.clear();
-        let upcoming = self
-            .access
-            .predictor
-            .upcoming(self.cfg.lookahead_accesses_max);
+    /// The furthest predicted use among the pages planned.
+    fn furthest(&self) -> Option<u64> {
+        self.queue.iter().map(|&(_, n)| n).max()
+    }
+}
+
+/// The access stream: demand waiting per tier, the plans, each buffer's next predicted
+/// use, accesses counted, and the predictor.
+pub(super) struct Access {
+    /// Pages of pending acquires (they must come onto the GPU).
+    pub(super) demand: VecDeque<PageId>,
+    /// Pages a host access waits for (they must come into a slot first).
+    pub(super) host_demand: VecDeque<PageId>,
+    /// Loads host→GPU ahead of use.
+    pub(super) gpu_plan: TierPlan,
+    /// Staging remote→host ahead of use.
+    pub(super) host_plan: TierPlan,
+    next_use: HashMap<BufferId, u64>,
+    /// Accesses (acquires) so far: the clock of next uses.
+    accesses: u64,
+    predictor: Box<dyn Predictor>,
+    /// Whether the predictor is used (the learned policy).
+    learned: bool,
+}
+
+impl Access {
+    /// An access stream predicted by `predictor` when `learned` (else nothing is planned).
+    pub(super) fn new(predictor: Box<dyn Predictor>, learned: bool) -> Access {
+        Access {
+            demand: VecDeque::new(),
+            host_demand: VecDeque::new(),
+            gpu_plan: TierPlan::new(Tier::Gpu, LEAD_FACTOR),
+            host_plan: TierPlan::new(Tier::Host, REMOTE_LEAD_FACTOR),
+            next_use: HashMap::new(),
+            accesses: 0,
+            predictor,
+            learned,
+        }
+    }
+
+    /// Whether plans are made (the learned policy).
+    pub(super) fn learned(&self) -> bool {
+        self.learned
+    }
+
+    /// Accesses so far.
+    pub(super) fn accesses(&self) -> u64 {
+        self.accesses
+    }
+
+    /// `buffer` is acquired at `now`: one more access.
+    pub(super) fn on_access(&mut self, buffer: BufferId, now: Duration) {
+        self.accesses += 1;
+        if self.learned {
+            self.predictor.on_access(buffer, now);
+        }
+    }
+
+    /// A step ended at `now`.
+    pub(super) fn end_step(&mut self, now: Duration) {
+        if self.learned {
+            self.predictor.end_step(now);
+        }
+    }
+
+    /// The predicted next use of `buffer` as last planned (it may have passed).
+    pub(super) fn next_use(&self, buffer: BufferId) -> Option<u64> {
+        self.next_use.get(&buffer).copied()
+    }
+
+    /// The predicted next use of `buffer` if it is still ahead (`None`: none predicted).
+    pub(super) fn next_use_ahead(&self, buffer: BufferId) -> Option<u64> {
+        self.next_use(buffer).filter(|&n| n > self.accesses)
+    }
+
+    /// Recomputes next uses from the predictor's `lookahead` upcoming accesses, and the
+    /// plans of both tiers (staging only with a remote tier) at their bandwidths.
+    pub(super) fn replan(
+        &mut self,
+        lookahead: usize,
+        pages: &PageTable,
+        gpu_bytes_per_s: f64,
+        remote_bytes_per_s: Option<f64>,
+    ) {
+        self.next_use.clear();
+        let upcoming = self.predictor.upcoming(lookahead);
         for u in &upcoming {
-            self.access
-                .next_use
-                .insert(u.buffer, self.access.accesses + 1 + u.distance);
+            self.next_use
+                .insert(u.buffer, self.accesses + 1 + u.distance);
         }
-        for (f, owner) in self.gpu.frames.iter().enumerate() {
-            self.gpu.frame_next_use[f] =
-                owner.and_then(|p| self.access.next_use.get(&p.buffer).copied());
+        self.gpu_plan
+            .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
+        match remote_bytes_per_s {
+            Some(bw) => self.host_plan.replan(&upcoming, self.accesses, bw, pages),
+            None => self.host_plan.queue.clear(),
         }
-        let bw = self.copies.bandwidth[0].bytes_per_s;
-        let mut queued_bytes = 0u64;
-        for u in &upcoming {
-            if u.distance >= MIN_LOOKAHEAD_ACCESSES
-                && u.time_until.as_secs_f64()
-                    > LEAD_FACTOR * queued_bytes as f64 / bw + JITTER_MARGIN.as_secs_f64()
-            {
-                break;
-            }
-            let Some(b) = self.buffers.get(&u.buffer).filter(|b| !b.freed) else {
-                continue;
-            };
-            let next = self.access.accesses + 1 + u.distance;
-            for (index, p) in b.pages.iter().enumerate() {
-                match p.gpu {
-                    Gpu::Absent => {
-                        self.access.plan.push_back((
-                            PageId {
-                                buffer: u.buffer,
-                                index: index as u32,
-                            },
-                            next,
-                        ));
-                        queued_bytes += self.page_len(b.bytes, index as u32);
-                    }
-                    Gpu::Loading { .. } => queued_bytes += self.page_len(b.bytes, index as u32),
-                    _ => {}
-                }
-            }
-        }
-        self.remote.remote_plan.clear();
-        if !self.has_remote() {
-            return;
-        }
-        // Staging remote→host: the same horizon rule, at the remote tier's bandwidth and
-        // REMOTE_LEAD_FACTOR.
-        let rbw = self.remote.remote_bw.bytes_per_s;
-        let mut queued_bytes = 0u64;
-        self.remote.remote_horizon = self.access.accesses;
-        for u in &upcoming {
-            if u.distance >= MIN_LOOKAHEAD_ACCESSES
-                && u.time_until.as_secs_f64()
-                    > REMOTE_LEAD_FACTOR * queued_bytes as f64 / rbw + JITTER_MARGIN.as_secs_f64()
-            {
-                break;
-            }
-            let Some(b) = self.buffers.get(&u.buffer).filter(|b| !b.freed) else {
-                continue;
-            };
-            let next = self.access.accesses + 1 + u.distance;
-            self.remote.remote_horizon = self.remote.remote_horizon.max(next);
-            for (index, p) in b.pages.iter().enumerate() {
-                let len = self.page_len(b.bytes, index as u32);
-                match p.host {
-                    Host::Zero | Host::Remote if p.gpu == Gpu::Absent => {
-                        self.remote.remote_plan.push_back((
-                            PageId {
-                                buffer: u.buffer,
-                                index: index as u32,
-                            },
-                            next,
-                        ));
-                        queued_bytes += len;
-                    }
-                    Host::Fetching { .. } => queued_bytes += len,
-                    _ => {}
-                }
-            }
-        }
+    }
+
+    /// Pages used before this access stay in the host tier when slots are made ahead of
+    /// need: everything planned in either tier, and the next few accesses.
+    pub(super) fn keep_bound(&self) -> u64 {
+        self.host_plan
+            .horizon
+            .max(self.gpu_plan.furthest().unwrap_or(0))
+            .max(self.accesses + MIN_LOOKAHEAD_ACCESSES)
+    }
+
+    /// Drops the demand of `buffer` (its contents are lost).
+    pub(super) fn forget_demand(&mut self, buffer: BufferId) {
+        self.demand.retain(|p| p.buffer != buffer);
+        self.host_demand.retain(|p| p.buffer != buffer);
+    }
+
+    /// Whether a host access waits for `pid` (it must not leave the host tier).
+    pub(super) fn host_waits_for(&self, pid: PageId) -> bool {
+        self.host_demand.contains(&pid)
+    }
+
+    /// The predictor's counters.
+    pub(super) fn predictor_stats(&self) -> PredictorStats {
+        self.predictor.stats()
     }
 }

@@ -1,7 +1,8 @@
-//! The core's public vocabulary: ids, access modes, the copies, mapping changes and
-//! remote ops it hands the driver, where a page is for host access, and its counters.
+//! The core's public vocabulary: ids, access modes, the mapping changes, remote ops and
+//! zero fills it hands the driver (its copies are [`spillway_types::CopyOp`], as the
+//! device takes them), where a page is for host access, and its counters.
 
-use spillway_types::{Direction, FrameId, HostSlot, PageId, TransferId};
+use spillway_types::{FrameId, HostSlot, PageId, TransferId};
 
 use crate::predictor::PredictorStats;
 
@@ -18,21 +19,15 @@ pub enum AccessMode {
     Exclusive,
 }
 
-/// A copy for the driver to start on the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transfer {
-    /// Reported back to [`PoolCore::handle_transfer_done`].
-    pub id: TransferId,
-    /// Which way.
-    pub direction: Direction,
-    /// The page moved.
-    pub page: PageId,
-    /// The device side.
-    pub frame: FrameId,
-    /// The host side.
-    pub slot: HostSlot,
-    /// Bytes to copy (the page's length; the last page of a buffer may be short).
-    pub bytes: u64,
+impl AccessMode {
+    /// How a buffer held this way is held, as a word for messages: `shared` or
+    /// `exclusively`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::Shared => "shared",
+            AccessMode::Exclusive => "exclusively",
+        }
+    }
 }
 
 /// A change to a buffer's device address range, for backends with virtual memory.
@@ -54,27 +49,41 @@ pub enum MappingChange {
 
 /// What a remote op does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RemoteKind {
-    /// Copy the slot's bytes to the remote tier under the page's id.
+pub enum RemoteOpKind {
+    /// Copy `bytes` of the host slot to the remote tier under the page's id (replacing
+    /// what the tier held for it).
     Spill,
-    /// Copy the page's bytes from the remote tier into the slot.
+    /// Copy the page's bytes from the remote tier into the host slot.
     Fetch,
-    /// Fill the slot with zeros (a page never written); no remote tier involved.
-    Zero,
 }
 
-/// A move between the host tier and the remote tier, for the driver to start.
+/// One page moving between the host tier and the remote tier, for the driver to start:
+/// the core hands it out ([`super::PoolCore::poll_remote`]) and the driver passes it to
+/// its remote tier as it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RemoteTransfer {
-    /// Reported back to [`PoolCore::handle_remote_done`].
+pub struct RemoteOp {
+    /// Reported back to [`super::PoolCore::handle_remote_done`].
     pub id: TransferId,
     /// Which way.
-    pub kind: RemoteKind,
-    /// The page.
+    pub kind: RemoteOpKind,
+    /// The page (its id is the key in the remote tier).
     pub page: PageId,
     /// The host side.
     pub slot: HostSlot,
-    /// The page's length.
+    /// The page's length (the last page of a buffer may be short).
+    pub bytes: u64,
+}
+
+/// A host slot to fill with zeros: a page never written came into it. The driver does
+/// it before anything else it polls uses the slot; no completion unless it fails
+/// ([`super::PoolCore::handle_zero_fill_failed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZeroFill {
+    /// The page that now lives in the slot.
+    pub page: PageId,
+    /// The slot.
+    pub slot: HostSlot,
+    /// Bytes to zero from the start of the slot (the page's length).
     pub bytes: u64,
 }
 

@@ -1,0 +1,349 @@
+//! The GPU tier's moves, across the rooms: starting loads and write-backs, choosing a
+//! frame for a load (a free one, one coming free, or the eviction policy's victim), and
+//! the copies' completions.
+
+use std::time::Duration;
+
+use spillway_types::{CopyOp, Direction, FrameId, PageId, TransferId};
+
+use super::PoolCore;
+use super::frames::GpuFrames;
+use super::pages::{Gpu, Host, Page, PageTable};
+use super::pump::Place;
+use crate::error::{CoreError, DeviceFault};
+use crate::eviction::VictimView;
+
+impl PoolCore {
+    /// Records that copy `id` finished at `now` (`Err` with the device's fault if it
+    /// failed: the pool fails, since the device's state is unknown).
+    pub fn handle_transfer_done(
+        &mut self,
+        id: TransferId,
+        result: Result<(), DeviceFault>,
+        now: Duration,
+    ) {
+        let Some(t) = self.copies.complete(id, now) else {
+            debug_assert!(false, "completion of unknown transfer {id:?}");
+            return;
+        };
+        let pid = t.page;
+        self.pages.page_mut(pid).in_flight -= 1;
+        if let Err(e) = result {
+            self.failed.get_or_insert(CoreError::DeviceFailed(e));
+        }
+        let freed = self.pages.get(pid.buffer).is_none_or(|b| b.freed);
+        let wanted = self.pages.page(pid).pins > 0;
+        match (t.direction, self.pages.page(pid).gpu) {
+            (Direction::HostToDevice, Gpu::Loading { frame, prefetch }) => {
+                self.stats.h2d_bytes += t.bytes;
+                self.pages.page_mut(pid).gpu = Gpu::Resident {
+                    frame,
+                    dirty: false,
+                    unused_prefetch: prefetch && !wanted,
+                };
+                self.eviction.on_fill(frame);
+                self.gpu
+                    .set_next_use(frame, self.access.next_use(pid.buffer));
+                if freed {
+                    self.release_frame(pid, frame);
+                }
+            }
+            (Direction::DeviceToHost, Gpu::Evicting { frame }) => {
+                self.stats.d2h_bytes += t.bytes;
+                let page = self.pages.page_mut(pid);
+                if let Host::Slot { clean, .. } = &mut page.host {
+                    *clean = false;
+                }
+                page.gpu = Gpu::Resident {
+                    frame,
+                    dirty: false,
+                    unused_prefetch: false,
+                };
+                self.gpu.end_evicting();
+                if !wanted || freed {
+                    self.release_frame(pid, frame);
+                }
+            }
+            (dir, state) => panic!("completion of {dir:?} for {pid} in state {state:?}"),
+        }
+        self.reap(pid.buffer);
+        self.pump(now);
+    }
+
+    /// Starts a copy of `pid` between `frame` and its slot.
+    fn start_copy(&mut self, pid: PageId, direction: Direction, frame: FrameId, now: Duration) {
+        let p = self.pages.page(pid);
+        let Host::Slot { slot, .. } = p.host else {
+            panic!("GPU copy of {pid} whose host state is {:?}", p.host);
+        };
+        let op = CopyOp {
+            id: self.ids.transfer(),
+            direction,
+            frame,
+            slot,
+            bytes: self.pages.len_of(pid),
+        };
+        self.pages.page_mut(pid).in_flight += 1;
+        self.copies.issue(op, pid, now);
+    }
+
+    /// Takes `pid` off the GPU now: a clean page is dropped (true), a dirty one starts
+    /// its write-back (false; the frame comes free when it lands) if the bound and a
+    /// slot allow.
+    pub(super) fn evict(&mut self, pid: PageId, now: Duration) -> bool {
+        let Gpu::Resident { frame, dirty, .. } = self.pages.page(pid).gpu else {
+            return false;
+        };
+        if !dirty {
+            self.stats.evictions_clean += 1;
+            self.release_frame(pid, frame);
+            return true;
+        }
+        if !self
+            .copies
+            .may_issue(Direction::DeviceToHost, self.pages.len_of(pid))
+        {
+            return false;
+        }
+        if !matches!(self.pages.page(pid).host, Host::Slot { .. }) {
+            // Its slot was released while the remote tier held its bytes; the write-back
+            // needs one again.
+            let Some(slot) = self.free_slot_now(pid, now) else {
+                return false;
+            };
+            self.pages.page_mut(pid).host = Host::Slot { slot, clean: false };
+        }
+        self.stats.evictions_dirty += 1;
+        self.gpu.begin_evicting();
+        self.pages.page_mut(pid).gpu = Gpu::Evicting { frame };
+        self.start_copy(pid, Direction::DeviceToHost, frame, now);
+        false
+    }
+
+    /// Whether `pid` is being written back.
+    fn evicting(&self, pid: PageId) -> bool {
+        matches!(self.pages.page(pid).gpu, Gpu::Evicting { .. })
+    }
+
+    /// A frame for a load of `pid`, next used at `bound` (`None`: needed now).
+    /// `waiting` counts loads of this pump pass already waiting for a write-back.
+    /// Clean victims are dropped at once; a dirty one starts a write-back, and the frame
+    /// comes free when it finishes.
+    ///
+    /// Extents: a buffer's pages go to consecutive frames when they can (the frame after
+    /// the previous page's, else the start of a free run or of the victim's own extent),
+    /// so that the device can show an acquired buffer as one array at its frames' own
+    /// addresses, with no remapping (`Device::acquire_ptr`).
+    pub(super) fn frame_for(
+        &mut self,
+        pid: PageId,
+        bound: Option<u64>,
+        waiting: &mut u64,
+        now: Duration,
+    ) -> Place<FrameId> {
+        let next_to = self.extent_neighbour(pid);
+        let preferred = next_to.or(self.pages.page(pid).last_frame);
+        loop {
+            if let Some(f) = self.gpu.take(preferred, next_to.is_none()) {
+                return Place::Got(f);
+            }
+            if self.gpu.evicting() > *waiting {
+                *waiting += 1;
+                return Place::Later;
+            }
+            let Some(mut victim) = self.policy_victim(bound, preferred) else {
+                return Place::Never;
+            };
+            if Some(victim) != preferred {
+                victim = self.victim_extent_start(victim);
+            }
+            let victim = self.gpu.owner(victim).expect("eligible frames hold a page");
+            if !self.evict(victim, now) && !self.evicting(victim) {
+                // Dirty, and the write-back bound is reached or no slot can take it now:
+                // a clean page may leave instead; else try again after a completion.
+                let Some(other) = self.evictable_victim(bound) else {
+                    return Place::Never;
+                };
+                if !self.evict(other, now) && !self.evicting(other) {
+                    return Place::Never;
+                }
+            }
+        }
+    }
+
+    /// The frame that would continue `pid`'s buffer's extent: the one after the previous
+    /// page's frame, else the one before the next page's (when that page is on the GPU).
+    fn extent_neighbour(&self, pid: PageId) -> Option<FrameId> {
+        let pages = &self.pages.get(pid.buffer).expect("page of the table").pages;
+        let i = pid.index as usize;
+        let on_gpu = |p: &Page| match p.gpu {
+            Gpu::Loading { frame, .. } | Gpu::Resident { frame, .. } => Some(frame.0),
+            Gpu::Absent | Gpu::Evicting { .. } => None,
+        };
+        let n = self.gpu.total() as u32;
+        let after = i
+            .checked_sub(1)
+            .and_then(|j| on_gpu(&pages[j]))
+            .and_then(|f| f.checked_add(1))
+            .filter(|&f| f < n);
+        let before = || {
+            pages
+                .get(i + 1)
+                .and_then(on_gpu)
+                .and_then(|f| f.checked_sub(1))
+        };
+        after.or_else(before).map(FrameId)
+    }
+
+    /// The first frame of the victim's own extent: walks back while the frame before
+    /// holds the previous page of the same buffer, evictable and next used at the same
+    /// access (equally good by any policy's measure), so the incoming buffer takes the
+    /// extent from its start. Bounded by the buffer's page count.
+    fn victim_extent_start(&self, victim: FrameId) -> FrameId {
+        let evictable = |f: u32| {
+            self.gpu.owner(FrameId(f)).filter(|p| {
+                let page = self.pages.page(*p);
+                matches!(page.gpu, Gpu::Resident { .. }) && page.pins == 0 && page.host_pins == 0
+            })
+        };
+        let Some(mut holder) = evictable(victim.0) else {
+            return victim;
+        };
+        let next_use = self.gpu.next_use(victim);
+        let mut f = victim.0;
+        while f > 0 && holder.index > 0 {
+            match evictable(f - 1) {
+                Some(p)
+                    if p.buffer == holder.buffer
+                        && p.index + 1 == holder.index
+                        && self.gpu.next_use(FrameId(f - 1)) == next_use =>
+                {
+                    holder = p;
+                    f -= 1;
+                }
+                _ => break,
+            }
+        }
+        FrameId(f)
+    }
+
+    /// Starts loading `pid` into `frame` (taken).
+    pub(super) fn start_load(
+        &mut self,
+        pid: PageId,
+        frame: FrameId,
+        prefetch: bool,
+        now: Duration,
+    ) {
+        self.gpu
+            .occupy(frame, pid, self.access.next_use(pid.buffer));
+        self.pages.page_mut(pid).gpu = Gpu::Loading { frame, prefetch };
+        if prefetch {
+            self.stats.prefetch_loads += 1;
+        } else {
+            self.stats.demand_loads += 1;
+        }
+        self.copies.map(pid, frame);
+        self.start_copy(pid, Direction::HostToDevice, frame, now);
+        self.stats.frames_in_use_peak = self.stats.frames_in_use_peak.max(self.gpu.in_use());
+    }
+
+    /// The page leaves `frame`: the frame is free again.
+    pub(super) fn release_frame(&mut self, pid: PageId, frame: FrameId) {
+        let page = self.pages.page_mut(pid);
+        if let Gpu::Resident {
+            unused_prefetch: true,
+            ..
+        } = page.gpu
+        {
+            self.stats.prefetch_wasted += 1;
+        }
+        page.last_frame = Some(frame);
+        page.gpu = Gpu::Absent;
+        self.gpu.vacate(frame, pid);
+        self.eviction.on_free(frame);
+        self.copies.unmap(pid);
+    }
+
+    /// The eviction policy's victim among the GPU frames (see [`VictimView`]).
+    pub(super) fn policy_victim(
+        &mut self,
+        bound: Option<u64>,
+        preferred: Option<FrameId>,
+    ) -> Option<FrameId> {
+        self.eviction.choose_victim(&FrameView {
+            gpu: &self.gpu,
+            pages: &self.pages,
+            accesses: self.access.accesses(),
+            bound,
+            preferred,
+        })
+    }
+
+    /// A page on the GPU that can leave now without help (see
+    /// [`super::pages::Page::can_leave_gpu`]), used furthest ahead and beyond `bound`:
+    /// the fallback when the policy's victim is dirty and cannot be written back now.
+    fn evictable_victim(&self, bound: Option<u64>) -> Option<PageId> {
+        let mut best: Option<(u64, PageId)> = None;
+        for (frame, pid) in self.gpu.owned() {
+            if !self.pages.page(pid).can_leave_gpu() {
+                continue;
+            }
+            let next = self
+                .gpu
+                .next_use_after(frame, self.access.accesses())
+                .unwrap_or(u64::MAX);
+            if bound.is_some_and(|b| next <= b) || best.is_some_and(|(n, _)| n >= next) {
+                continue;
+            }
+            best = Some((next, pid));
+        }
+        best.map(|(_, pid)| pid)
+    }
+
+    /// Takes a page off the GPU so that its slot can leave the host tier: the eviction
+    /// policy's victim. True if one left at once (it was clean).
+    pub(super) fn evict_for_slot(&mut self, now: Duration) -> bool {
+        let Some(frame) = self.policy_victim(None, None) else {
+            return false;
+        };
+        let pid = self.gpu.owner(frame).expect("eligible frames hold a page");
+        self.evict(pid, now)
+    }
+}
+
+/// What the eviction policy sees of the GPU tier: the rooms it reads, borrowed beside
+/// the policy (which is borrowed mutably).
+struct FrameView<'a> {
+    gpu: &'a GpuFrames,
+    pages: &'a PageTable,
+    accesses: u64,
+    bound: Option<u64>,
+    preferred: Option<FrameId>,
+}
+
+impl VictimView for FrameView<'_> {
+    fn frame_count(&self) -> u32 {
+        self.gpu.total() as u32
+    }
+
+    fn eligible(&self, frame: FrameId) -> bool {
+        let Some(pid) = self.gpu.owner(frame) else {
+            return false;
+        };
+        let page = self.pages.page(pid);
+        matches!(page.gpu, Gpu::Resident { .. }) && page.pins == 0 && page.host_pins == 0
+    }
+
+    fn next_use(&self, frame: FrameId) -> Option<u64> {
+        self.gpu.next_use_after(frame, self.accesses)
+    }
+
+    fn must_exceed(&self) -> Option<u64> {
+        self.bound
+    }
+
+    fn preferred(&self) -> Option<FrameId> {
+        self.preferred
+    }
+}
