@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use spillway_core::{
-    AccessMode, AcquireId, CopyOp, MappingChange, PageLocation, PoolCore, RemoteError, RemoteOp,
-    RemoteOpKind,
+    AccessMode, AcquireId, CopyOp, DeviceFault, MappingChange, PageLocation, PoolCore, RemoteError,
+    RemoteOp, RemoteOpKind, ZeroFill,
 };
 use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, PageSize};
@@ -454,6 +454,76 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
     let now = m.t();
     m.core.free(bufs[0], now).unwrap();
     m.collect();
+    m.settle();
+    m.core.check_invariants();
+}
+
+#[test]
+fn a_page_never_written_is_zero_filled_into_a_slot_at_once() {
+    let mut m = Model::new(2, 4, 8, Policy::Learned);
+    let b = m.core.alloc(PAGE + 100).unwrap();
+    let now = m.t();
+    // Not in a slot yet: the access waits, and both pages get slots at once, to be
+    // zeroed by the driver before anything reads them; no remote op, nothing in flight.
+    assert_eq!(
+        m.core.begin_host_access(b, 0, PAGE + 100, false, now),
+        Ok(None)
+    );
+    let fills: Vec<ZeroFill> = std::iter::from_fn(|| m.core.poll_zero_fill()).collect();
+    let page = |index| PageId { buffer: b, index };
+    assert_eq!(
+        fills,
+        vec![
+            ZeroFill {
+                page: page(0),
+                slot: HostSlot(0),
+                bytes: PAGE
+            },
+            ZeroFill {
+                page: page(1),
+                slot: HostSlot(1),
+                bytes: 100
+            },
+        ]
+    );
+    assert_eq!(m.core.poll_remote(), None);
+    assert_eq!(m.core.transfers_in_flight(), 0);
+    let now = m.t();
+    assert_eq!(
+        m.core.begin_host_access(b, 0, PAGE + 100, false, now),
+        Ok(Some(vec![
+            PageLocation::Host(HostSlot(0)),
+            PageLocation::Host(HostSlot(1))
+        ]))
+    );
+    m.core.end_host_access(b, 0, PAGE + 100, false, now);
+    assert_eq!(m.core.stats().remote_demand_fetches, 0);
+}
+
+#[test]
+fn a_zero_fill_that_fails_loses_its_buffer_only() {
+    let mut m = Model::new(2, 4, 8, Policy::Clock);
+    let (lost, kept) = (m.core.alloc(PAGE).unwrap(), m.core.alloc(PAGE).unwrap());
+    let now = m.t();
+    let (h, hit) = m.core.begin_acquire(lost, AccessMode::Shared, now).unwrap();
+    assert!(!hit);
+    let fill = m.core.poll_zero_fill().unwrap();
+    assert_eq!(fill.page.buffer, lost);
+    // The slot holds whatever it held (the model's copies still read it).
+    m.slots.insert(fill.slot, (fill.page, u64::MAX));
+    let fault = DeviceFault::new("slot out of range");
+    m.core
+        .handle_zero_fill_failed(fill.page, fault.clone(), now);
+    assert_eq!(
+        m.core.is_ready(h),
+        Err(spillway_core::CoreError::DeviceFailed(fault))
+    );
+    m.core.release(h, now);
+    m.collect();
+    let (h, _) = m.acquire(kept, AccessMode::Exclusive);
+    m.release(h);
+    let now = m.t();
+    m.core.free(lost, now).unwrap();
     m.settle();
     m.core.check_invariants();
 }

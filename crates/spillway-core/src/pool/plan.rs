@@ -228,3 +228,58 @@ impl Access {
         self.predictor.stats()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upcoming(buffer: u64, distance: u64, ms: u64) -> Upcoming {
+        Upcoming {
+            buffer: BufferId(buffer),
+            distance,
+            time_until: Duration::from_millis(ms),
+            probability: 1.0,
+        }
+    }
+
+    #[test]
+    fn one_rule_plans_both_tiers_within_the_horizon() {
+        // Two buffers of two pages (the second page of 10 bytes), never written: absent
+        // from the GPU and from the host tier (no remote tier: none would be `Zero`).
+        let mut pages = PageTable::new(100);
+        let a = pages.insert(110, vec![Page::new(None), Page::new(None)]);
+        let b = pages.insert(110, vec![Page::new(None), Page::new(None)]);
+        // `a` next, `b` 9 accesses on (past the first MIN_LOOKAHEAD_ACCESSES) in 50 ms.
+        let ups = [upcoming(a.0, 0, 0), upcoming(b.0, 9, 50)];
+        let page = |buffer, index| PageId { buffer, index };
+        for (tier, lead) in [(Tier::Gpu, LEAD_FACTOR), (Tier::Host, REMOTE_LEAD_FACTOR)] {
+            let mut plan = TierPlan::new(tier, lead);
+            // At 1 kB/s the 110 bytes queued for `a` take 110 ms: `b` is within the horizon.
+            plan.replan(&ups, 5, 1e3, &pages);
+            assert_eq!(
+                plan.queue,
+                [
+                    (page(a, 0), 6),
+                    (page(a, 1), 6),
+                    (page(b, 0), 15),
+                    (page(b, 1), 15)
+                ],
+                "{tier:?}"
+            );
+            assert_eq!((plan.horizon, plan.furthest()), (15, Some(15)));
+            // At 1 MB/s they take 0.11 ms, plus the jitter margin: `b` is beyond it.
+            plan.replan(&ups, 5, 1e6, &pages);
+            assert_eq!(plan.queue, [(page(a, 0), 6), (page(a, 1), 6)], "{tier:?}");
+            assert_eq!(plan.horizon, 6);
+        }
+        // A page loading counts against the GPU horizon but is not planned again.
+        pages.page_mut(page(a, 0)).gpu = Gpu::Loading {
+            frame: spillway_types::FrameId(0),
+            prefetch: true,
+        };
+        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
+        plan.replan(&ups, 5, 1e3, &pages);
+        assert_eq!(plan.queue[0], (page(a, 1), 6));
+        assert_eq!(plan.queue.len(), 3);
+    }
+}
