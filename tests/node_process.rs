@@ -20,7 +20,7 @@ fn node_help_lists_every_config_field_with_its_default() {
         "pool_dir",
         "listen_addr",
         "data_dir",
-        "host_tier_bytes",
+        "host_budget",
         "metrics_addr",
         "quic.connections_per_peer",
         "quic.loopback_mtu_bytes",
@@ -37,14 +37,30 @@ fn a_bad_node_config_exits_nonzero_naming_the_file_and_field() {
     let path = tmp.path().join("node.toml");
     std::fs::write(
         &path,
+        "node_id = 1\npool_dir = \"/p\"\ndata_dir = \"/d\"\nhost_budget = \"4KiB\"\n",
+    )
+    .unwrap();
+    let out = spillway(&["node", "--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`host_budget`"), "{err}");
+    assert!(err.contains(path.to_str().unwrap()), "{err}");
+
+    // The old key is read (the same range error), with a note naming the new one.
+    std::fs::write(
+        &path,
         "node_id = 1\npool_dir = \"/p\"\ndata_dir = \"/d\"\nhost_tier_bytes = 4096\n",
     )
     .unwrap();
     let out = spillway(&["node", "--config", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("`host_tier_bytes`"), "{err}");
-    assert!(err.contains(path.to_str().unwrap()), "{err}");
+    assert!(err.contains("`host_tier_bytes` is deprecated"), "{err}");
+    assert!(err.contains("write `host_budget`"), "{err}");
+    assert!(
+        err.contains("`host_budget` is 4096 but must hold at least one page"),
+        "{err}"
+    );
 
     std::fs::write(&path, "node_id = 1\nhost_tier_gib = 4\n").unwrap();
     let out = spillway(&["node", "--config", path.to_str().unwrap()]);

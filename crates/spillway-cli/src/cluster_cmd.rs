@@ -72,7 +72,7 @@ pub struct LayoutArgs {
     #[arg(long, value_name = "P", default_value_t = BASE_PORT_DEFAULT)]
     base_port: u16,
     /// Host tier budget of each node, e.g. 1GiB or 512MiB, at most 16TiB (the nodes'
-    /// `host_tier_bytes`).
+    /// `host_budget`).
     #[arg(long, value_name = "SIZE", default_value = HOST_BUDGET_DEFAULT,
           value_parser = size_in(0..=BUDGET_BYTES_MAX))]
     host_budget: u64,

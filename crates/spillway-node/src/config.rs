@@ -4,7 +4,8 @@
 //! [`NodeConfig::load`] does both and names the file in every error.
 //!
 //! Two fields default from others: `client_socket` from `data_dir`, `lend_bytes` from
-//! `host_tier_bytes`; [`NodeConfig::parse`] and [`NodeConfig::new`] fill them in, so a
+//! `host_budget` (the field `host_tier_bytes`; the old key is read with a note, and sizes
+//! are integers or strings of the one size parser: `config_size`); [`NodeConfig::parse`] and [`NodeConfig::new`] fill them in, so a
 //! loaded config always holds concrete values. [`NodeConfig::field_docs`] lists every
 //! field with its doc and default (for `spillway node --help`).
 //!
@@ -14,7 +15,7 @@
 //! node_id = 1
 //! pool_dir = "/etc/spillway/pool"
 //! data_dir = "/var/lib/spillway/node-1"
-//! host_tier_bytes = 68719476736   # 64 GiB
+//! host_budget = "64GiB"
 //! listen_addr = "10.0.0.1:7700"
 //! members = [
 //!   { id = 1, addr = "10.0.0.1:7700" },
@@ -72,7 +73,7 @@ pub const PEER_GRACE_MS_MAX: u64 = 600_000;
 pub const NODE_ID_MAX: u64 = (1 << 12) - 1;
 /// Most members in `members`: 1024 (`spillway_meta::limits::MEMBERS_MAX`).
 pub const MEMBERS_MAX: usize = 1024;
-/// `lend_bytes` as read when the file does not set it: replaced by `host_tier_bytes`.
+/// `lend_bytes` as read when the file does not set it: replaced by `host_budget`.
 const LEND_BYTES_UNSET: u64 = u64::MAX;
 
 fn default_tick_ms() -> u64 {
@@ -161,8 +162,8 @@ const FIELD_DOCS: &[FieldDoc] = &[
         default: "required",
     },
     FieldDoc {
-        key: "host_tier_bytes",
-        doc: "RAM the host tier may hold in pages (at least one page)",
+        key: "host_budget",
+        doc: "RAM the host tier may hold in pages, a size such as \"64GiB\" (at least one page; was host_tier_bytes)",
         default: "required",
     },
     FieldDoc {
@@ -212,8 +213,8 @@ const FIELD_DOCS: &[FieldDoc] = &[
     },
     FieldDoc {
         key: "lend_bytes",
-        doc: "bytes of the host tier lent to the pool's other nodes (one page to host_tier_bytes)",
-        default: "host_tier_bytes",
+        doc: "bytes of the host tier lent to the pool's other nodes (one page to host_budget)",
+        default: "host_budget",
     },
     FieldDoc {
         key: "reserve_chunk_bytes",
@@ -327,7 +328,14 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Bytes of RAM the host tier may hold in pages (required, at least one page). More
     /// holds more of the pool's pages here; it is memory the machine no longer has for
-    /// anything else. The page index adds about 100 bytes per page on top.
+    /// anything else. The page index adds about 100 bytes per page on top. In the file:
+    /// `host_budget`, a size (`"64GiB"` or bytes); the old key `host_tier_bytes` is read
+    /// with a note.
+    #[serde(
+        rename = "host_budget",
+        alias = "host_tier_bytes",
+        deserialize_with = "crate::config_size::size"
+    )]
     pub host_tier_bytes: u64,
     /// Largest page the node stores, in bytes (a power of two from 64 KiB to 64 MiB; default
     /// 2 MiB). Must match the pool's clients; larger pages mean fewer requests and less
@@ -370,11 +378,17 @@ pub struct NodeConfig {
     /// `host_tier_bytes`; at least one page). Peers place pages here through the
     /// directory; what is lent is not available to this node's own clients when peers use
     /// it.
-    #[serde(default = "default_lend_bytes")]
+    #[serde(
+        default = "default_lend_bytes",
+        deserialize_with = "crate::config_size::size"
+    )]
     pub lend_bytes: u64,
     /// Capacity reserved on a peer at a time when spilling (default 64 MiB, at least one
     /// page). Larger: fewer Raft rounds per spilled byte, more capacity held idle per peer.
-    #[serde(default = "default_reserve_chunk_bytes")]
+    #[serde(
+        default = "default_reserve_chunk_bytes",
+        deserialize_with = "crate::config_size::size"
+    )]
     pub reserve_chunk_bytes: u64,
     /// How long a peer that stops answering is waited for before a fetch of pages it holds
     /// fails, in milliseconds (default 30 000, from 1 000 to 600 000). Fetches are retried
@@ -504,8 +518,12 @@ impl NodeConfig {
         NodeConfig::parse(&text, path)
     }
 
-    /// Parses and validates TOML `text`; `origin` names it in errors.
+    /// Parses and validates TOML `text`; `origin` names it in errors. A file with the old
+    /// key `host_tier_bytes` is read, and a note printed to stderr.
     pub fn parse(text: &str, origin: &Path) -> Result<NodeConfig, NodeConfigError> {
+        if let Some(note) = crate::config_size::old_key_note(text, origin) {
+            eprintln!("{note}");
+        }
         let mut config: NodeConfig = toml::from_str(text).map_err(|e| NodeConfigError::Parse {
             path: origin.to_path_buf(),
             message: e.to_string(),
@@ -548,7 +566,7 @@ impl NodeConfig {
         let page = self.page_size.bytes();
         if self.host_tier_bytes < page {
             return err(
-                "host_tier_bytes",
+                "host_budget",
                 format!(
                     "is {} but must hold at least one page of {page} bytes",
                     self.host_tier_bytes
@@ -557,7 +575,7 @@ impl NodeConfig {
         }
         if self.host_tier_pages() > limits::SLOTS_MAX {
             return err(
-                "host_tier_bytes",
+                "host_budget",
                 format!(
                     "holds {} pages, more than the limit of {}",
                     self.host_tier_pages(),
@@ -672,7 +690,7 @@ impl NodeConfig {
             return err(
                 "lend_bytes",
                 format!(
-                    "is {} but the host tier holds only {} (host_tier_bytes)",
+                    "is {} but the host tier holds only {} (host_budget)",
                     self.lend_bytes, self.host_tier_bytes
                 ),
             );
@@ -737,7 +755,7 @@ mod tests {
 node_id = 3
 pool_dir = "/pool"
 data_dir = "/data"
-host_tier_bytes = 1073741824
+host_budget = "1GiB"
 "#;
 
     /// The error's text names `field` and the file.
@@ -934,20 +952,17 @@ host_tier_bytes = 1073741824
 
     #[test]
     fn a_wrong_type_is_named() {
-        let text = MINIMAL.replace(
-            "host_tier_bytes = 1073741824",
-            "host_tier_bytes = \"1 GiB\"",
-        );
+        let text = MINIMAL.replace("host_budget = \"1GiB\"", "host_budget = true");
         let err = parse(&text).unwrap_err();
         assert!(matches!(err, NodeConfigError::Parse { .. }), "{err}");
-        assert_names(&err, "host_tier_bytes");
+        assert_names(&err, "host_budget");
     }
 
     #[test]
     fn a_missing_required_field_is_named() {
-        let text = MINIMAL.replace("host_tier_bytes = 1073741824", "");
+        let text = MINIMAL.replace("host_budget = \"1GiB\"", "");
         let err = parse(&text).unwrap_err();
-        assert_names(&err, "host_tier_bytes");
+        assert_names(&err, "host_budget");
     }
 
     #[test]
@@ -958,18 +973,18 @@ host_tier_bytes = 1073741824
 
     #[test]
     fn range_errors_name_the_field() {
-        let h = "host_tier_bytes = 1073741824";
+        let h = "host_budget = \"1GiB\"";
         let cases = [
-            (h, "host_tier_bytes = 4096", "host_tier_bytes"),
+            (h, "host_budget = 4096", "host_budget"),
             ("node_id = 3", "node_id = 0", "node_id"),
             (
                 h,
-                "host_tier_bytes = 1073741824\n[quic]\nloopback_mtu_bytes = 9000",
+                "host_budget = \"1GiB\"\n[quic]\nloopback_mtu_bytes = 9000",
                 "quic.loopback_mtu_bytes",
             ),
             (
                 h,
-                "host_tier_bytes = 1073741824\nmetrics_addr = \"127.0.0.1:7700\"",
+                "host_budget = \"1GiB\"\nmetrics_addr = \"127.0.0.1:7700\"",
                 "metrics_addr",
             ),
         ];

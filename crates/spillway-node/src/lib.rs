@@ -25,6 +25,7 @@
 //!   connection introduced over the authenticated QUIC connection to the peer.
 
 pub mod config;
+mod config_size;
 pub mod http;
 mod ledger;
 pub mod local;
