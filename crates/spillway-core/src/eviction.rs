@@ -247,13 +247,22 @@ impl EvictionPolicy for NextUse {
             Option<u32>,
             Option<(u64, FrameId)>,
         ) = (None, None, None);
+        let bound = view.must_exceed();
         for k in 0..n {
             let i = (self.clock.hand + k) % n;
             let f = FrameId(i);
+            let next = view.next_use(f);
+            // A predicted frame that cannot beat the best so far or the bound is skipped
+            // before `eligible` (the costly question): the victim is the same.
+            if let Some(next) = next
+                && (furthest.is_some_and(|(b, _)| next <= b) || bound.is_some_and(|b| next <= b))
+            {
+                continue;
+            }
             if !view.eligible(f) {
                 continue;
             }
-            match view.next_use(f) {
+            match next {
                 None => {
                     unpredicted.get_or_insert(k);
                     if !self.clock.referenced[i as usize] {

@@ -142,7 +142,13 @@ impl PoolCore {
         now: Duration,
     ) -> Place<FrameId> {
         let next_to = self.extent_neighbour(pid);
-        let preferred = next_to.or(self.pages.page(pid).last_frame);
+        // A page that starts its buffer goes back to its last frame when it can (the start
+        // of its last extent).
+        let preferred = next_to.or(if pid.index == 0 {
+            self.pages.page(pid).last_frame
+        } else {
+            None
+        });
         loop {
             if let Some(f) = self.gpu.take(preferred, next_to.is_none()) {
                 return Place::Got(f);
@@ -151,12 +157,18 @@ impl PoolCore {
                 *waiting += 1;
                 return Place::Later;
             }
-            let Some(mut victim) = self.policy_victim(bound, preferred) else {
-                return Place::Never;
+            let victim = match next_to.filter(|&n| self.continues_victim_extent(n, bound)) {
+                Some(n) => n,
+                None => {
+                    let Some(mut victim) = self.policy_victim(bound, preferred) else {
+                        return Place::Never;
+                    };
+                    if Some(victim) != preferred {
+                        victim = self.victim_extent_start(victim);
+                    }
+                    victim
+                }
             };
-            if Some(victim) != preferred {
-                victim = self.victim_extent_start(victim);
-            }
             let victim = self.gpu.owner(victim).expect("eligible frames hold a page");
             if !self.evict(victim, now) && !self.evicting(victim) {
                 // Dirty, and the write-back bound is reached or no slot can take it now:
@@ -193,6 +205,38 @@ impl PoolCore {
                 .and_then(|f| f.checked_sub(1))
         };
         after.or_else(before).map(FrameId)
+    }
+
+    /// Whether frame `next_to`, the one that extends a buffer's extent, holds a page of
+    /// a victim extent being taken over in order: the page before it in its own buffer
+    /// has already left the GPU, it may leave now, and it is used after `bound` (if
+    /// any). The policy chose that extent when it started; finishing it in order keeps
+    /// both buffers in one extent each (a buffer is evicted whole, as a policy over
+    /// pages of equal next use would, in any order).
+    fn continues_victim_extent(&self, next_to: FrameId, bound: Option<u64>) -> bool {
+        let Some(holder) = self.gpu.owner(next_to) else {
+            return false;
+        };
+        let page = self.pages.page(holder);
+        if holder.index == 0
+            || !matches!(page.gpu, Gpu::Resident { .. })
+            || page.pins > 0
+            || page.host_pins > 0
+        {
+            return false;
+        }
+        let before = PageId {
+            buffer: holder.buffer,
+            index: holder.index - 1,
+        };
+        let beyond = match (
+            bound,
+            self.gpu.next_use_after(next_to, self.access.accesses()),
+        ) {
+            (None, _) | (Some(_), None) => true,
+            (Some(b), Some(n)) => n > b,
+        };
+        beyond && self.pages.page(before).gpu == Gpu::Absent
     }
 
     /// The first frame of the victim's own extent: walks back while the frame before
