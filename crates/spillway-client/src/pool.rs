@@ -572,12 +572,19 @@ impl Pool {
     ) -> Result<(), PoolError> {
         let mut state = self.shared.lock();
         let locations = loop {
-            if let Some(l) =
-                state
-                    .core
-                    .begin_host_access(buffer.id, offset, len, write, self.shared.now())?
+            match state
+                .core
+                .begin_host_access(buffer.id, offset, len, write, self.shared.now())
             {
-                break l;
+                Ok(Some(l)) => break l,
+                Ok(None) => {}
+                // A guard dropped just before whose release still waits for queued
+                // kernels (a consumer's stream): it comes free when they pass, so wait.
+                Err(CoreError::BufferBusy { .. }) if state.pending_releases > 0 => {
+                    state = self.shared.wait(state);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
             }
             // Pages may have to come from the remote tier first: start what the core asked
             // (zero fills finish inside `drive`, so look again before waiting).
