@@ -169,25 +169,19 @@ impl PoolConfig {
                 ),
             );
         }
-        if self.gpu_frames() > limits::SLOTS_MAX {
-            return err(
-                "gpu_budget_bytes",
-                format!(
-                    "holds {} pages, more than the limit of {}",
-                    self.gpu_frames(),
-                    limits::SLOTS_MAX
-                ),
-            );
-        }
-        if self.host_slots() > limits::SLOTS_MAX {
-            return err(
-                "host_budget_bytes",
-                format!(
-                    "holds {} pages, more than the limit of {}",
-                    self.host_slots(),
-                    limits::SLOTS_MAX
-                ),
-            );
+        for (field, pages) in [
+            ("gpu_budget_bytes", self.gpu_frames()),
+            ("host_budget_bytes", self.host_slots()),
+        ] {
+            if pages > limits::SLOTS_MAX {
+                return err(
+                    field,
+                    format!(
+                        "holds {pages} pages, more than the limit of {}",
+                        limits::SLOTS_MAX
+                    ),
+                );
+            }
         }
         if self.h2d_bytes_in_flight_max < page {
             return err(
@@ -275,6 +269,24 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.gpu_frames(), 32);
         assert_eq!(c.host_slots(), 128);
+    }
+
+    #[test]
+    fn budgets_of_more_pages_than_the_limit_name_their_field() {
+        let page = PageSize::default().bytes();
+        let over = (limits::SLOTS_MAX + 1) * page;
+        let e = PoolConfig::new(over, over + page).validate().unwrap_err();
+        assert_eq!(e.field, "gpu_budget_bytes");
+        assert_eq!(
+            e.problem,
+            format!(
+                "holds {} pages, more than the limit of {}",
+                limits::SLOTS_MAX + 1,
+                limits::SLOTS_MAX
+            )
+        );
+        let e = PoolConfig::new(64 << 20, over).validate().unwrap_err();
+        assert_eq!(e.field, "host_budget_bytes");
     }
 
     #[test]

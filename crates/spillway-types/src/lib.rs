@@ -21,28 +21,38 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// One allocation of a client (a layer's weights, an activation, a KV block), unique in the pool.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    bincode::Encode,
-    bincode::Decode,
-)]
-pub struct BufferId(pub u64);
+/// A `u64` id that crosses the wire: ordered, hashable, serde and bincode, shown as `$show`.
+macro_rules! wire_id {
+    ($(#[$doc:meta])* $name:ident, $show:literal) => {
+        $(#[$doc])*
+        #[derive(
+            Clone,
+            Copy,
+            Debug,
+            PartialEq,
+            Eq,
+            Hash,
+            PartialOrd,
+            Ord,
+            Serialize,
+            Deserialize,
+            bincode::Encode,
+            bincode::Decode,
+        )]
+        pub struct $name(pub u64);
 
-impl fmt::Display for BufferId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "buffer#{}", self.0)
-    }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, $show, self.0)
+            }
+        }
+    };
 }
+
+wire_id!(
+    /// One allocation of a client (a layer's weights, an activation, a KV block), unique in the pool.
+    BufferId, "buffer#{}"
+);
 
 /// A page: the `index`-th page-sized piece of a buffer (the last one may be short).
 #[derive(
@@ -84,52 +94,16 @@ pub struct HostSlot(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TransferId(pub u64);
 
-/// One node daemon of the pool (one per machine), unique in the pool.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    bincode::Encode,
-    bincode::Decode,
-)]
-pub struct NodeId(pub u64);
+wire_id!(
+    /// One node daemon of the pool (one per machine), unique in the pool.
+    NodeId, "node#{}"
+);
 
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "node#{}", self.0)
-    }
-}
-
-/// One deployment (all nodes and clients that share a CA). Peers of another pool are
-/// refused even if their certificates were somehow accepted.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    bincode::Encode,
-    bincode::Decode,
-)]
-pub struct PoolId(pub u64);
-
-impl fmt::Display for PoolId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pool#{:016x}", self.0)
-    }
-}
+wire_id!(
+    /// One deployment (all nodes and clients that share a CA). Peers of another pool are
+    /// refused even if their certificates were somehow accepted.
+    PoolId, "pool#{:016x}"
+);
 
 /// Where a page lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -253,6 +227,18 @@ pub fn fmt_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_show_their_kind() {
+        assert_eq!(BufferId(7).to_string(), "buffer#7");
+        let page = PageId {
+            buffer: BufferId(7),
+            index: 2,
+        };
+        assert_eq!(page.to_string(), "buffer#7/page2");
+        assert_eq!(NodeId(3).to_string(), "node#3");
+        assert_eq!(PoolId(255).to_string(), "pool#00000000000000ff");
+    }
 
     #[test]
     fn page_size_accepts_powers_of_two_in_range() {

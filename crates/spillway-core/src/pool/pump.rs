@@ -43,6 +43,16 @@ pub(super) enum Place<T> {
     Never,
 }
 
+impl<T> Place<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Place<U> {
+        match self {
+            Place::Got(t) => Place::Got(f(t)),
+            Place::Later => Place::Later,
+            Place::Never => Place::Never,
+        }
+    }
+}
+
 /// A place in either tier.
 enum Spot {
     Frame(FrameId),
@@ -138,16 +148,8 @@ impl PoolCore {
                 return false;
             }
             let place = match tier {
-                Tier::Gpu => match self.frame_for(pid, bound, waiting, now) {
-                    Place::Got(f) => Place::Got(Spot::Frame(f)),
-                    Place::Later => Place::Later,
-                    Place::Never => Place::Never,
-                },
-                Tier::Host => match self.slot_for(pid, bound, waiting, now) {
-                    Place::Got(s) => Place::Got(Spot::Slot(s)),
-                    Place::Later => Place::Later,
-                    Place::Never => Place::Never,
-                },
+                Tier::Gpu => self.frame_for(pid, bound, waiting, now).map(Spot::Frame),
+                Tier::Host => self.slot_for(pid, bound, waiting, now).map(Spot::Slot),
             };
             let prefetch = queue == Queue::Plan;
             match place {
