@@ -411,6 +411,7 @@ def main():
     ap.add_argument("--gpu-budget", default="2GiB")
     ap.add_argument("--page-size", default="8MiB")
     ap.add_argument("--skip", nargs="*", default=[], help="variants to skip, e.g. fsdp2")
+    ap.add_argument("--parts", nargs="*", default=["train", "infer"], help="train, infer")
     ap.add_argument("--out", default="bench-torch.json")
     args = ap.parse_args()
 
@@ -434,27 +435,30 @@ def main():
     doc["transformers"] = transformers.__version__
 
     tr = doc["train"]
-    data = batches(args, config, args.train_steps, args.train_batch, args.seq)
+    data = batches(args, config, args.train_steps, args.train_batch, args.seq) if "train" in args.parts else []
     ref = {}
 
     def resident():
         r, grads, final = train_resident(args, config, weights, data)
         ref.update(losses=r["losses"], grads=grads, final=final)
         return r
-    guarded(tr, "resident", resident)
-    if "learned" not in args.skip:
+    if "train" in args.parts:
+        guarded(tr, "resident", resident)
+    if "learned" not in args.skip and "train" in args.parts:
         guarded(tr, "learned", lambda: train_offload(args, config, weights, data, "learned",
                                                      ref if ref else None))
     ref.clear()
-    if "on_demand" not in args.skip:
+    if "on_demand" not in args.skip and "train" in args.parts:
         guarded(tr, "on_demand", lambda: train_offload(args, config, weights, data, "on_demand"))
     if "h2d_bytes_per_step" in tr.get("learned", {}):
         guarded(tr, "copy_floor", lambda: {"step_s": copy_floor(tr["learned"]["h2d_bytes_per_step"],
                                                                   tr["learned"]["d2h_bytes_per_step"])})
-    if "fsdp2" not in args.skip:
+    if "fsdp2" not in args.skip and "train" in args.parts:
         guarded(tr, "fsdp2", lambda: train_fsdp2(args, config, weights, data[:3]))
 
     inf = doc["infer"]
+    if "infer" not in args.parts:
+        args.skip += ["infer"]
     x = batches(args, config, 1, args.infer_batch, args.infer_seq)[0]
     ref_logits = {}
 
@@ -462,14 +466,19 @@ def main():
         r, logits = infer_resident(args, config, weights, x)
         ref_logits["v"] = logits
         return r
-    guarded(inf, "resident", iresident)
+    infer = "infer" not in args.skip
+    if infer:
+        guarded(inf, "resident", iresident)
     rl = ref_logits.get("v")
-    guarded(inf, "learned", lambda: infer_offload(args, config, weights, x, "learned", rl))
-    guarded(inf, "on_demand", lambda: infer_offload(args, config, weights, x, "on_demand", rl))
+    if infer:
+        guarded(inf, "learned", lambda: infer_offload(args, config, weights, x, "learned", rl))
+    if infer and "on_demand" not in args.skip:
+        guarded(inf, "on_demand", lambda: infer_offload(args, config, weights, x, "on_demand", rl))
     if "h2d_bytes_per_step" in inf.get("learned", {}):
         guarded(inf, "copy_floor", lambda: {"step_s": copy_floor(inf["learned"]["h2d_bytes_per_step"], 0)})
-    guarded(inf, "handwritten", lambda: infer_handwritten(args, config, weights, x, rl))
-    if "accelerate" not in args.skip:
+    if infer:
+        guarded(inf, "handwritten", lambda: infer_handwritten(args, config, weights, x, rl))
+    if infer and "accelerate" not in args.skip:
         guarded(inf, "accelerate", lambda: infer_accelerate(args, config, weights, x, rl))
 
     for part in ("train", "infer"):
