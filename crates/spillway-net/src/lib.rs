@@ -284,6 +284,15 @@ pub enum NetError {
     },
 }
 
+impl NetError {
+    /// Whether the connection failed, not only the request: every error but a request
+    /// that could not be encoded or that the peer answered with an error. A caller that
+    /// caches connections drops the connection on these and reconnects.
+    pub fn connection_failed(&self) -> bool {
+        !matches!(self, NetError::Encode { .. } | NetError::Remote { .. })
+    }
+}
+
 fn peer_name(peer: Option<NodeId>) -> String {
     peer.map_or_else(|| "an unidentified peer".to_string(), |p| p.to_string())
 }

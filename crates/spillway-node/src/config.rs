@@ -69,7 +69,7 @@ pub const PEER_GRACE_MS_MIN: u64 = 1_000;
 /// Longest peer grace accepted: 10 min (a client waits this long at most on one fetch).
 pub const PEER_GRACE_MS_MAX: u64 = 600_000;
 /// Largest node id: 4095. The remote tier packs the origin node into the top 12 bits of
-/// a buffer id (see [`crate::remote`]), so ids must fit there.
+/// a buffer id (see the remote tier's `remote_page_id`), so ids must fit there.
 pub const NODE_ID_MAX: u64 = (1 << 12) - 1;
 /// Most members in `members`: 1024 (`spillway_meta::limits::MEMBERS_MAX`).
 pub const MEMBERS_MAX: usize = 1024;

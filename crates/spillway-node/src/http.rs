@@ -48,7 +48,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::meta::MetaDriver;
-use crate::node::NodeHandle;
 use crate::remote::RemoteService;
 use crate::service::ServiceCounters;
 use crate::store::HostStore;
@@ -541,40 +540,15 @@ impl StatusSources {
     }
 }
 
-impl NodeHandle {
-    pub(crate) fn status_sources(&self) -> StatusSources {
-        StatusSources {
-            node_id: self.node_id().0,
-            addr: self.local_addr(),
-            transport: self.transport().clone(),
-            store: self.store().clone(),
-            meta: self.meta().clone(),
-            remote: self.remote(),
-            service: self.service_counters().clone(),
-            clients: self.clients().clone(),
-            page_transport: self.page_transport(),
-            ucx_stats: (self.page_transport() == "ucx").then(|| self.page_net_stats().clone()),
-        }
-    }
-
-    /// The `/status` document now.
-    pub fn status(&self) -> NodeStatus {
-        self.status_sources().status(self.metrics_addr())
-    }
-
-    /// The `/metrics` document now.
-    pub fn metrics_text(&self) -> String {
-        self.status_sources().metrics()
-    }
-}
-
-/// Binds `metrics_addr` and serves it on the node's tasks until its token is cancelled.
-pub(crate) async fn serve(handle: &NodeHandle) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(handle.config().metrics_addr).await?;
+/// Binds `addr` and serves the documents of `sources` on `tasks` until `cancel`.
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    sources: StatusSources,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let sources = handle.status_sources();
-    let cancel = handle.cancel_token().clone();
-    let tasks = handle.task_tracker().clone();
     tasks.clone().spawn(accept_loop(
         listener,
         Limits::NODE,

@@ -31,6 +31,7 @@ mod ledger;
 pub mod local;
 pub mod meta;
 pub mod node;
+pub mod peers;
 mod placement;
 pub mod remote;
 pub mod service;

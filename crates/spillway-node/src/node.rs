@@ -30,9 +30,8 @@ use tokio_util::task::TaskTracker;
 use spillway_meta::{MemberState, MetaState, Role, Update};
 
 use crate::config::{NodeConfig, NodeConfigError};
-use crate::meta::{
-    MemberView, MetaDriver, MetaStartError, MetaView, Outcome, Peers, ProposeFailure,
-};
+use crate::meta::{MemberView, MetaDriver, MetaStartError, MetaView, Outcome, ProposeFailure};
+use crate::peers::Peers;
 use crate::remote::RemoteService;
 use crate::service::{NodeService, ServiceCounters};
 use crate::store::{HostStore, StoreCounters};
@@ -245,7 +244,14 @@ impl Node {
             #[cfg(feature = "ucx")]
             ucx,
         };
-        match crate::http::serve(&handle).await {
+        match crate::http::serve(
+            handle.config().metrics_addr,
+            handle.status_sources(),
+            handle.cancel_token().clone(),
+            handle.task_tracker().clone(),
+        )
+        .await
+        {
             Ok(bound) => handle.metrics_addr = Some(bound),
             Err(source) => {
                 let addr = handle.config.metrics_addr;
@@ -640,6 +646,33 @@ const UCX_FRAME_HEADROOM_BYTES: u64 = 64 << 10;
 /// bound on a message's length.
 #[cfg(feature = "ucx")]
 const UCX_RECV_SLOTS: usize = 1;
+
+impl NodeHandle {
+    pub(crate) fn status_sources(&self) -> crate::http::StatusSources {
+        crate::http::StatusSources {
+            node_id: self.node_id().0,
+            addr: self.local_addr(),
+            transport: self.transport().clone(),
+            store: self.store().clone(),
+            meta: self.meta().clone(),
+            remote: self.remote(),
+            service: self.service_counters().clone(),
+            clients: self.clients().clone(),
+            page_transport: self.page_transport(),
+            ucx_stats: (self.page_transport() == "ucx").then(|| self.page_net_stats().clone()),
+        }
+    }
+
+    /// The `/status` document now.
+    pub fn status(&self) -> crate::http::NodeStatus {
+        self.status_sources().status(self.metrics_addr())
+    }
+
+    /// The `/metrics` document now.
+    pub fn metrics_text(&self) -> String {
+        self.status_sources().metrics()
+    }
+}
 
 impl Drop for NodeHandle {
     fn drop(&mut self) {

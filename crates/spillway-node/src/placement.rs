@@ -1,7 +1,7 @@
 //! The remote tier's brain without IO: where spilled pages go, which reservations pay for
 //! them, how they are cut into requests, where a fetch reads, and which copies must be
 //! deleted. [`Placement`] never awaits, never touches a socket, a lock or the clock: the
-//! driver ([`crate::remote::RemoteService`]) hands it what it observed (the pool's
+//! driver (`remote::RemoteService`) hands it what it observed (the pool's
 //! members, which peers are reachable, the outcomes of proposals, the replies of peers)
 //! and `now`, and gets back what to do (proposals to make, requests to send, copies to
 //! delete). Its unit tests run it without a pool.
@@ -35,7 +35,7 @@ use spillway_types::{BufferId, NodeId, PageId};
 use crate::ledger::{Ledger, Spent};
 use crate::meta::Outcome;
 use crate::tier::{
-    CLIENT_BUFFER_BITS, MOVE_RETRIES, PAGES_PER_REQUEST, PENDING_DELETES_MAX, PeerRemoteCounters,
+    MOVE_RETRIES, NODE_SHIFT, PAGES_PER_REQUEST, PENDING_DELETES_MAX, PeerRemoteCounters,
     REQUEST_BYTES_MAX, RESERVATION_TTL, RUN_PAGES, RemoteError, remote_page_id,
 };
 
@@ -794,7 +794,7 @@ const VERSION_SHIFT: u32 = 10;
 
 /// Whether the remote buffer id `buffer` belongs to `node` (see `remote_page_id`).
 pub(crate) fn buffer_of_node(buffer: BufferId, node: NodeId) -> bool {
-    buffer.0 >> (CLIENT_BUFFER_BITS + crate::tier::CLIENT_ID_BITS) == node.0
+    buffer.0 >> NODE_SHIFT == node.0
 }
 
 /// Cuts `pages` into requests of at most [`PAGES_PER_REQUEST`] pages and

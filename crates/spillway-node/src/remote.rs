@@ -60,7 +60,8 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::config::NodeConfig;
-use crate::meta::{MetaDriver, Peers, now_ms};
+use crate::meta::{MetaDriver, now_ms};
+use crate::peers::Peers;
 use crate::placement::{
     Candidate, Deletes, Held, MoveVerdict, Placement, Planned, SpillPage, buffer_of_node,
 };

@@ -1,7 +1,7 @@
-//! The remote tier's vocabulary, shared by its brain ([`crate::placement`]) and its
-//! driver ([`crate::remote`]): how a client's page is named on peers, the limits of
-//! requests and of the queues, the errors and the counters. Re-exported from
-//! [`crate::remote`], where the public paths have always been.
+//! The remote tier's vocabulary, shared by its brain (`placement`) and its driver
+//! (`remote`), which both import it and which it imports neither of: how a client's page
+//! is named on peers, the limits of requests and of the queues, the errors and the
+//! counters. Re-exported from `remote`, where the public paths have always been.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

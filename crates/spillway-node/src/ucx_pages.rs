@@ -10,18 +10,18 @@
 //! and peer addresses come from the pool's membership (the QUIC addresses in Raft).
 //!
 //! One UCX connection per peer is cached; a request that fails on the transport drops it
-//! and marks the peer failed in [`Peers`] (the same backoff as QUIC), and the next request
-//! introduces a new one.
+//! (the caller, the connection cache `peers`, marks the peer failed: the same backoff as QUIC),
+//! and the next request introduces a new one. This module knows nothing of the peer
+//! cache: the introduction is sent through the function the caller passes.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Weak};
 
 use spillway_net::ucx::{UcxConnection, UcxTransport};
 use spillway_net::{Connection, NetError, Request, Response};
 use spillway_types::NodeId;
 use spillway_types::wire::{ErrorCode, ErrorReply};
-
-use crate::meta::Peers;
 
 /// The UCX connections of one node to its peers.
 #[derive(Debug)]
@@ -39,20 +39,20 @@ impl UcxPages {
     }
 
     /// The cached UCX connection to `peer`, or a new one introduced over QUIC.
-    async fn connection(&self, peers: &Peers, peer: NodeId) -> Result<UcxConnection, NetError> {
+    async fn connection<F: Future<Output = Result<Response, NetError>>>(
+        &self,
+        peer: NodeId,
+        introduce: impl FnOnce(Request) -> F,
+    ) -> Result<UcxConnection, NetError> {
         let mut conns = self.conns.lock().await;
         if let Some(c) = conns.get(&peer) {
             return Ok(c.clone());
         }
         let offer = self.transport.offer();
-        let answer = match peers
-            .quic_request(
-                peer,
-                Request::UcxConnect {
-                    offer: offer.bytes(),
-                },
-            )
-            .await?
+        let answer = match introduce(Request::UcxConnect {
+            offer: offer.bytes(),
+        })
+        .await?
         {
             Response::UcxConnect { answer } => answer,
             Response::Error(e) => {
@@ -75,24 +75,23 @@ impl UcxPages {
         Ok(conn)
     }
 
-    /// Sends a page request to `peer` over UCX.
-    pub(crate) async fn request(
+    /// Sends a page request to `peer` over UCX; `introduce` sends the introduction over
+    /// the authenticated QUIC connection when no UCX connection is cached. A transport
+    /// failure drops the cached connection.
+    pub(crate) async fn request<F: Future<Output = Result<Response, NetError>>>(
         &self,
-        peers: &Peers,
         peer: NodeId,
         request: Request,
+        introduce: impl FnOnce(Request) -> F,
     ) -> Result<Response, NetError> {
-        let conn = self.connection(peers, peer).await?;
-        match conn.request(request).await {
-            Ok(r) => Ok(r),
-            Err(e) => {
-                if !matches!(e, NetError::Encode { .. } | NetError::Remote { .. }) {
-                    self.conns.lock().await.remove(&peer);
-                    peers.failed(peer);
-                }
-                Err(e)
-            }
+        let conn = self.connection(peer, introduce).await?;
+        let result = conn.request(request).await;
+        if let Err(e) = &result
+            && e.connection_failed()
+        {
+            self.conns.lock().await.remove(&peer);
         }
+        result
     }
 }
 
