@@ -33,6 +33,9 @@ def main():
     doc = json.load(open(sys.argv[1]))
     command = sys.argv[2] if len(sys.argv) > 2 else "python3 bench/torch/bench_torch.py"
     a = doc["args"]
+    def part(name, head):
+        return [head, "", *rows(name, doc), ""] if doc[name] else []
+
     lines = [
         f"Run: `{command}` on {doc['device']} (torch {doc['torch']}, transformers "
         f"{doc.get('transformers', '?')}, spillway {doc['spillway']}). Model: Llama architecture, "
@@ -40,20 +43,16 @@ def main():
         f"weights = {doc['weights_bytes'] / doc['gpu_budget_bytes']:.2f}x the pool's GPU budget "
         f"({a['gpu_budget']}, pages {a['page_size']}). Floor = max(resident, copy floor).",
         "",
-        f"Training: batch {a['train_batch']} x {a['seq']} tokens, AdamW, {a['train_steps']} steps "
-        f"(median of the steps after the first); floor {doc['train_floor_s']:.3f} s.",
-        "",
-        *rows("train", doc),
-        "",
-        f"Inference: batch {a['infer_batch']} x {a['infer_seq']} tokens, forward only; floor "
-        f"{doc['infer_floor_s']:.3f} s.",
-        "",
-        *rows("infer", doc),
-        "",
+        *part("train", f"Training: batch {a['train_batch']} x {a['seq']} tokens, AdamW, "
+              f"{a['train_steps']} steps (median of the steps after the first); floor "
+              f"{doc['train_floor_s']:.3f} s; attention `{a.get('attn', 'sdpa')}`."),
+        *part("infer", f"Inference: batch {a['infer_batch']} x {a['infer_seq']} tokens, forward "
+              f"only; floor {doc['infer_floor_s']:.3f} s."),
     ]
     learned = doc["train"].get("learned", {})
     checks = {k: learned.get(k) for k in ("losses_equal", "grads_equal", "weights_equal")}
-    lines.append(f"Bit-identical to resident training over {a['train_steps']} steps: {checks}.")
+    if learned:
+        lines.append(f"Bit-identical to resident training over {a['train_steps']} steps: {checks}.")
     il = doc["infer"].get("learned", {})
     if "logits_equal" in il:
         lines.append(f"Inference logits equal to resident: {il['logits_equal']}.")
