@@ -1,7 +1,9 @@
 //! Spillway's workloads and benchmarks.
+pub mod find_budget;
 #[cfg(feature = "cuda")]
 pub mod gpu_offload;
 pub mod offload;
+pub mod plot;
 pub mod remote;
 mod remote_ucx;
 pub mod replay;

@@ -1,6 +1,6 @@
 //! The offload benchmark: the demo's workload under every policy, against its floor.
 //!
-//! Variants, each run in the same process one after the other:
+//! Variants, each run in the same process:
 //! - `resident`: the GPU budget holds the whole working set; after the first step no page
 //!   moves. This is the compute-only time.
 //! - `copy_only`: no compute; the device's two copy streams move, per step, the bytes
@@ -12,24 +12,53 @@
 //!
 //! The floor is max(resident, copy_only): no schedule can beat either. Each variant's
 //! step time is the median over steps 2.. (step 1 has nothing to learn from and fills
-//! the GPU); its ratio to the floor is what to compare, since the machines are noisy
-//! and only ratios measured in one run mean anything.
+//! the GPU); its ratio to the floor of the same repeat is what to compare.
+//!
+//! Step time on a shared machine: each step's time is its wall time less the time the
+//! stepping thread waited for a core (its run delay, `/proc/thread-self/schedstat`;
+//! copy_only's, the longer of its two copy threads' run delays). On the sim device the
+//! "GPU" is the CPU: kernels run on the calling thread and copies on two more, so a
+//! prefetching policy's copies take cores from its own kernels, and neighbours take
+//! cores from all of them; a GPU's copy engines take nothing from its kernels. With the
+//! run delay left out, a step counts what the loop did and what it waited for (copies it
+//! stalled on included, however slowly their threads got a core), not the time the
+//! machine's scheduler gave to others. Measured on this 2-core VM under a load of 2 to 3
+//! (issue 18): learned, on_demand and clock used the same CPU time per run, within 5%,
+//! and their wall times then ranked by who got the cores, not by what they moved; the
+//! wall time stays in the result (`wall_s_median`, `run_delay_s_median`) beside it. Where
+//! the kernel keeps no schedstat, the run delay reads 0 and the step time is the wall
+//! time.
+//!
+//! Spread: the whole set runs `repeats` times (default 3), interleaved (repeat 1 runs
+//! every variant, then repeat 2, ...; the order of the pool variants rotates each repeat,
+//! so none always runs first or last), and each variant reports the median and the
+//! min–max of its per-repeat ratios. Neighbours' load moves every ratio on a shared
+//! machine (on the sim device compute and copies share its cores), so the load average
+//! and the core count are recorded before and after, and the result says the machine was
+//! busy when the load before the run was at least [`BUSY_LOAD_PER_CORE`] per core.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use plotters::prelude::*;
+use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use spillway_client::{
     Completion, CompletionSink, CopyOp, Direction, FrameId, HostSlot, Policy, TransferId,
     fmt_bytes, make_device,
 };
 
-use crate::report::{machine_description, now_rfc3339};
+use crate::report::{ByteUnit, Load, Table, machine_description, now_rfc3339};
 use crate::workload::{RunReport, TrainConfig, median, run_training};
+
+/// Default repeats of the whole set of variants.
+pub const REPEATS_DEFAULT: usize = 3;
+/// Most repeats (each is every variant's run: memory is one pool at a time).
+pub const REPEATS_MAX: usize = 100;
+/// Load average (1 min) per core before the run at or above which the result warns that
+/// the machine was busy: other work then held half the cores or more.
+pub const BUSY_LOAD_PER_CORE: f64 = 0.5;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -38,38 +67,52 @@ pub struct OffloadConfig {
     pub train: TrainConfig,
     /// Where the plot and JSON go.
     pub out_dir: PathBuf,
-    /// No progress output.
-    pub quiet: bool,
+    /// Repeats of the whole set of variants, interleaved (at least 1).
+    pub repeats: usize,
 }
 
-/// One variant's figures.
+/// One variant's figures over every repeat.
 #[derive(Debug, Clone, Serialize)]
 pub struct Variant {
     /// `resident`, `copy_only`, `on_demand`, `clock` or `learned`.
     pub name: String,
-    /// Median step time over steps 2.., seconds.
+    /// Median over repeats of the repeat's median step time over steps 2.. (wall time less
+    /// run delay), seconds.
     pub step_s_median: f64,
-    /// `step_s_median / floor_s`.
+    /// The same of the wall time, run delay included, seconds.
+    pub wall_s_median: f64,
+    /// Median over steps 2.. of every repeat of the run delay per step, seconds.
+    pub run_delay_s_median: f64,
+    /// Median over repeats of the ratio to the repeat's floor.
     pub ratio_to_floor: f64,
-    /// Hits / acquires over steps 2.. (1 for copy_only, which acquires nothing).
+    /// Least ratio to the floor over the repeats.
+    pub ratio_min: f64,
+    /// Greatest ratio to the floor over the repeats.
+    pub ratio_max: f64,
+    /// Each repeat's ratio, in the order the repeats ran.
+    pub ratios: Vec<f64>,
+    /// Hits / acquires over steps 2.. of every repeat (1 for copy_only, which acquires
+    /// nothing).
     pub hit_rate: f64,
-    /// Median stall time per step over steps 2.., seconds.
+    /// Median stall time per step over steps 2.. of every repeat, seconds.
     pub stall_s_median: f64,
-    /// Median host-to-device bytes per step over steps 2...
+    /// Median host-to-device bytes per step over steps 2.. of every repeat.
     pub h2d_bytes_per_step: u64,
-    /// Median device-to-host bytes per step over steps 2...
+    /// Median device-to-host bytes per step over steps 2.. of every repeat.
     pub d2h_bytes_per_step: u64,
-    /// Corrupt pages seen (must be 0).
+    /// Corrupt pages seen over every repeat (must be 0).
     pub corrupt_pages: u64,
-    /// Every step's time, for the plot.
-    pub step_s: Vec<f64>,
+    /// Every step's time (wall less run delay), per repeat, for the plot.
+    pub step_s: Vec<Vec<f64>>,
 }
 
 /// The benchmark's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct OffloadResult {
-    /// max(resident, copy_only), seconds per step.
+    /// Median over repeats of max(resident, copy_only), seconds per step.
     pub floor_s: f64,
+    /// Each repeat's floor, seconds per step.
+    pub floors_s: Vec<f64>,
     /// Every variant, in the order above.
     pub variants: Vec<Variant>,
     /// The device.
@@ -80,10 +123,18 @@ pub struct OffloadResult {
     pub gpu_budget_bytes: u64,
     /// Bytes of all buffers.
     pub working_set_bytes: u64,
-    /// Steps per variant.
+    /// Steps per variant and repeat.
     pub steps: usize,
+    /// Repeats of the whole set.
+    pub repeats: usize,
     /// The machine.
     pub machine: String,
+    /// The load before the first run.
+    pub load_before: Load,
+    /// The load after the last run.
+    pub load_after: Load,
+    /// Whether the load before the run was at least [`BUSY_LOAD_PER_CORE`] per core.
+    pub busy: bool,
 }
 
 impl OffloadResult {
@@ -93,24 +144,121 @@ impl OffloadResult {
     }
 }
 
-fn from_run(name: &str, r: &RunReport) -> Variant {
+/// One variant's figures in one repeat.
+#[derive(Debug, Clone)]
+struct Sample {
+    step_s_median: f64,
+    wall_s_median: f64,
+    run_delay_s: Vec<f64>,
+    /// (hits, acquires) over steps 2...
+    hits: (u64, u64),
+    stall_s: Vec<f64>,
+    h2d: Vec<f64>,
+    d2h: Vec<f64>,
+    corrupt_pages: u64,
+    step_s: Vec<f64>,
+}
+
+/// Seconds the thread with this `schedstat` file has waited on a run queue (its second
+/// field, nanoseconds); `None` where the kernel keeps no schedstat.
+fn run_delay_s(schedstat: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(schedstat).ok()?;
+    let ns: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(ns as f64 / 1e9)
+}
+
+/// This thread's run delay so far (0 where unknown).
+fn my_run_delay_s() -> f64 {
+    run_delay_s("/proc/thread-self/schedstat").unwrap_or(0.0)
+}
+
+/// The ids of this process's threads.
+fn thread_ids() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs the loop of `cfg`, with each step's run delay (the stepping thread's, read
+/// between steps on that thread: `on_step` runs on it).
+fn run_timed(cfg: TrainConfig) -> Result<(RunReport, Vec<f64>)> {
+    let mut delays = Vec::new();
+    let mut last = my_run_delay_s();
+    let r = run_training(cfg, |_| {
+        let now = my_run_delay_s();
+        delays.push((now - last).max(0.0));
+        last = now;
+    })?;
+    Ok((r, delays))
+}
+
+/// Per step, wall time less run delay.
+fn less_delay(wall: &[f64], delay: &[f64]) -> Vec<f64> {
+    wall.iter()
+        .zip(delay)
+        .map(|(w, d)| (w - d).max(0.0))
+        .collect()
+}
+
+fn sample(r: &RunReport, delays: &[f64]) -> Sample {
     let later: Vec<_> = r.steps.iter().filter(|s| s.step >= 2).collect();
+    let wall: Vec<f64> = r.steps.iter().map(|s| s.wall_s).collect();
+    let step_s = less_delay(&wall, delays);
+    Sample {
+        step_s_median: median(step_s.iter().skip(1).copied().collect()),
+        wall_s_median: r.median_step_s(2),
+        run_delay_s: delays.iter().skip(1).copied().collect(),
+        hits: later
+            .iter()
+            .fold((0, 0), |(h, a), s| (h + s.hits, a + s.acquires)),
+        stall_s: later.iter().map(|s| s.stall_s).collect(),
+        h2d: later.iter().map(|s| s.h2d_bytes as f64).collect(),
+        d2h: later.iter().map(|s| s.d2h_bytes as f64).collect(),
+        corrupt_pages: r.corrupt_pages,
+        step_s,
+    }
+}
+
+/// Folds one variant's samples (one per repeat) and the repeats' floors into its figures.
+fn fold(name: &str, samples: &[Sample], floors: &[f64]) -> Variant {
+    let ratios: Vec<f64> = samples
+        .iter()
+        .zip(floors)
+        .map(|(s, f)| s.step_s_median / f)
+        .collect();
+    let (hits, acquires) = samples
+        .iter()
+        .fold((0, 0), |(h, a), s| (h + s.hits.0, a + s.hits.1));
+    let all = |f: fn(&Sample) -> &Vec<f64>| samples.iter().flat_map(f).copied().collect();
     Variant {
         name: name.into(),
-        step_s_median: r.median_step_s(2),
-        ratio_to_floor: 0.0,
-        hit_rate: r.hit_rate_from(2),
-        stall_s_median: median(later.iter().map(|s| s.stall_s).collect()),
-        h2d_bytes_per_step: median(later.iter().map(|s| s.h2d_bytes as f64).collect()) as u64,
-        d2h_bytes_per_step: median(later.iter().map(|s| s.d2h_bytes as f64).collect()) as u64,
-        corrupt_pages: r.corrupt_pages,
-        step_s: r.steps.iter().map(|s| s.wall_s).collect(),
+        step_s_median: median(samples.iter().map(|s| s.step_s_median).collect()),
+        wall_s_median: median(samples.iter().map(|s| s.wall_s_median).collect()),
+        run_delay_s_median: median(all(|s| &s.run_delay_s)),
+        ratio_to_floor: median(ratios.clone()),
+        ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        ratio_max: ratios.iter().copied().fold(0.0, f64::max),
+        ratios,
+        hit_rate: if acquires == 0 {
+            1.0
+        } else {
+            hits as f64 / acquires as f64
+        },
+        stall_s_median: median(all(|s| &s.stall_s)),
+        h2d_bytes_per_step: median(all(|s| &s.h2d)) as u64,
+        d2h_bytes_per_step: median(all(|s| &s.d2h)) as u64,
+        corrupt_pages: samples.iter().map(|s| s.corrupt_pages).sum(),
+        step_s: samples.iter().map(|s| s.step_s.clone()).collect(),
     }
 }
 
 /// Moves `h2d` and `d2h` bytes per step through a fresh device's copy streams, `steps`
-/// times, and returns each step's time.
-fn copy_only(cfg: &TrainConfig, h2d: u64, d2h: u64) -> Result<Vec<f64>> {
+/// times, and returns each step's wall time and run delay (the longer of the copy
+/// threads' run delays in the step: the threads the device started).
+fn copy_only(cfg: &TrainConfig, h2d: u64, d2h: u64) -> Result<(Vec<f64>, Vec<f64>)> {
     let page = cfg.page_size.bytes();
     let frames = (cfg.gpu_budget_bytes / page).max(2) as u32;
     let (tx, rx) = mpsc::channel::<Completion>();
@@ -123,11 +271,25 @@ fn copy_only(cfg: &TrainConfig, h2d: u64, d2h: u64) -> Result<Vec<f64>> {
         host_slots: frames,
         page_bytes: page,
     };
+    let before = thread_ids();
     let device = make_device(cfg.device, device_config, sink)?;
+    let copy_threads: Vec<String> = thread_ids()
+        .into_iter()
+        .filter(|t| !before.contains(t))
+        .map(|t| format!("/proc/self/task/{t}/schedstat"))
+        .collect();
+    let delays_now = || -> Vec<f64> {
+        copy_threads
+            .iter()
+            .map(|p| run_delay_s(p).unwrap_or(0.0))
+            .collect()
+    };
     let half = frames / 2;
     let mut times = Vec::new();
+    let mut delays = Vec::new();
     let mut next_id = 0u64;
     for _ in 0..cfg.steps {
+        let delays_before = delays_now();
         let started = Instant::now();
         let (mut n_h2d, mut n_d2h) = (h2d.div_ceil(page), d2h.div_ceil(page));
         let total = n_h2d + n_d2h;
@@ -158,119 +320,200 @@ fn copy_only(cfg: &TrainConfig, h2d: u64, d2h: u64) -> Result<Vec<f64>> {
             rx.recv().context("device stopped")?.result?;
         }
         times.push(started.elapsed().as_secs_f64());
+        let delay = delays_now()
+            .iter()
+            .zip(&delays_before)
+            .map(|(a, b)| a - b)
+            .fold(0.0, f64::max);
+        delays.push(delay);
     }
-    Ok(times)
+    Ok((times, delays))
 }
 
-/// Runs every variant and writes `offload.json` and `offload.svg` to the out folder.
-pub fn run(cfg: &OffloadConfig) -> Result<OffloadResult> {
+/// The pool variants, in the order of the first repeat (later repeats rotate it).
+const POOL_VARIANTS: [&str; 4] = ["resident", "learned", "on_demand", "clock"];
+
+/// Runs every variant `repeats` times, interleaved, and writes `offload.json` and
+/// `offload.svg` to the out folder. `progress` hears of each run as it ends.
+pub fn run(cfg: &OffloadConfig, mut progress: impl FnMut(&str)) -> Result<OffloadResult> {
+    if cfg.repeats == 0 || cfg.repeats > REPEATS_MAX {
+        bail!("--repeats must be 1 to {REPEATS_MAX}, got {}", cfg.repeats);
+    }
+    let load_before = Load::now();
     let train = &cfg.train;
-    let say = |msg: &str| {
-        if !cfg.quiet {
-            eprintln!("{msg}");
-        }
-    };
     let page = train.page_size.bytes();
     let mut resident_cfg = train.clone();
     resident_cfg.gpu_budget_bytes =
         train.working_set_bytes().div_ceil(page) * page + train.layers as u64 * 2 * page;
-    say("running resident (everything fits on the GPU)...");
-    let resident = run_training(resident_cfg, |_| {})?;
-    let mut runs = Vec::new();
-    for policy in [Policy::Learned, Policy::OnDemand, Policy::Clock] {
-        say(&format!("running {}...", policy.name()));
-        let mut c = train.clone();
-        c.policy = policy;
-        runs.push((policy.name(), run_training(c, |_| {})?));
+    let mut samples: std::collections::HashMap<&str, Vec<Sample>> = Default::default();
+    let mut floors = Vec::new();
+    let mut device = String::new();
+    for repeat in 0..cfg.repeats {
+        let mut order = POOL_VARIANTS;
+        order.rotate_left(repeat % POOL_VARIANTS.len());
+        for name in order {
+            let c = match name {
+                "resident" => resident_cfg.clone(),
+                _ => {
+                    let mut c = train.clone();
+                    c.policy = match name {
+                        "learned" => Policy::Learned,
+                        "on_demand" => Policy::OnDemand,
+                        _ => Policy::Clock,
+                    };
+                    c
+                }
+            };
+            let (r, delays) = run_timed(c).with_context(|| format!("running {name}"))?;
+            device.clone_from(&r.device_description);
+            let s = sample(&r, &delays);
+            progress(&format!(
+                "repeat {}/{}: {name} {:.3} s/step",
+                repeat + 1,
+                cfg.repeats,
+                s.step_s_median
+            ));
+            samples.entry(name).or_default().push(s);
+        }
+        // Copy-only moves what this repeat's learned run moved per step.
+        let learned = samples["learned"].last().expect("learned ran this repeat");
+        let (h2d, d2h) = (
+            median(learned.h2d.clone()) as u64,
+            median(learned.d2h.clone()) as u64,
+        );
+        let (wall, delays) = copy_only(train, h2d, d2h).context("running copy_only")?;
+        let times = less_delay(&wall, &delays);
+        let copy = Sample {
+            step_s_median: median(times.iter().skip(1).copied().collect()),
+            wall_s_median: median(wall.iter().skip(1).copied().collect()),
+            run_delay_s: delays.iter().skip(1).copied().collect(),
+            hits: (0, 0),
+            stall_s: vec![0.0],
+            h2d: vec![h2d as f64],
+            d2h: vec![d2h as f64],
+            corrupt_pages: 0,
+            step_s: times,
+        };
+        progress(&format!(
+            "repeat {}/{}: copy_only {:.3} s/step",
+            repeat + 1,
+            cfg.repeats,
+            copy.step_s_median
+        ));
+        let resident = samples["resident"]
+            .last()
+            .expect("resident ran this repeat");
+        floors.push(resident.step_s_median.max(copy.step_s_median));
+        samples.entry("copy_only").or_default().push(copy);
     }
-    let learned = from_run("learned", &runs[0].1);
-    say("running copy_only (learned's bytes per step, no compute)...");
-    let copy_times = copy_only(
-        train,
-        learned.h2d_bytes_per_step,
-        learned.d2h_bytes_per_step,
-    )?;
-    let copy_variant = Variant {
-        name: "copy_only".into(),
-        step_s_median: median(copy_times.iter().skip(1).copied().collect()),
-        ratio_to_floor: 0.0,
-        hit_rate: 1.0,
-        stall_s_median: 0.0,
-        h2d_bytes_per_step: learned.h2d_bytes_per_step,
-        d2h_bytes_per_step: learned.d2h_bytes_per_step,
-        corrupt_pages: 0,
-        step_s: copy_times,
-    };
-    let mut variants = vec![
-        from_run("resident", &resident),
-        copy_variant,
-        from_run("on_demand", &runs[1].1),
-        from_run("clock", &runs[2].1),
-        learned,
-    ];
-    let floor_s = variants[0].step_s_median.max(variants[1].step_s_median);
-    for v in &mut variants {
-        v.ratio_to_floor = v.step_s_median / floor_s;
-    }
+    let variants = ["resident", "copy_only", "on_demand", "clock", "learned"]
+        .iter()
+        .map(|name| fold(name, &samples[name], &floors))
+        .collect();
     let result = OffloadResult {
-        floor_s,
+        floor_s: median(floors.clone()),
+        floors_s: floors,
         variants,
-        device: resident.device_description.clone(),
+        device,
         page_bytes: page,
         gpu_budget_bytes: train.gpu_budget_bytes,
         working_set_bytes: train.working_set_bytes(),
         steps: train.steps,
+        repeats: cfg.repeats,
         machine: machine_description(),
+        busy: load_before.load_1min >= BUSY_LOAD_PER_CORE * load_before.cores as f64,
+        load_before,
+        load_after: Load::now(),
     };
-    std::fs::create_dir_all(&cfg.out_dir)
-        .with_context(|| format!("creating {}", cfg.out_dir.display()))?;
-    std::fs::write(
-        cfg.out_dir.join("offload.json"),
-        serde_json::to_string_pretty(&result)?,
-    )?;
-    plot(&result, &cfg.out_dir.join("offload.svg"))?;
-    say(&format!(
-        "wrote {} and offload.svg",
-        cfg.out_dir.join("offload.json").display()
-    ));
+    crate::report::write_json(&cfg.out_dir, "offload.json", &result)?;
+    crate::plot::offload(&result, &cfg.out_dir.join("offload.svg"))?;
     Ok(result)
 }
 
-/// Prints the result as a table.
-pub fn print_table(r: &OffloadResult) {
-    println!(
-        "offload benchmark: working set {} on a GPU budget of {} ({:.1}x), page {}, {} steps, {}",
+/// The result's opening line: the workload, the repeats, the device.
+pub fn title(r: &OffloadResult) -> String {
+    format!(
+        "offload benchmark: working set {} on a GPU budget of {} ({:.1}x), page {}, {} steps, {} repeats interleaved, {}",
         fmt_bytes(r.working_set_bytes),
         fmt_bytes(r.gpu_budget_bytes),
         r.working_set_bytes as f64 / r.gpu_budget_bytes as f64,
         fmt_bytes(r.page_bytes),
         r.steps,
+        r.repeats,
         r.device
-    );
-    print!("{}", markdown_table(r));
+    )
 }
 
-fn markdown_table(r: &OffloadResult) -> String {
-    let mut s = String::from(
-        "| variant | step s (median) | ratio to floor | hit rate | stall s/step | to GPU/step | from GPU/step |\n|---|---|---|---|---|---|---|\n",
-    );
-    for v in &r.variants {
-        s += &format!(
-            "| {} | {:.4} | {:.3} | {:.4} | {:.4} | {} | {} |\n",
-            v.name,
-            v.step_s_median,
-            v.ratio_to_floor,
-            v.hit_rate,
-            v.stall_s_median,
-            fmt_bytes(v.h2d_bytes_per_step),
-            fmt_bytes(v.d2h_bytes_per_step)
-        );
+/// The lines under the table: the floor, the load, and a warning when the machine was busy.
+pub fn notes(r: &OffloadResult) -> Vec<String> {
+    let mut notes = vec![
+        format!(
+            "floor (max of resident and copy_only): {:.4} s/step (median of {} repeats); ratios are to each repeat's own floor",
+            r.floor_s, r.repeats
+        ),
+        "step s: wall time less the time the loop's threads waited for a core (a GPU's copies take no core from its kernels); wall s includes it".to_string(),
+        format!(
+            "load average (1 min) {:.2} before, {:.2} after, on {} cores",
+            r.load_before.load_1min, r.load_after.load_1min, r.load_before.cores
+        ),
+    ];
+    if r.busy {
+        notes.push(format!(
+            "warning: the machine was busy (load {:.2} on {} cores before the run): other work shares the cores that compute and copies use, so ratios move from run to run; compare ratios of one run only",
+            r.load_before.load_1min, r.load_before.cores
+        ));
     }
-    s += &format!(
-        "\nfloor (max of resident and copy_only): {:.4} s/step\n",
-        r.floor_s
+    notes
+}
+
+/// The result as a table (every byte column in one unit).
+pub fn table(r: &OffloadResult) -> Table {
+    let unit = ByteUnit::for_max(
+        r.variants
+            .iter()
+            .map(|v| v.h2d_bytes_per_step.max(v.d2h_bytes_per_step))
+            .max()
+            .unwrap_or(0),
     );
-    s
+    let mut t = Table::new([
+        "variant".to_string(),
+        "step s (median)".into(),
+        "wall s (median)".into(),
+        "ratio to floor (median)".into(),
+        "ratio min–max".into(),
+        "hit rate".into(),
+        "stall s/step".into(),
+        format!("to GPU {}/step", unit.name),
+        format!("from GPU {}/step", unit.name),
+    ]);
+    for v in &r.variants {
+        t.row([
+            v.name.clone(),
+            format!("{:.4}", v.step_s_median),
+            format!("{:.4}", v.wall_s_median),
+            format!("{:.3}", v.ratio_to_floor),
+            format!("{:.3}–{:.3}", v.ratio_min, v.ratio_max),
+            format!("{:.4}", v.hit_rate),
+            format!("{:.4}", v.stall_s_median),
+            unit.value(v.h2d_bytes_per_step),
+            unit.value(v.d2h_bytes_per_step),
+        ]);
+    }
+    t
+}
+
+/// Prints the result: title, table drawn for the terminal, notes.
+pub fn print_table(r: &OffloadResult) {
+    use crate::report::{bold, verdict};
+    println!("{}", bold(&title(r)));
+    print!("{}", table(r).terminal());
+    for n in notes(r) {
+        if n.starts_with("warning") {
+            println!("{}", verdict(&n, false));
+        } else {
+            println!("{n}");
+        }
+    }
 }
 
 /// Appends the result, the command that produced it and the machine to a Markdown file.
@@ -282,64 +525,14 @@ pub fn record_markdown(r: &OffloadResult, path: &Path, command: &str) -> Result<
         .with_context(|| format!("opening {}", path.display()))?;
     writeln!(
         f,
-        "\n### Offload benchmark, {}\n\nCommand: `{}`\n\nMachine: {}; device: {}\n\nWorking set {} on a GPU budget of {} ({:.1}x), page {}, {} steps.\n\n{}",
+        "\n### Offload benchmark, {}\n\nCommand: `{}`\n\nMachine: {}; device: {}\n\n{}.\n\n{}\n{}\n",
         now_rfc3339(),
         command,
         r.machine,
         r.device,
-        fmt_bytes(r.working_set_bytes),
-        fmt_bytes(r.gpu_budget_bytes),
-        r.working_set_bytes as f64 / r.gpu_budget_bytes as f64,
-        fmt_bytes(r.page_bytes),
-        r.steps,
-        markdown_table(r)
+        title(r),
+        table(r).markdown(),
+        notes(r).join("\n\n"),
     )?;
-    Ok(())
-}
-
-fn plot(r: &OffloadResult, path: &Path) -> Result<()> {
-    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE)
-        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-    let steps = r.steps.max(1);
-    let ymax = r
-        .variants
-        .iter()
-        .flat_map(|v| v.step_s.iter().copied())
-        .fold(0.0f64, f64::max)
-        * 1.1;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Step time per step, by variant", ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(1usize..steps, 0f64..ymax.max(1e-6))
-        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc("seconds")
-        .draw()
-        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-    for (i, v) in r.variants.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(
-                v.step_s.iter().enumerate().map(|(s, t)| (s + 1, *t)),
-                color.stroke_width(2),
-            ))
-            .map_err(|e| anyhow::anyhow!("plot: {e}"))?
-            .label(v.name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     Ok(())
 }

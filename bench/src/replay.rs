@@ -211,8 +211,13 @@ pub struct ReplayReport {
     /// Per step from the second: the fraction of its accesses to buffers that the step
     /// before did not use (what no predictor can know from the previous step alone).
     pub novel_access_fraction: Vec<f64>,
+    /// The most GPU bytes the trace held acquired at once (the pages of the buffers under
+    /// acquire at one time): no budget below it can run the trace, whatever the policy.
+    pub gpu_bytes_held_peak: u64,
     /// The run, with the same fields as `spillway demo --json` (`gpu_bytes_peak` is the
-    /// most GPU memory held at once: what the job needed instead of the whole working set).
+    /// most GPU memory the pool used at once: the caching policies fill their budget by
+    /// design, so for them it is the budget; `spillway replay --find-budget` answers how
+    /// much the job needs).
     #[serde(flatten)]
     pub run: RunReport,
 }
@@ -300,6 +305,7 @@ pub fn replay(
     let started = Instant::now();
     let mut steps = Vec::new();
     let mut sink = 0u64;
+    let mut held_peak = 0u64;
     for (ordinal, (_, accesses)) in trace.accesses_by_step().enumerate() {
         let before = pool.stats().core;
         let step_started = Instant::now();
@@ -315,6 +321,8 @@ pub fn replay(
                 pool.acquire(&b.handle)?
             };
             s.record(&g);
+            // One guard at a time: what it holds is what the trace holds now.
+            held_peak = held_peak.max(g.pages() as u64 * page);
             if !g.hit() {
                 tracing::debug!(step = ordinal + 1, buffer = %a.buffer, phase = %a.phase, "miss");
             }
@@ -364,6 +372,7 @@ pub fn replay(
         trace: name.into(),
         accesses: trace.accesses.len() as u64,
         novel_access_fraction: novel_fractions(trace),
+        gpu_bytes_held_peak: held_peak,
         run,
     })
 }
@@ -453,6 +462,8 @@ mod tests {
         // Every access checks every byte of its buffer.
         assert_eq!(r.run.verified_bytes, 4 * 72 * 60_000);
         assert!(r.run.gpu_bytes_peak <= r.run.gpu_budget_bytes);
+        // One buffer of 60,000 bytes is one 64 KiB page.
+        assert_eq!(r.gpu_bytes_held_peak, 64 << 10);
         assert!(r.run.gpu_budget_bytes * 3 <= r.run.working_set_bytes + (64 << 10) * 3);
         for s in &r.run.steps[1..] {
             assert!(s.hit_rate() >= 0.99, "{:?}", r.run.steps);

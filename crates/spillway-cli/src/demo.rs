@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use spillway_bench::offload::{self, OffloadConfig};
-use spillway_bench::report::{StepTable, progress_bar};
+use spillway_bench::report::{
+    Progress, StepTable, bold, default_out_dir, step_message, write_json,
+};
 use spillway_bench::workload::{TrainConfig, run_training_in};
 use spillway_client::{DeviceChoice, PageSize, Policy};
 
@@ -138,9 +140,14 @@ pub struct DemoArgs {
     /// Do not mark step boundaries: the pool must find the loop's period itself.
     #[arg(long)]
     no_step_marks: bool,
-    /// Print one JSON object at the end instead of the table.
+    /// Print one JSON object at the end instead of the table (progress still goes to
+    /// stderr).
     #[arg(long)]
     json: bool,
+    /// Folder for the run's JSON (demo.json) and its plot of each step's time split into
+    /// stall and the rest (demo.svg) [default: spillway-out/demo-TIME, printed].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
     /// Nodes of the pool, all in this process on loopback QUIC (1: no remote tier, the
     /// host tier holds every page). With 2 or more, node 1 serves the loop and the
     /// others lend their RAM: the working set is 4x the GPU plus host budgets by default,
@@ -228,12 +235,19 @@ pub struct GpuOffloadArgs {
 pub struct OffloadArgs {
     #[command(flatten)]
     shape: ShapeArgs,
-    /// Print one JSON object at the end.
+    /// Repeats of every variant, interleaved; the table shows each ratio's median and
+    /// min–max over them (1 to 100).
+    #[arg(long, default_value_t = offload::REPEATS_DEFAULT,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(1..=offload::REPEATS_MAX as u64))]
+    repeats: usize,
+    /// Print one JSON object at the end (progress still goes to stderr).
     #[arg(long)]
     json: bool,
-    /// Folder for the plot (offload.svg) and the JSON results (offload.json).
-    #[arg(long, default_value = "bench/out")]
-    out: PathBuf,
+    /// Folder for the plot (offload.svg) and the JSON results (offload.json) [default:
+    /// spillway-out/offload-TIME, printed].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
     /// Append the results, the command and the machine to this Markdown file.
     #[arg(long)]
     record: Option<PathBuf>,
@@ -366,17 +380,20 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
             (pool, describe)
         }
     };
-    let bar = progress_bar(cfg.steps as u64, "steps", args.json);
-    let mut table = StepTable::new(!args.json);
+    let progress = Progress::new(cfg.steps as u64, "steps", "demo");
+    let mut table = StepTable::new(!args.json, cfg.working_set_bytes() * 2);
     if !args.json {
         println!(
-            "spillway demo: {} layers, working set {} on a GPU budget of {} ({:.1}x), policy {}, page {}",
-            cfg.layers,
-            spillway_client::fmt_bytes(cfg.working_set_bytes()),
-            spillway_client::fmt_bytes(cfg.gpu_budget_bytes),
-            cfg.working_set_bytes() as f64 / cfg.gpu_budget_bytes as f64,
-            cfg.policy.name(),
-            spillway_client::fmt_bytes(cfg.page_size.bytes()),
+            "{}",
+            bold(&format!(
+                "spillway demo: {} layers, working set {} on a GPU budget of {} ({:.1}x), policy {}, page {}",
+                cfg.layers,
+                spillway_client::fmt_bytes(cfg.working_set_bytes()),
+                spillway_client::fmt_bytes(cfg.gpu_budget_bytes),
+                cfg.working_set_bytes() as f64 / cfg.gpu_budget_bytes as f64,
+                cfg.policy.name(),
+                spillway_client::fmt_bytes(cfg.page_size.bytes()),
+            ))
         );
         if !tier.is_empty() {
             println!(
@@ -387,10 +404,10 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
         }
     }
     let report = run_training_in(cfg, pool, |s| {
-        bar.suspend(|| table.row(s));
-        bar.inc(1);
+        progress.suspend(|| table.row(s));
+        progress.inc(&step_message(s));
     });
-    bar.finish_and_clear();
+    progress.finish();
     if let Remote::InProcess(p) = remote {
         p.shutdown();
     }
@@ -402,6 +419,13 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
     } else {
         table.summary(&report);
     }
+    let dir = args.out.unwrap_or_else(|| default_out_dir("demo"));
+    let json = write_json(&dir, "demo.json", &report)?;
+    spillway_bench::plot::time_split(&report, &dir.join("demo.svg"))?;
+    eprintln!(
+        "wrote {} and its plot demo.svg (each step's time: stall and the rest)",
+        json.display()
+    );
     if report.corrupt_pages > 0 {
         bail!("{} pages were corrupt", report.corrupt_pages);
     }
@@ -466,20 +490,32 @@ pub fn run_bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::GpuOffload(args) => run_gpu_offload(args),
         BenchCommand::Offload(mut args) => {
             args.shape.take_deprecated();
+            let out_dir = args.out.unwrap_or_else(|| default_out_dir("offload"));
             let cfg = OffloadConfig {
                 train: args.shape.train_config()?,
-                out_dir: args.out.clone(),
-                quiet: args.json,
+                out_dir: out_dir.clone(),
+                repeats: args.repeats,
             };
-            let result = offload::run(&cfg).context("offload benchmark")?;
+            let runs = (cfg.repeats * 5) as u64;
+            let progress = Progress::new(runs, "runs", "bench offload");
+            let result = offload::run(&cfg, |m| progress.inc(m)).context("offload benchmark")?;
+            progress.finish();
             if args.json {
                 println!("{}", serde_json::to_string(&result)?);
             } else {
                 offload::print_table(&result);
             }
+            eprintln!(
+                "wrote {} and its plot offload.svg",
+                out_dir.join("offload.json").display()
+            );
             if let Some(path) = &args.record {
                 let command = std::env::args().collect::<Vec<_>>().join(" ");
                 offload::record_markdown(&result, path, &command)?;
+            }
+            let corrupt: u64 = result.variants.iter().map(|v| v.corrupt_pages).sum();
+            if corrupt > 0 {
+                bail!("{corrupt} pages were corrupt");
             }
             Ok(())
         }

@@ -6,8 +6,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use serde::Serialize;
+use spillway_bench::find_budget::{BudgetSearch, find_budget};
 use spillway_bench::replay::{ReplayConfig, ReplayReport, replay, stall_from};
-use spillway_bench::report::{StepTable, machine_description, now_rfc3339, progress_bar};
+use spillway_bench::report::{
+    ByteUnit, Progress, StepTable, Table, bold, default_out_dir, machine_description, now_rfc3339,
+    step_message, verdict, write_json,
+};
 use spillway_bench::trace::{TraceError, load_trace};
 use spillway_client::{DeviceChoice, PageSize, Policy, fmt_bytes};
 
@@ -47,41 +51,118 @@ pub struct ReplayArgs {
     /// GPU backend: auto, sim or cuda.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
-    /// Print JSON instead of tables: one report, or `{"runs": [...]}` with --compare.
+    /// Search the GPU budget the trace needs under the learned policy: the smallest at
+    /// which it reaches 99% hits (steps 2..), and the smallest at which its step time is
+    /// within 5% of the compute time (every page resident). Replays the trace about
+    /// 2 log2(pages) times; --time-scale shortens each.
+    #[arg(long, conflicts_with_all = ["compare", "gpu_budget", "policy"])]
+    find_budget: bool,
+    /// Print JSON instead of tables: one report, `{"runs": [...]}` with --compare, the
+    /// search with --find-budget (progress still goes to stderr).
     #[arg(long)]
     json: bool,
+    /// Folder for the JSON (replay.json) and the plot of step time and stall per step per
+    /// policy (replay.svg) [default: spillway-out/replay-TIME, printed].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
     /// Append the comparison, the command and the machine to this Markdown file.
     #[arg(long)]
     record: Option<PathBuf>,
 }
 
-fn compare_table(runs: &[ReplayReport]) -> String {
+/// The comparison's opening line: budget, working set, page, and what no predictor can
+/// know.
+fn compare_title(runs: &[ReplayReport]) -> String {
     let r0 = &runs[0].run;
-    let mut s = format!(
-        "GPU budget {} for a working set of {} ({:.1}x), page {}; accesses to buffers the step before did not use: {} per step\n\n| policy | hit rate (steps 2..) | stall s (steps 2..) | step s (median) | GPU peak | corrupt pages |\n|---|---|---|---|---|---|\n",
+    format!(
+        "GPU budget {} for a working set of {} ({:.1}x), page {}; the trace holds at most {} \
+         at once; accesses to buffers the step before did not use: {} per step",
         fmt_bytes(r0.gpu_budget_bytes),
         fmt_bytes(r0.working_set_bytes),
         r0.working_set_bytes as f64 / r0.gpu_budget_bytes as f64,
         fmt_bytes(r0.page_bytes),
+        fmt_bytes(runs[0].gpu_bytes_held_peak),
         runs[0]
             .novel_access_fraction
             .iter()
             .map(|f| format!("{:.0}%", 100.0 * f))
             .collect::<Vec<_>>()
             .join(" ")
-    );
+    )
+}
+
+/// One row per policy; GPU columns in one unit.
+fn compare_table(runs: &[ReplayReport]) -> Table {
+    let unit = ByteUnit::for_max(runs[0].run.gpu_budget_bytes);
+    let mut t = Table::new([
+        "policy".to_string(),
+        "hit rate (steps 2..)".into(),
+        "stall s (steps 2..)".into(),
+        "step s (median)".into(),
+        format!("GPU peak {}", unit.name),
+        "GPU peak / budget".into(),
+        "corrupt pages".into(),
+    ]);
     for r in runs {
-        s += &format!(
-            "| {} | {:.2}% | {:.4} | {:.4} | {} | {} |\n",
-            r.run.policy,
-            100.0 * r.run.hit_rate_from(2),
-            stall_from(&r.run, 2),
-            r.run.median_step_s(2),
-            fmt_bytes(r.run.gpu_bytes_peak),
-            r.run.corrupt_pages
+        t.row([
+            r.run.policy.clone(),
+            format!("{:.2}%", 100.0 * r.run.hit_rate_from(2)),
+            format!("{:.4}", stall_from(&r.run, 2)),
+            format!("{:.4}", r.run.median_step_s(2)),
+            unit.value(r.run.gpu_bytes_peak),
+            format!(
+                "{:.0}%",
+                100.0 * r.run.gpu_bytes_peak as f64 / r.run.gpu_budget_bytes.max(1) as f64
+            ),
+            r.run.corrupt_pages.to_string(),
+        ]);
+    }
+    t
+}
+
+/// The budget search as a table, then its answer.
+fn budget_table(b: &BudgetSearch) -> (Table, String) {
+    let unit = ByteUnit::for_max(b.pages_bytes);
+    let mut t = Table::new([
+        format!("GPU budget {}", unit.name),
+        "x of working set".into(),
+        "hit rate (steps 2..)".into(),
+        "step s (median)".into(),
+        "step / compute".into(),
+    ]);
+    let mut probes = b.probes.clone();
+    probes.sort_by_key(|p| p.gpu_budget_bytes);
+    for p in &probes {
+        t.row([
+            unit.value(p.gpu_budget_bytes),
+            format!("{:.2}", p.gpu_budget_bytes as f64 / b.pages_bytes as f64),
+            format!("{:.2}%", 100.0 * p.hit_rate),
+            format!("{:.4}", p.step_s_median),
+            format!("{:.3}", p.step_s_median / b.compute_s),
+        ]);
+    }
+    let mut answer = format!(
+        "{} needs a GPU budget of {} ({:.0}% of its pages) for {:.0}% hits, and {} ({:.0}%) \
+         for a step time within {:.0}% of the compute time ({:.4} s, every page resident)",
+        b.policy,
+        fmt_bytes(b.hits_budget_bytes),
+        100.0 * b.hits_budget_bytes as f64 / b.pages_bytes as f64,
+        100.0 * b.hit_rate_target,
+        fmt_bytes(b.step_budget_bytes),
+        100.0 * b.step_budget_bytes as f64 / b.pages_bytes as f64,
+        100.0 * b.step_slack,
+        b.compute_s,
+    );
+    if b.compute_spread > b.step_slack {
+        answer += &format!(
+            "\nnote: step times at one budget varied by {:.0}% of the median here (the resident \
+             replay's steps), more than the {:.0}% asked: the step-time answer is within this \
+             machine's noise; run it on a quieter machine, or compare budgets within one run",
+            100.0 * b.compute_spread,
+            100.0 * b.step_slack
         );
     }
-    s
+    (t, answer)
 }
 
 #[derive(Serialize)]
@@ -110,35 +191,98 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
         time_scale: args.time_scale,
         nodes: args.nodes,
     };
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| default_out_dir("replay"));
+    if !args.json {
+        println!(
+            "{}",
+            bold(&format!(
+                "replay {name}: {} accesses in {} steps over {} buffers ({}), page {}",
+                trace.accesses.len(),
+                trace.steps.len(),
+                trace.buffers.len(),
+                fmt_bytes(trace.buffer_bytes_total()),
+                fmt_bytes(page_size.bytes())
+            ))
+        );
+    }
+    if args.find_budget {
+        let progress = Progress::new(0, "replays", "replay --find-budget");
+        let search = find_budget(&trace, &name, &base, |p| {
+            progress.inc(&format!(
+                "budget {}: {:.2}% hits, {:.4} s/step",
+                fmt_bytes(p.gpu_budget_bytes),
+                100.0 * p.hit_rate,
+                p.step_s_median
+            ))
+        })?;
+        progress.finish();
+        let (table, answer) = budget_table(&search);
+        if args.json {
+            println!("{}", serde_json::to_string(&search)?);
+        } else {
+            print!("{}", table.terminal());
+            let mut lines = answer.lines();
+            println!("{}", verdict(lines.next().unwrap_or_default(), true));
+            for line in lines {
+                println!("{line}");
+            }
+        }
+        let json = write_json(&out_dir, "budget.json", &search)?;
+        eprintln!("wrote {}", json.display());
+        if let Some(path) = &args.record {
+            let body = format!("{}\n{answer}\n", table.markdown());
+            crate::record::append_section(
+                path,
+                &format!("Replay budget search of `{name}`"),
+                &body,
+                &serde_json::to_string(&search)?,
+            )?;
+        }
+        let corrupt: u64 = search.probes.iter().map(|p| p.corrupt_pages).sum();
+        if corrupt > 0 {
+            bail!("{corrupt} pages were corrupt");
+        }
+        return Ok(());
+    }
     let policies: Vec<Policy> = if args.compare {
         Policy::ALL.to_vec()
     } else {
         vec![args.policy]
     };
-    if !args.json {
-        println!(
-            "replay {name}: {} accesses in {} steps over {} buffers ({}), page {}",
-            trace.accesses.len(),
-            trace.steps.len(),
-            trace.buffers.len(),
-            fmt_bytes(trace.buffer_bytes_total()),
-            fmt_bytes(page_size.bytes())
-        );
-    }
     let mut runs = Vec::new();
     for policy in policies {
         let cfg = ReplayConfig {
             policy,
             ..base.clone()
         };
-        let bar = progress_bar(trace.steps.len() as u64, "steps", args.json);
-        let mut table = StepTable::new(!args.json && !args.compare);
+        let progress = Progress::new(
+            trace.steps.len() as u64,
+            "steps",
+            &format!("replay {}", policy.name()),
+        );
+        let mut table = StepTable::new(!args.json && !args.compare, trace.buffer_bytes_total() * 2);
         let r = replay(&trace, &name, &cfg, |s| {
-            bar.suspend(|| table.row(s));
-            bar.inc(1);
+            progress.suspend(|| table.row(s));
+            progress.inc(&step_message(s));
         })?;
-        bar.finish_and_clear();
+        progress.finish();
         table.summary(&r.run);
+        if !args.json && !args.compare {
+            println!(
+                "the trace holds at most {} on the GPU at once; the pool used {} ({}): \
+                 `--find-budget` searches the budget the job needs",
+                fmt_bytes(r.gpu_bytes_held_peak),
+                fmt_bytes(r.run.gpu_bytes_peak),
+                if r.run.gpu_bytes_peak >= r.run.gpu_budget_bytes {
+                    "the whole budget: this policy keeps pages until it needs the room"
+                } else {
+                    "less than the budget"
+                }
+            );
+        }
         runs.push(r);
     }
     if args.json {
@@ -150,8 +294,20 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
         }
         writeln!(out)?;
     } else if args.compare {
-        print!("{}", compare_table(&runs));
+        println!("{}", compare_title(&runs));
+        print!("{}", compare_table(&runs).terminal());
     }
+    let json = if args.compare {
+        write_json(&out_dir, "replay.json", &Compared { runs: &runs })?
+    } else {
+        write_json(&out_dir, "replay.json", &runs[0])?
+    };
+    let reports: Vec<_> = runs.iter().map(|r| &r.run).collect();
+    spillway_bench::plot::policies(&reports, &out_dir.join("replay.svg"))?;
+    eprintln!(
+        "wrote {} and its plot replay.svg (step time and stall per step, by policy)",
+        json.display()
+    );
     if let Some(path) = &args.record {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         let mut f = std::fs::OpenOptions::new()
@@ -161,14 +317,15 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
             .with_context(|| format!("opening {}", path.display()))?;
         writeln!(
             f,
-            "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}",
+            "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}\n\n{}",
             now_rfc3339(),
             machine_description(),
             runs[0].run.device_description,
             trace.accesses.len(),
             trace.steps.len(),
             trace.buffers.len(),
-            compare_table(&runs)
+            compare_title(&runs),
+            compare_table(&runs).markdown()
         )?;
     }
     let corrupt: u64 = runs.iter().map(|r| r.run.corrupt_pages).sum();

@@ -4,9 +4,12 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// Runs the binary in the temporary folder, where the plots and JSON of a run that names
+/// no `--out` land (`spillway-out/`), not in the source tree.
 fn spillway(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_spillway"))
         .args(args)
+        .current_dir(std::env::temp_dir())
         .output()
         .expect("run spillway")
 }
@@ -125,19 +128,39 @@ fn ucx_without_the_feature_or_the_library_is_a_clear_error() {
 }
 
 #[test]
-fn offload_bench_json_has_every_variant() {
+fn offload_bench_json_has_every_variant_with_its_spread_and_the_load() {
     let dir = std::env::temp_dir().join(format!("spillway-offload-{}", std::process::id()));
-    let mut args = vec!["bench", "offload", "--json", "--out", dir.to_str().unwrap()];
+    let mut args = vec![
+        "bench",
+        "offload",
+        "--json",
+        "--repeats",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
     args.extend_from_slice(SMALL);
     let out = spillway(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    // Progress on stderr with --json too: one line per run (5 variants x 2 repeats).
     assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr.contains("bench offload: runs 10/10: repeat 2/2"),
+        "{stderr}"
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let floor = v["floor_s"].as_f64().unwrap();
-    assert!(floor > 0.0);
+    assert_eq!(v["repeats"], 2);
+    let floors: Vec<f64> = v["floors_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_f64().unwrap())
+        .collect();
+    assert_eq!(floors.len(), 2);
+    assert_eq!(
+        v["floor_s"].as_f64().unwrap(),
+        (floors[0] + floors[1]) / 2.0
+    );
     let names: Vec<&str> = v["variants"]
         .as_array()
         .unwrap()
@@ -149,16 +172,45 @@ fn offload_bench_json_has_every_variant() {
         ["resident", "copy_only", "on_demand", "clock", "learned"]
     );
     for x in v["variants"].as_array().unwrap() {
-        let ratio = x["ratio_to_floor"].as_f64().unwrap();
-        assert!((ratio - x["step_s_median"].as_f64().unwrap() / floor).abs() < 1e-9);
-        assert!(x["hit_rate"].as_f64().is_some());
+        let ratios: Vec<f64> = x["ratios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_f64().unwrap())
+            .collect();
+        assert_eq!(ratios.len(), 2, "{x}");
+        let (lo, hi) = (ratios[0].min(ratios[1]), ratios[0].max(ratios[1]));
+        assert_eq!(x["ratio_min"].as_f64().unwrap(), lo, "{x}");
+        assert_eq!(x["ratio_max"].as_f64().unwrap(), hi, "{x}");
+        // The median of two is their mean.
+        let median = x["ratio_to_floor"].as_f64().unwrap();
+        assert!((median - (lo + hi) / 2.0).abs() < 1e-12, "{x}");
+        // A step's time is its wall time less its run delay: never more than the wall.
+        assert!(
+            x["step_s_median"].as_f64().unwrap() <= x["wall_s_median"].as_f64().unwrap() + 1e-12
+        );
+        assert_eq!(x["step_s"].as_array().unwrap().len(), 2);
         assert_eq!(x["corrupt_pages"], 0);
     }
+    // The floor is max(resident, copy_only): resident's ratio is at most 1.
+    let resident = &v["variants"][0];
+    assert!(resident["ratio_max"].as_f64().unwrap() <= 1.0 + 1e-12);
+    let load = &v["load_before"];
+    let cores = load["cores"].as_u64().unwrap();
+    assert!(cores >= 1);
+    assert_eq!(
+        v["busy"].as_bool().unwrap(),
+        load["load_1min"].as_f64().unwrap() >= 0.5 * cores as f64
+    );
+    assert!(v["load_after"]["load_1min"].as_f64().is_some());
     assert!(
         std::fs::read_to_string(dir.join("offload.svg"))
             .unwrap()
             .contains("<svg")
     );
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("offload.json")).unwrap()).unwrap();
+    assert_eq!(written["floors_s"], v["floors_s"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

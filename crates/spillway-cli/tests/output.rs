@@ -1,0 +1,365 @@
+//! Black-box tests of what the `spillway` binary shows (issue 18): tables drawn for the
+//! terminal (Markdown only in `--record`), no colour off a terminal, progress on stderr
+//! with `--json` too, plots and JSON in the folder `--out` names, `replay --find-budget`
+//! and the GPU peaks of `replay`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Runs the binary in the temporary folder (where runs without `--out` write).
+fn spillway(args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(args)
+        .current_dir(std::env::temp_dir())
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("run spillway");
+    assert!(
+        out.status.success(),
+        "spillway {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A fresh folder for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("spillway-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn trace_path(name: &str) -> String {
+    format!("{}/../../bench/traces/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+const SMALL: &[&str] = &[
+    "--layers",
+    "8",
+    "--weight-mib",
+    "1",
+    "--act-mib",
+    "1",
+    "--page-size",
+    "256KiB",
+    "--steps",
+    "4",
+    "--compute-passes",
+    "16",
+    "--device",
+    "sim",
+];
+
+/// No Markdown and no colour codes: what a table drawn for a pipe looks like.
+fn assert_terminal_table(stdout: &str) {
+    assert!(!stdout.contains("|---"), "Markdown rule in:\n{stdout}");
+    assert!(!stdout.contains("**"), "Markdown bold in:\n{stdout}");
+    assert!(
+        !stdout.contains('\u{1b}'),
+        "colour codes off a terminal in:\n{stdout}"
+    );
+    assert!(
+        stdout.contains('┆') && stdout.contains('╞'),
+        "no drawn table in:\n{stdout}"
+    );
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn offload_draws_its_table_with_the_spread_and_records_markdown_only_to_the_file() {
+    let dir = scratch("offload-table");
+    let record = dir.join("RESULTS.md");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut args = vec![
+        "bench",
+        "offload",
+        "--repeats",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+        "--record",
+        record.to_str().unwrap(),
+    ];
+    args.extend_from_slice(SMALL);
+    let out = spillway(&args);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_terminal_table(&stdout);
+    for needle in [
+        "ratio min–max",
+        "to GPU MiB/step",
+        "1 repeats interleaved",
+        "load average (1 min)",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} not in:\n{stdout}");
+    }
+    let v = read_json(&dir.join("offload.json"));
+    // The table's learned row carries the JSON's figures.
+    let learned = v["variants"][4].clone();
+    let row = stdout
+        .lines()
+        .find(|l| l.contains(" learned "))
+        .expect("a learned row");
+    let ratio = format!("{:.3}", learned["ratio_to_floor"].as_f64().unwrap());
+    assert!(
+        row.contains(&format!("{ratio}–{ratio}")),
+        "{row} vs {learned}"
+    );
+    let md = std::fs::read_to_string(&record).unwrap();
+    assert!(md.contains("|---|"), "{md}");
+    assert!(md.contains("| learned |"), "{md}");
+    assert!(md.contains("load average (1 min)"), "{md}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn demo_json_reports_progress_on_stderr_and_writes_its_plot_where_told() {
+    let dir = scratch("demo-out");
+    let mut args = vec![
+        "demo",
+        "--json",
+        "--nodes",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(SMALL);
+    let out = spillway(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for step in 1..=4 {
+        assert!(
+            stderr.contains(&format!("demo: steps {step}/4: ")),
+            "{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains(&dir.join("demo.json").display().to_string()),
+        "{stderr}"
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let written = read_json(&dir.join("demo.json"));
+    assert_eq!(printed["steps"], written["steps"]);
+    let svg = std::fs::read_to_string(dir.join("demo.svg")).unwrap();
+    assert!(
+        svg.contains("<svg") && svg.contains("stall (waiting for copies)"),
+        "{svg}"
+    );
+    // One bar per step and part: 4 steps x (rest, stall), beside the legend's swatches.
+    assert!(svg.matches("<rect").count() >= 8, "{svg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_run_without_out_writes_under_spillway_out_and_says_where() {
+    let mut args = vec!["demo", "--nodes", "1"];
+    args.extend_from_slice(SMALL);
+    let out = spillway(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("wrote spillway-out/demo-"))
+        .unwrap_or_else(|| panic!("no 'wrote' line in {stderr}"));
+    let rel = line["wrote ".len()..].split(' ').next().unwrap();
+    let path = std::env::temp_dir().join(rel);
+    let v = read_json(&path);
+    assert_eq!(v["steps"].as_array().unwrap().len(), 4);
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    // The per-step table: aligned columns, byte columns in one unit named under them.
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(!stdout.contains('\u{1b}'), "{stdout}");
+    let units = stdout.lines().nth(2).unwrap();
+    assert_eq!(
+        units.split_whitespace().collect::<Vec<_>>(),
+        ["MiB"; 5]
+            .iter()
+            .copied()
+            .chain(["pages"])
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn replay_compare_draws_a_table_with_both_gpu_peaks_and_plots_every_policy() {
+    let dir = scratch("replay-compare");
+    let path = trace_path("moe.jsonl");
+    let out = spillway(&[
+        "replay",
+        &path,
+        "--compare",
+        "--time-scale",
+        "0.05",
+        "--device",
+        "sim",
+        "--gpu-budget",
+        "16MiB",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_terminal_table(&stdout);
+    let v = read_json(&dir.join("replay.json"));
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    for r in runs {
+        let policy = r["policy"].as_str().unwrap();
+        let peak = r["gpu_bytes_peak"].as_u64().unwrap();
+        let row = stdout
+            .lines()
+            .find(|l| l.contains(&format!(" {policy} ")))
+            .unwrap_or_else(|| panic!("no {policy} row in {stdout}"));
+        // GPU peak in MiB, and as a share of the 16 MiB budget.
+        assert!(
+            row.contains(&format!("{:.1}", peak as f64 / (1 << 20) as f64)),
+            "{row}"
+        );
+        assert!(
+            row.contains(&format!("{:.0}%", 100.0 * peak as f64 / (16 << 20) as f64)),
+            "{row}"
+        );
+        // What the trace holds at once is the same for every policy, and at most the peak.
+        assert_eq!(r["gpu_bytes_held_peak"], runs[0]["gpu_bytes_held_peak"]);
+        assert!(r["gpu_bytes_held_peak"].as_u64().unwrap() <= peak);
+    }
+    let held = runs[0]["gpu_bytes_held_peak"].as_u64().unwrap();
+    assert!(
+        stdout.contains(&format!("the trace holds at most {}", fmt_mib(held))),
+        "{stdout}"
+    );
+    let svg = std::fs::read_to_string(dir.join("replay.svg")).unwrap();
+    for needle in [
+        "on_demand",
+        "clock",
+        "learned",
+        "Stall (waiting for copies) per step",
+    ] {
+        assert!(svg.contains(needle), "{needle} not in the plot");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `spillway_types::fmt_bytes` of a size of at least 1 MiB and under 1 GiB.
+fn fmt_mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+#[test]
+fn replay_held_peak_is_the_largest_buffer_in_pages() {
+    let path = trace_path("dense.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let largest = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["bytes"].as_u64())
+        .max()
+        .unwrap();
+    let page = 256u64 << 10;
+    let dir = scratch("replay-held");
+    let out = spillway(&[
+        "replay",
+        &path,
+        "--json",
+        "--time-scale",
+        "0.02",
+        "--device",
+        "sim",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["gpu_bytes_held_peak"], largest.div_ceil(page) * page);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn replay_find_budget_answers_with_budgets_it_replayed() {
+    let dir = scratch("find-budget");
+    let path = trace_path("dense.jsonl");
+    let out = spillway(&[
+        "replay",
+        &path,
+        "--find-budget",
+        "--json",
+        "--page-size",
+        "1MiB",
+        "--time-scale",
+        "0.1",
+        "--device",
+        "sim",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let page = 1u64 << 20;
+    let probes = v["probes"].as_array().unwrap();
+    assert!(
+        stderr.contains(&format!("replay --find-budget: replays {}: ", probes.len())),
+        "{stderr}"
+    );
+    let whole = v["pages_bytes"].as_u64().unwrap();
+    assert_eq!(
+        probes[0]["gpu_budget_bytes"], whole,
+        "the resident replay comes first"
+    );
+    let compute = v["compute_s"].as_f64().unwrap();
+    assert_eq!(compute, probes[0]["step_s_median"].as_f64().unwrap());
+    let at = |b: u64| {
+        probes
+            .iter()
+            .find(|p| p["gpu_budget_bytes"] == b)
+            .unwrap_or_else(|| panic!("{b} was not replayed: {v}"))
+    };
+    let hits = v["hits_budget_bytes"].as_u64().unwrap();
+    let step = v["step_budget_bytes"].as_u64().unwrap();
+    for b in [hits, step] {
+        assert_eq!(b % page, 0);
+        assert!(b <= whole);
+    }
+    assert!(at(hits)["hit_rate"].as_f64().unwrap() >= 0.99);
+    assert!(at(step)["step_s_median"].as_f64().unwrap() <= compute * 1.05);
+    // The dense trace's learned run hits with far less than every page.
+    assert!(hits < whole, "{v}");
+    assert!(probes.iter().all(|p| p["corrupt_pages"] == 0));
+    assert_eq!(read_json(&dir.join("budget.json")), v);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn replay_find_budget_prints_its_table_and_answer() {
+    let dir = scratch("find-budget-table");
+    let out = spillway(&[
+        "replay",
+        &trace_path("dense.jsonl"),
+        "--find-budget",
+        "--page-size",
+        "4MiB",
+        "--time-scale",
+        "0.05",
+        "--device",
+        "sim",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_terminal_table(&stdout);
+    let v = read_json(&dir.join("budget.json"));
+    let answer = stdout
+        .lines()
+        .find(|l| l.starts_with("learned needs a GPU budget of "))
+        .unwrap_or_else(|| panic!("no answer in {stdout}"));
+    let hits = v["hits_budget_bytes"].as_u64().unwrap();
+    assert!(
+        answer.contains(&format!("of {} (", fmt_mib(hits))),
+        "{answer} vs {v}"
+    );
+    assert!(answer.contains("for 99% hits"), "{answer}");
+    assert!(answer.contains("within 5% of the compute time"), "{answer}");
+    // One row per replay.
+    let rows = stdout.lines().filter(|l| l.starts_with('│')).count();
+    assert_eq!(rows, v["probes"].as_array().unwrap().len() + 1, "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
