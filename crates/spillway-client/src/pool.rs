@@ -104,46 +104,41 @@ impl std::fmt::Debug for PoolBuilder {
     }
 }
 
+/// Builder methods that set an optional field: `name(value)` sets `self.name` to
+/// `Some(value)`.
+macro_rules! optional_settings {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty,)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.$name = Some(value);
+                self
+            }
+        )*
+    };
+}
+
 impl PoolBuilder {
     /// A builder with nothing set.
     pub fn new() -> Self {
         Self::default()
     }
-    /// Bytes of GPU memory the pool may use (required).
-    pub fn gpu_budget_bytes(mut self, bytes: u64) -> Self {
-        self.gpu_budget_bytes = Some(bytes);
-        self
-    }
-    /// Bytes of host memory for the host tier (required); it must hold every buffer.
-    pub fn host_budget_bytes(mut self, bytes: u64) -> Self {
-        self.host_budget_bytes = Some(bytes);
-        self
-    }
-    /// Bytes of the remote tier the pool may use (required with [`PoolBuilder::remote`]).
-    pub fn remote_budget_bytes(mut self, bytes: u64) -> Self {
-        self.remote_budget_bytes = Some(bytes);
-        self
-    }
-    /// The remote tier below the host tier, made once the device exists.
-    pub fn remote(mut self, factory: RemoteFactory) -> Self {
-        self.remote = Some(factory);
-        self
-    }
-    /// Host slots in memory made elsewhere (shared with the node daemon) instead of the
-    /// device's own; it must hold the host budget's pages.
-    pub fn host_memory(mut self, memory: HostMemory) -> Self {
-        self.host_memory = Some(memory);
-        self
-    }
-    /// The page size (default 2 MiB).
-    pub fn page_size(mut self, page: PageSize) -> Self {
-        self.page_size = Some(page);
-        self
-    }
-    /// The prefetch and eviction policy (default learned).
-    pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = Some(policy);
-        self
+    optional_settings! {
+        /// Bytes of GPU memory the pool may use (required).
+        gpu_budget_bytes: u64,
+        /// Bytes of host memory for the host tier (required); it must hold every buffer.
+        host_budget_bytes: u64,
+        /// Bytes of the remote tier the pool may use (required with [`PoolBuilder::remote`]).
+        remote_budget_bytes: u64,
+        /// The remote tier below the host tier, made once the device exists.
+        remote: RemoteFactory,
+        /// Host slots in memory made elsewhere (shared with the node daemon) instead of the
+        /// device's own; it must hold the host budget's pages.
+        host_memory: HostMemory,
+        /// The page size (default 2 MiB).
+        page_size: PageSize,
+        /// The prefetch and eviction policy (default learned).
+        policy: Policy,
     }
     /// The backend (default auto).
     pub fn device(mut self, device: DeviceChoice) -> Self {

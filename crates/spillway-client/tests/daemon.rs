@@ -3,6 +3,8 @@
 //! memory and its remote tier the node's; every byte comes back; ops in flight fail with
 //! the cause when the node goes; connection errors are typed and say what to do.
 
+mod common;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -125,30 +127,7 @@ fn round_trip(device: DeviceChoice) {
     let bufs: Vec<_> = (0..24)
         .map(|i| pool.alloc(&format!("b{i}"), 2 * PAGE).unwrap())
         .collect();
-    let seed = |i: usize, step: u64, page: usize| (i as u64) << 32 | step << 8 | page as u64;
-    for step in 0..3u64 {
-        for (i, b) in bufs.iter().enumerate() {
-            if step > 0 {
-                let g = pool.acquire(b).unwrap();
-                for page in 0..g.pages() {
-                    let want = pattern::expected_checksum(
-                        seed(i, step - 1, page),
-                        g.page_len(page) as usize,
-                    );
-                    assert_eq!(
-                        g.checksum(page).unwrap(),
-                        want,
-                        "step {step} buffer {i} page {page}"
-                    );
-                }
-            }
-            let mut g = pool.acquire_mut(b).unwrap();
-            for page in 0..g.pages() {
-                g.fill_pattern(page, seed(i, step, page)).unwrap();
-            }
-        }
-        pool.step();
-    }
+    common::steps_with_checked_pages(&pool, &bufs, 3);
     let counters = node.server().counters();
     assert!(counters.spills > 0 && counters.fetches > 0, "{counters:?}");
     assert_eq!(counters.ops_failed, 0);

@@ -3,11 +3,13 @@
 //! (the memory it shares with node 1), land on nodes 2 and 3, and come back byte for
 //! byte; when the client goes, node 1 discards them from the peers.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use spillway_client::daemon::DaemonLink;
-use spillway_client::{DeviceChoice, PageSize, Policy, pattern};
+use spillway_client::{DeviceChoice, PageSize, Policy};
 use spillway_meta::Role;
 use spillway_net::certs::init_pool_dir;
 use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle};
@@ -94,26 +96,7 @@ async fn a_client_pool_spills_through_its_node_to_the_peers() {
         let bufs: Vec<_> = (0..16)
             .map(|i| pool.alloc(&format!("b{i}"), 2 * PAGE).unwrap())
             .collect();
-        let seed = |i: usize, step: u64, page: usize| (i as u64) << 32 | step << 8 | page as u64;
-        for step in 0..3u64 {
-            for (i, b) in bufs.iter().enumerate() {
-                if step > 0 {
-                    let g = pool.acquire(b).unwrap();
-                    for page in 0..g.pages() {
-                        let want = pattern::expected_checksum(
-                            seed(i, step - 1, page),
-                            g.page_len(page) as usize,
-                        );
-                        assert_eq!(g.checksum(page).unwrap(), want, "step {step} buffer {i}");
-                    }
-                }
-                let mut g = pool.acquire_mut(b).unwrap();
-                for page in 0..g.pages() {
-                    g.fill_pattern(page, seed(i, step, page)).unwrap();
-                }
-            }
-            pool.step();
-        }
+        common::steps_with_checked_pages(&pool, &bufs, 3);
         pool.quiesce();
         (link, pool)
     })
