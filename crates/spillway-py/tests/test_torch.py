@@ -31,6 +31,28 @@ def test_torch_cuda_view():
     assert p.read(b, 0, 4) == b"\x04" * 4
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_release_waits_for_the_consumer_stream():
+    # 4 frames of 2 MiB; `a` fills them. A kernel queued on a side stream reads `a` behind
+    # ~0.1 s of sleep; the view is released at once, and `o` (4 pages) must evict all of
+    # `a`. The DLPack stream contract: `o`'s copies may not land in `a`'s frames before the
+    # side stream has read them, so the sum is `a`'s.
+    p = spillway.Pool(gpu_budget="8MiB", host_budget="64MiB", page_size="2MiB", device="cuda")
+    a, o = p.alloc("a", 8 << 20), p.alloc("o", 8 << 20)
+    p.write(a, 0, b"\x01" * (8 << 20))
+    p.write(o, 0, b"\x02" * (8 << 20))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        with p.acquire(a) as view:
+            t = torch.from_dlpack(view)  # passes `side` as the consumer stream
+            torch.cuda._sleep(200_000_000)
+            total = t.to(torch.int64).sum()
+    with p.acquire(o) as view:
+        assert int(torch.from_dlpack(view)[:4].sum()) == 8
+    side.synchronize()
+    assert int(total) == 8 << 20
+
+
 # ---- spillway.torch.offload on the sim device (CPU tensors) -----------------------------
 
 import copy  # noqa: E402
@@ -130,6 +152,23 @@ def test_offload_inference_streams_weights_and_steps_the_pool():
     stats = pool.stats()
     assert stats["steps"] == 3 and stats["d2h_bytes"] == 0  # shared acquires: no write-back
     assert stats["evictions_clean"] > 0
+
+
+def test_offload_refuses_a_group_that_is_not_one_tensor():
+    model = torch.nn.Linear(1024, 512)  # 2 MiB of weights: 32 pages of 64 KiB on sim
+    pool = spillway.Pool(gpu_budget="4MiB", host_budget="16MiB", page_size="64KiB",
+                         device="sim")
+    x = torch.randn(2, 1024)
+    with torch.no_grad():
+        want = model(x)
+    st.offload(model, pool)
+    try:
+        with torch.no_grad():
+            got = model(x)
+    except BufferError as e:
+        assert "page size" in str(e)
+    else:  # the device showed the pages as one array after all: then it must be right
+        assert torch.equal(got, want)
 
 
 def test_offload_of_a_transformers_llama_is_bit_identical():

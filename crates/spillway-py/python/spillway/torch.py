@@ -106,6 +106,13 @@ class _Group:
             pool = self.owner.pool
             self.view = pool.acquire_mut(self.buf) if exclusive else pool.acquire(self.buf)
             self.exclusive = exclusive
+            if not self.view.contiguous:
+                self.view.release()
+                self.view = None
+                raise BufferError(
+                    f"{self.name}: its {self.nbytes} bytes span pages that are not contiguous "
+                    f"on the {pool.device} device; on sim, use a page size of at least the "
+                    "largest module's parameters (on cuda, pages of a multiple of 2MiB)")
             self.base = torch.from_dlpack(self.view)
             self.owner._held[self.base.untyped_storage().data_ptr()] = self
             for s in self.slots:
@@ -171,8 +178,15 @@ class Offloaded:
     # -- forward and backward hooks ----------------------------------------------------
     def _pre_forward(self, groups: List[_Group]):
         def hook(module, args):
-            for g in groups:
-                g.acquire()
+            done = []
+            try:
+                for g in groups:
+                    g.acquire()
+                    done.append(g)
+            except BaseException:
+                for g in done:
+                    g.release()
+                raise
         return hook
 
     def _post_forward(self, groups: List[_Group]):
@@ -196,7 +210,8 @@ class Offloaded:
                     # are used at once, so the group stays held until its gradients.
                     self._enter_backward(groups)
             for g in groups:
-                g.release()
+                if g.refs > 0:  # not when the pre-hook failed (this hook always runs)
+                    g.release()
         return hook
 
     def _enter_backward(self, groups: List[_Group]) -> None:
