@@ -98,7 +98,7 @@ use spillway_types::{BufferId, CopyOp, FrameId, PageId, TransferId, limits};
 
 use crate::error::CoreError;
 use crate::eviction::{Clock, EvictionPolicy, NextUse};
-use crate::predictor::TracePredictor;
+use crate::predictor::OrderPredictor;
 
 mod check;
 mod copies;
@@ -247,7 +247,7 @@ impl PoolCore {
                 REMOTE_BANDWIDTH_GUESS_BYTES_PER_S,
             ),
             access: Access::new(
-                Box::new(TracePredictor::new(cfg.history_steps)),
+                Box::new(OrderPredictor::new(cfg.history_steps)),
                 cfg.policy == Policy::Learned,
             ),
             held: Held::default(),
