@@ -35,6 +35,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use spillway_client::fmt_bytes;
+
+use crate::report::{ByteUnit, Table};
 use spillway_net::certs::PoolCa;
 use spillway_net::mem_store::MemStore;
 use spillway_net::quic::QuicTransport;
@@ -381,55 +383,84 @@ pub struct RemoteReport {
     pub quic: QuicConfig,
 }
 
-/// The result as Markdown, for a results file.
-pub fn markdown(r: &RemoteReport) -> String {
+/// The opening line: pages, bytes, rounds, requests in flight, connections, threads.
+pub fn title(r: &RemoteReport) -> String {
     let t = &r.throughput;
-    let gb = |b: f64| format!("{:.2} GB/s", b / 1e9);
-    let ucx_row = match (r.ucx_bytes_per_s, r.ucx_over_tcp) {
-        (Some(u), Some(ratio)) => {
-            format!(
-                "| UCX (tagged messages, frames, checksums) | {} | **{ratio:.3}** |\n",
-                gb(u)
-            )
-        }
-        _ => String::new(),
-    };
-    let ucx_raw_row = match r.ucx_raw_bytes_per_s {
-        Some(u) => format!(
-            "| UCX bare tagged messages (no frames, checksums or copies; the floor) | {} | {:.3} |\n",
-            gb(u),
-            u / t.tcp_bytes_per_s
-        ),
-        None => String::new(),
-    };
-    let ucx_env = match &r.ucx_env {
-        Some(env) if !env.is_empty() => format!(
-            "\nUCX settings: {}\n",
-            env.iter()
-                .map(|(k, v)| format!("`{k}={v}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        _ => String::new(),
-    };
-    let table = format!(
-        "Pages of {} on 127.0.0.1, {} per method per round (best of {} rounds), {} requests in flight, {} QUIC connections, {} runtime threads.\n\n\
-         | path | throughput | ratio to TCP |\n|---|---|---|\n\
-         | TCP, 1 connection | {} | {:.3} |\n\
-         | TCP, 8 connections | {} | {:.3} |\n\
-         | QUIC (mutual TLS, frames, checksums) | {} | **{:.3}** |\n",
+    format!(
+        "Pages of {} on 127.0.0.1, {} per method per round (best of {} rounds), {} requests in flight, {} QUIC connections, {} runtime threads.",
         fmt_bytes(t.page_bytes),
         fmt_bytes(t.total_bytes),
         ROUNDS,
         t.in_flight,
         r.connections_per_peer,
         r.worker_threads,
-        gb(t.tcp_1_bytes_per_s),
-        t.tcp_1_bytes_per_s / t.tcp_bytes_per_s,
-        gb(t.tcp_8_bytes_per_s),
-        t.tcp_8_bytes_per_s / t.tcp_bytes_per_s,
-        gb(t.quic_bytes_per_s),
-        r.quic_over_tcp,
+    )
+}
+
+/// One row per path, throughput in GiB/s (one unit for the table) and as a ratio to TCP.
+pub fn table(r: &RemoteReport) -> Table {
+    let t = &r.throughput;
+    let unit = ByteUnit::for_max(1 << 30);
+    let mut table = Table::new([
+        "path".to_string(),
+        format!("throughput {}/s", unit.name),
+        "ratio to TCP".into(),
+    ]);
+    let mut row = |path: &str, bytes_per_s: f64| {
+        table.row([
+            path.to_string(),
+            unit.rate(bytes_per_s),
+            format!("{:.3}", bytes_per_s / t.tcp_bytes_per_s),
+        ]);
+    };
+    row("TCP, 1 connection", t.tcp_1_bytes_per_s);
+    row("TCP, 8 connections", t.tcp_8_bytes_per_s);
+    row("QUIC (mutual TLS, frames, checksums)", t.quic_bytes_per_s);
+    if let Some(u) = r.ucx_bytes_per_s {
+        row("UCX (tagged messages, frames, checksums)", u);
+    }
+    if let Some(u) = r.ucx_raw_bytes_per_s {
+        row(
+            "UCX bare tagged messages (no frames, checksums or copies; the floor)",
+            u,
+        );
+    }
+    table
+}
+
+/// The UCX settings in effect, when any `UCX_*` variable was set.
+fn ucx_settings(r: &RemoteReport) -> Option<String> {
+    match &r.ucx_env {
+        Some(env) if !env.is_empty() => Some(format!(
+            "UCX settings: {}",
+            env.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => None,
+    }
+}
+
+/// The result drawn for the terminal.
+pub fn terminal(r: &RemoteReport) -> String {
+    let mut s = format!(
+        "{}\n{}",
+        crate::report::bold(&title(r)),
+        table(r).terminal()
     );
-    table + &ucx_row + &ucx_raw_row + &ucx_env
+    if let Some(u) = ucx_settings(r) {
+        s += &u;
+        s += "\n";
+    }
+    s
+}
+
+/// The result as Markdown, for a results file.
+pub fn markdown(r: &RemoteReport) -> String {
+    let mut s = format!("{}\n\n{}", title(r), table(r).markdown());
+    if let Some(u) = ucx_settings(r) {
+        s += &format!("\n{u}\n");
+    }
+    s
 }

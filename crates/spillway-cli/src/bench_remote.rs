@@ -101,7 +101,7 @@ pub fn run_remote(mut args: RemoteArgs) -> Result<()> {
     if args.json {
         println!("{json}");
     } else {
-        print!("{}", remote::markdown(&report));
+        print!("{}", remote::terminal(&report));
     }
     if let Some(path) = &args.record {
         crate::record::append_section(

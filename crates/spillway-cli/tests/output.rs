@@ -363,3 +363,44 @@ fn replay_find_budget_prints_its_table_and_answer() {
     assert_eq!(rows, v["probes"].as_array().unwrap().len() + 1, "{stdout}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn bench_remote_draws_one_unit_and_records_markdown_with_its_json() {
+    let dir = scratch("remote");
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = dir.join("RESULTS.md");
+    let out = spillway(&[
+        "bench",
+        "remote",
+        "--bytes",
+        "16MiB",
+        "--record",
+        record.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_terminal_table(&stdout);
+    assert!(stdout.contains("throughput GiB/s"), "{stdout}");
+    assert!(
+        !stdout.contains("GB/s") && !stdout.contains("MiB/s"),
+        "{stdout}"
+    );
+    let md = std::fs::read_to_string(&record).unwrap();
+    let json: Value = serde_json::from_str(
+        md.lines()
+            .find_map(|l| l.strip_prefix("JSON: `")?.strip_suffix('`'))
+            .expect("the JSON line"),
+    )
+    .unwrap();
+    let ratio = format!("{:.3}", json["quic_over_tcp"].as_f64().unwrap());
+    let quic_row = stdout
+        .lines()
+        .find(|l| l.contains("QUIC (mutual TLS"))
+        .unwrap();
+    assert!(quic_row.contains(&ratio), "{quic_row} vs {ratio}");
+    assert!(
+        md.contains(&format!("| QUIC (mutual TLS, frames, checksums) | ")),
+        "{md}"
+    );
+    assert!(md.contains(&format!(" | {ratio} |")), "{md}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
