@@ -398,7 +398,7 @@ fn bench_remote_draws_one_unit_and_records_markdown_with_its_json() {
         .unwrap();
     assert!(quic_row.contains(&ratio), "{quic_row} vs {ratio}");
     assert!(
-        md.contains(&format!("| QUIC (mutual TLS, frames, checksums) | ")),
+        md.contains("| QUIC (mutual TLS, frames, checksums) | "),
         "{md}"
     );
     assert!(md.contains(&format!(" | {ratio} |")), "{md}");
