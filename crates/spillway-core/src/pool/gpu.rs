@@ -207,36 +207,26 @@ impl PoolCore {
         after.or_else(before).map(FrameId)
     }
 
-    /// Whether frame `next_to`, the one that extends a buffer's extent, holds a page of
-    /// a victim extent being taken over in order: the page before it in its own buffer
-    /// has already left the GPU, it may leave now, and it is used after `bound` (if
-    /// any). The policy chose that extent when it started; finishing it in order keeps
-    /// both buffers in one extent each (a buffer is evicted whole, as a policy over
-    /// pages of equal next use would, in any order).
+    /// Whether frame `next_to`, the one that extends a buffer's extent, may be taken for
+    /// it: its page may leave now and is used after `bound` (a demand load: after the
+    /// next access). This overrides the policy's order among such pages on purpose: a
+    /// buffer split over two extents costs a remap of each page on every acquire (tens
+    /// of microseconds each, on the job's critical path), a victim used a little sooner
+    /// than the policy's best costs at most a copy that prefetch can hide.
     fn continues_victim_extent(&self, next_to: FrameId, bound: Option<u64>) -> bool {
         let Some(holder) = self.gpu.owner(next_to) else {
             return false;
         };
         let page = self.pages.page(holder);
-        if holder.index == 0
-            || !matches!(page.gpu, Gpu::Resident { .. })
-            || page.pins > 0
-            || page.host_pins > 0
-        {
+        if !matches!(page.gpu, Gpu::Resident { .. }) || page.pins > 0 || page.host_pins > 0 {
             return false;
         }
-        let before = PageId {
-            buffer: holder.buffer,
-            index: holder.index - 1,
-        };
-        let beyond = match (
-            bound,
-            self.gpu.next_use_after(next_to, self.access.accesses()),
-        ) {
-            (None, _) | (Some(_), None) => true,
-            (Some(b), Some(n)) => n > b,
-        };
-        beyond && self.pages.page(before).gpu == Gpu::Absent
+        let accesses = self.access.accesses();
+        let bound = bound.unwrap_or(accesses + 1);
+        match self.gpu.next_use_after(next_to, accesses) {
+            None => true,
+            Some(n) => n > bound,
+        }
     }
 
     /// The first frame of the victim's own extent: walks back while the frame before
@@ -389,5 +379,26 @@ impl VictimView for FrameView<'_> {
 
     fn preferred(&self) -> Option<FrameId> {
         self.preferred
+    }
+
+    fn indexed(&self) -> bool {
+        true
+    }
+
+    fn visit_unpredicted(&self, from: FrameId, visit: &mut dyn FnMut(FrameId) -> bool) {
+        for f in self.gpu.unpredicted_from(from) {
+            if visit(f) {
+                return;
+            }
+        }
+    }
+
+    fn visit_furthest_first(&self, visit: &mut dyn FnMut(FrameId, Option<u64>) -> bool) {
+        for (f, next) in self.gpu.predicted_furthest_first() {
+            // A use already passed counts as none predicted.
+            if visit(f, Some(next).filter(|&n| n > self.accesses)) {
+                return;
+            }
+        }
     }
 }
