@@ -76,6 +76,22 @@ from collections.abc import Callable, Iterable, Sequence
 from os import PathLike
 from typing import IO, Any
 
+import sys
+
+if __name__ == "__main__":
+    # `python -m spillway_trace stats` reads JSON only: it runs without PyTorch.
+    if sys.argv[1:2] == ["stats"]:
+        from spillway_trace_stats import main as _stats_main
+
+        raise SystemExit(_stats_main(sys.argv[2:]))
+    try:
+        import torch  # noqa: F401
+    except ImportError as _e:
+        raise SystemExit(
+            f"python -m spillway_trace: the demo models need PyTorch (pip install torch): {_e}; "
+            "`python -m spillway_trace stats PATH` needs none"
+        ) from None
+
 import torch
 from torch import nn
 

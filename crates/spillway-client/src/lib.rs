@@ -29,6 +29,7 @@
 //! the caller computes, without a thread of the pool's own. Lock order: the pool's mutex,
 //! then the device's internal queues; the device never calls back with a lock held.
 
+mod builder;
 pub mod daemon;
 mod pool;
 pub mod remote;
