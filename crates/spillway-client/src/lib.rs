@@ -35,7 +35,7 @@ mod pool;
 pub mod remote;
 
 pub use pool::{
-    Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, make_device,
+    Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, PoolTimings, make_device,
     make_device_in,
 };
 pub use remote::{
@@ -44,7 +44,7 @@ pub use remote::{
 };
 pub use spillway_core::{AccessMode, CoreError, CoreStats};
 pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
-pub use spillway_device::{Device, DeviceError, DeviceKind, HostMemory};
+pub use spillway_device::{Device, DeviceError, DeviceKind, DeviceTimings, HostMemory};
 pub use spillway_types::config::{Policy, PoolConfig};
 pub use spillway_types::{
     BufferId, Direction, FrameId, HostSlot, PageId, PageSize, TransferId, fmt_bytes, pattern,

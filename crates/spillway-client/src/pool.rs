@@ -1,6 +1,7 @@
 //! The embedded pool: [`PoolCore`] driven by a [`Device`] in one process.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use spillway_core::{
 use spillway_device::sim::SimDevice;
 use spillway_device::{
     Completion, CompletionSink, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
-    HostMemory,
+    DeviceTimings, HostMemory,
 };
 use spillway_types::config::{ConfigError, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId};
@@ -84,6 +85,57 @@ pub struct PoolStats {
     pub core: CoreStats,
     /// Time acquires spent waiting for copies.
     pub stall: Duration,
+    /// The pool's own time, by thread and kind.
+    pub timings: PoolTimings,
+    /// The device's own time (views, mappings, completions).
+    pub device: DeviceTimings,
+}
+
+/// The pool's own time so far (besides stalls), split by the threads that spend it: the
+/// caller's (acquires, steps, guard drops, host access), which a job's step waits for,
+/// and the device's (completions, fenced releases), which runs beside it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PoolTimings {
+    /// Waiting for the pool's lock, on the caller's threads.
+    pub lock_wait: Duration,
+    /// Planning on the caller's threads: the core's calls (acquire, step) and starting
+    /// the copies they queue.
+    pub planning: Duration,
+    /// Showing acquired buffers as one array ([`Device::acquire_ptr`]: nothing when a
+    /// buffer's frames are consecutive, mapping its pages when not), on the caller's
+    /// threads.
+    pub view: Duration,
+    /// Waiting for the pool's lock, on the device's threads.
+    pub device_lock_wait: Duration,
+    /// Planning on the device's threads: handling completions and fenced releases.
+    pub device_planning: Duration,
+}
+
+/// [`PoolTimings`] as counters that any thread adds to without a lock (nanoseconds).
+#[derive(Default)]
+struct Timings {
+    lock_wait_ns: AtomicU64,
+    planning_ns: AtomicU64,
+    view_ns: AtomicU64,
+    device_lock_wait_ns: AtomicU64,
+    device_planning_ns: AtomicU64,
+}
+
+impl Timings {
+    fn add(counter: &AtomicU64, d: Duration) {
+        counter.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> PoolTimings {
+        let get = |c: &AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        PoolTimings {
+            lock_wait: get(&self.lock_wait_ns),
+            planning: get(&self.planning_ns),
+            view: get(&self.view_ns),
+            device_lock_wait: get(&self.device_lock_wait_ns),
+            device_planning: get(&self.device_planning_ns),
+        }
+    }
 }
 
 struct State {
@@ -123,6 +175,7 @@ struct Shared {
     device: OnceLock<Arc<dyn Device>>,
     remote: OnceLock<Arc<dyn RemoteTier>>,
     epoch: Instant,
+    timings: Timings,
 }
 
 impl Shared {
@@ -134,11 +187,25 @@ impl Shared {
         self.device.get().expect("set before any use")
     }
 
+    /// The pool's lock, from a caller's thread (the wait is counted as such).
     fn lock(&self) -> MutexGuard<'_, State> {
+        self.lock_counted(&self.timings.lock_wait_ns)
+    }
+
+    /// The pool's lock, from one of the device's threads.
+    fn lock_on_device_thread(&self) -> MutexGuard<'_, State> {
+        self.lock_counted(&self.timings.device_lock_wait_ns)
+    }
+
+    fn lock_counted(&self, wait: &AtomicU64) -> MutexGuard<'_, State> {
+        let started = Instant::now();
         // A panic while holding the lock leaves the core mid-update: do not go on with it.
-        self.state
+        let state = self
+            .state
             .lock()
-            .expect("pool state poisoned by an earlier panic")
+            .expect("pool state poisoned by an earlier panic");
+        Timings::add(wait, started.elapsed());
+        state
     }
 
     /// Starts every copy and mapping change the core has queued. Called with the lock held.
@@ -150,7 +217,9 @@ impl Shared {
             if let Err(e) = device.write_host(fill.slot, 0, &zeros) {
                 tracing::error!(error = %e, page = %fill.page, "zero fill failed");
                 let now = self.now();
-                state.core.handle_zero_fill_failed(fill.page, DeviceFault::new(e), now);
+                state
+                    .core
+                    .handle_zero_fill_failed(fill.page, DeviceFault::new(e), now);
             }
         }
         while let Some(m) = state.core.poll_mapping() {
@@ -172,7 +241,9 @@ impl Shared {
                 Some(remote) => remote.submit(op),
                 None => {
                     let now = self.now();
-                    state.core.handle_remote_done(op.id, Err(RemoteError::NoTier), now);
+                    state
+                        .core
+                        .handle_remote_done(op.id, Err(RemoteError::NoTier), now);
                 }
             }
         }
@@ -204,7 +275,8 @@ impl Shared {
     }
 
     fn on_remote_completion(&self, c: RemoteCompletion) {
-        let mut state = self.lock();
+        let mut state = self.lock_on_device_thread();
+        let started = Instant::now();
         let now = self.now();
         if let Err(e) = &c.result {
             // Spills that fail are retried with backoff: say so once a second, not per try.
@@ -216,11 +288,13 @@ impl Shared {
         state.core.handle_remote_done(c.id, c.result, now);
         self.drive(&mut state);
         drop(state);
+        Timings::add(&self.timings.device_planning_ns, started.elapsed());
         self.cond.notify_all();
     }
 
     fn on_completion(&self, c: Completion) {
-        let mut state = self.lock();
+        let mut state = self.lock_on_device_thread();
+        let started = Instant::now();
         let now = self.now();
         let result = c.result.map_err(|e| {
             tracing::error!(error = %e, "device copy failed");
@@ -229,6 +303,7 @@ impl Shared {
         state.core.handle_transfer_done(c.id, result, now);
         self.drive(&mut state);
         drop(state);
+        Timings::add(&self.timings.device_planning_ns, started.elapsed());
         self.cond.notify_all();
     }
 }
@@ -326,6 +401,7 @@ impl Pool {
             device: OnceLock::new(),
             remote: OnceLock::new(),
             epoch: Instant::now(),
+            timings: Timings::default(),
         });
         let weak: Weak<Shared> = Arc::downgrade(&shared);
         let sink: CompletionSink = Arc::new(move |c| {
@@ -524,8 +600,8 @@ impl Pool {
     }
 
     fn acquire_with(&self, buffer: &Buffer, mode: AccessMode) -> Result<Guard<'_>, PoolError> {
-        let started = Instant::now();
         let mut state = self.shared.lock();
+        let mut planning = Instant::now();
         let (id, hit) = loop {
             match state.core.begin_acquire(buffer.id, mode, self.shared.now()) {
                 Ok(r) => break r,
@@ -535,11 +611,15 @@ impl Pool {
                     if state.pending_releases > 0 =>
                 {
                     state = self.shared.wait(state);
+                    planning = Instant::now();
                 }
                 Err(e) => return Err(e.into()),
             }
         };
         self.shared.drive(&mut state);
+        Timings::add(&self.shared.timings.planning_ns, planning.elapsed());
+        // The stall: waiting for the copies (not the lock wait or planning above).
+        let waiting = Instant::now();
         loop {
             match state.core.is_ready(id) {
                 Ok(true) => break,
@@ -553,20 +633,25 @@ impl Pool {
         let waited = if hit {
             Duration::ZERO
         } else {
-            started.elapsed()
+            waiting.elapsed()
         };
         state.stall += waited;
         let frames = state.core.frames_of(id);
         drop(state);
-        // The buffer's range must show its pages before a kernel may use it.
-        if buffer.range.is_some()
-            && let Err(e) = self.shared.device().flush_mappings()
-        {
-            let mut state = self.shared.lock();
-            state.core.release(id, self.shared.now());
-            self.shared.drive(&mut state);
-            return Err(e.into());
-        }
+        // The buffer as one array for kernels: at its frames when they are consecutive,
+        // else through its range once its pages are mapped there.
+        let viewing = Instant::now();
+        let view = self.shared.device().acquire_ptr(buffer.id, &frames);
+        Timings::add(&self.shared.timings.view_ns, viewing.elapsed());
+        let range = match view {
+            Ok(r) => r,
+            Err(e) => {
+                let mut state = self.shared.lock();
+                state.core.release(id, self.shared.now());
+                self.shared.drive(&mut state);
+                return Err(e.into());
+            }
+        };
         Ok(Guard {
             pool: self,
             id,
@@ -574,7 +659,7 @@ impl Pool {
             frames,
             bytes: buffer.bytes,
             buffer: buffer.id,
-            range: buffer.range,
+            range,
             hit,
             waited,
             streams: Vec::new(),
@@ -584,8 +669,10 @@ impl Pool {
     /// Marks the end of a step (one iteration of the job).
     pub fn step(&self) {
         let mut state = self.shared.lock();
+        let started = Instant::now();
         state.core.step(self.shared.now());
         self.shared.drive(&mut state);
+        Timings::add(&self.shared.timings.planning_ns, started.elapsed());
     }
 
     /// Counters so far.
@@ -594,6 +681,8 @@ impl Pool {
         PoolStats {
             core: state.core.stats(),
             stall: state.stall,
+            timings: self.shared.timings.read(),
+            device: self.shared.device().timings(),
         }
     }
 
@@ -674,8 +763,9 @@ impl Guard<'_> {
             })
     }
 
-    /// The buffer as one contiguous device array, on backends with virtual memory
-    /// (`cuda` with pages of at least the allocation granularity); valid while held.
+    /// The buffer as one contiguous device array, valid while held: on `cuda`, at its
+    /// frames' own addresses when they are consecutive (any page size), else through the
+    /// buffer's range (pages of at least the allocation granularity); `None` otherwise.
     pub fn device_ptr(&self) -> Option<DevicePtr> {
         self.range
     }
@@ -777,11 +867,13 @@ impl Drop for Guard<'_> {
         let id = self.id;
         let device = shared.device().clone();
         let done: Box<dyn FnOnce() + Send> = Box::new(move || {
-            let mut state = shared.lock();
+            let mut state = shared.lock_on_device_thread();
+            let started = Instant::now();
             state.pending_releases -= 1;
             state.core.release(id, shared.now());
             shared.drive(&mut state);
             drop(state);
+            Timings::add(&shared.timings.device_planning_ns, started.elapsed());
             shared.cond.notify_all();
         });
         release_after(&*device, &self.streams, done);

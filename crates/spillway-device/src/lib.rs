@@ -16,8 +16,8 @@
 //!   `memcpy` on one thread per direction. Always built; every test and the demo use it.
 //! - `cuda::CudaDevice` (feature `cuda`): an NVIDIA GPU through the CUDA driver API
 //!   (cudarc, loaded at run time, so the build needs no CUDA). A folder of modules, one
-//!   per part (driver and context, frames, host slots, buffer ranges and the mapper
-//!   thread, copy lanes, fences, kernels, the device and its trait impl, and a raw
+//!   per part (driver and context, frames, host slots, views of acquired buffers
+//!   and buffer ranges, copy lanes, fences, kernels, the device and its trait impl, and a raw
 //!   pinned-copy benchmark); `cuda/mod.rs` maps them.
 //!
 //! Besides copies, a device runs three small kernels on a page (fill with the
@@ -234,10 +234,28 @@ pub trait Device: Send + Sync {
         let _ = (buffer, index);
         Ok(())
     }
-    /// Waits until every `map_page` made so far has taken effect (backends that map on a
-    /// thread of their own); the pool calls it before handing out a guard.
+    /// Makes every `map_page` made so far take effect (backends that map lazily).
     fn flush_mappings(&self) -> Result<(), DeviceError> {
         Ok(())
+    }
+    /// Where a kernel sees an acquired buffer as one array, valid while the acquire is
+    /// held; `frames` are the buffer's pages in order, as the acquire holds them. The pool
+    /// calls it before handing out a guard. A backend whose frames lie in one address
+    /// range returns the first frame's address when `frames` are consecutive (no mapping
+    /// at all); else the buffer's range ([`Device::reserve_range`]) once the pages are
+    /// mapped there; `None` when it has neither (the caller works page by page).
+    fn acquire_ptr(
+        &self,
+        buffer: BufferId,
+        frames: &[FrameId],
+    ) -> Result<Option<DevicePtr>, DeviceError> {
+        let _ = (buffer, frames);
+        Ok(None)
+    }
+    /// Where the device's own time went so far (backends that measure it; zeros
+    /// otherwise).
+    fn timings(&self) -> DeviceTimings {
+        DeviceTimings::default()
     }
     /// Gives back `buffer`'s range (no-op without virtual memory).
     fn release_range(&self, buffer: BufferId) -> Result<(), DeviceError> {
@@ -267,6 +285,45 @@ pub trait Device: Send + Sync {
     /// The device as `Any`, to reach backend-specific parts (the CUDA context and
     /// compute stream) from benchmarks.
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Where a device's own time went, counted since it was created (see
+/// [`Device::timings`]). Subtract two readings for an interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeviceTimings {
+    /// Acquires shown at their frames' own addresses (consecutive frames: no mapping).
+    pub views_in_place: u64,
+    /// Acquires shown through their buffer's range (pages mapped there first).
+    pub views_mapped: u64,
+    /// Pages mapped into a buffer range where another frame (or none) was mapped.
+    pub pages_remapped: u64,
+    /// Seconds of driver calls for those mappings (`cuMemUnmap`, `cuMemMap`,
+    /// `cuMemSetAccess`), on the thread that asked for the view (the acquiring thread).
+    pub mapping_s: f64,
+    /// Completions delivered to the sink.
+    pub completions: u64,
+    /// Completions whose copy had already finished when the completion thread came to
+    /// them (it was still delivering earlier ones): they reached the pool late.
+    pub completions_late: u64,
+    /// Seconds the completion threads spent inside the sink (the pool's handling of a
+    /// completion: its lock wait and planning); a completion behind another waits that
+    /// long.
+    pub completion_sink_s: f64,
+}
+
+impl DeviceTimings {
+    /// `self - earlier`, field by field (an interval between two readings).
+    pub fn since(&self, earlier: &DeviceTimings) -> DeviceTimings {
+        DeviceTimings {
+            views_in_place: self.views_in_place - earlier.views_in_place,
+            views_mapped: self.views_mapped - earlier.views_mapped,
+            pages_remapped: self.pages_remapped - earlier.pages_remapped,
+            mapping_s: self.mapping_s - earlier.mapping_s,
+            completions: self.completions - earlier.completions,
+            completions_late: self.completions_late - earlier.completions_late,
+            completion_sink_s: self.completion_sink_s - earlier.completion_sink_s,
+        }
+    }
 }
 
 /// Checks that `offset + len` fits in a page of `page_bytes`.

@@ -18,7 +18,9 @@ use spillway_device::cuda::{
     CudaDevice, RawCopyBandwidth, RawCopyOptions, STREAMS_PER_DIRECTION_DEFAULT, compute_reference,
     cuda_available, raw_pinned_bandwidth, raw_pinned_bandwidth_with,
 };
-use spillway_device::{Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError};
+use spillway_device::{
+    Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DevicePtr,
+};
 use spillway_types::limits::H2D_BYTES_IN_FLIGHT_DEFAULT;
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, TransferId, pattern};
 
@@ -803,4 +805,96 @@ fn copy_bandwidth_of_submit_against_raw_pinned() {
     if std::env::var("SPILLWAY_BENCH_STRICT").is_ok_and(|v| v == "1") {
         assert!(misses.is_empty(), "bandwidth targets missed: {misses:?}");
     }
+}
+
+#[test]
+fn an_acquire_in_consecutive_frames_is_shown_in_place_else_mapped_once() {
+    let Some(_gpu) = gpu("views") else {
+        return;
+    };
+    for page in [256 * KIB, 2 * MIB, 8 * MIB] {
+        views_with(page);
+    }
+}
+
+fn views_with(page: u64) {
+    let (d, _rx) = open(12, 1, page);
+    let seeds: Vec<u64> = (0..12).map(|f| 500 + f).collect();
+    for (f, &seed) in seeds.iter().enumerate() {
+        d.fill_pattern(FrameId(f as u32), page, seed).unwrap();
+    }
+    let expected = |frames: &[u32]| {
+        let mut all = Vec::new();
+        for &f in frames {
+            let mut p = vec![0u8; page as usize];
+            pattern::fill(seeds[f as usize], &mut p);
+            all.extend_from_slice(&p);
+        }
+        pattern::checksum(&all)
+    };
+    let buffer = BufferId(7);
+    let range = d.reserve_range(buffer, 4 * page).unwrap();
+    assert_eq!(range.is_some(), page.is_multiple_of(2 * MIB), "{page}");
+
+    // Consecutive frames: the first frame's own address, no driver call.
+    let before = d.timings();
+    let frames: Vec<FrameId> = (3..7).map(FrameId).collect();
+    for (i, &f) in frames.iter().enumerate() {
+        if range.is_some() {
+            d.map_page(buffer, i as u32, f).unwrap();
+        }
+    }
+    let ptr = d.acquire_ptr(buffer, &frames).unwrap().expect("a view");
+    assert_eq!(ptr, d.frame_ptr(FrameId(3)));
+    assert_eq!(
+        d.checksum_view(ptr, 4 * page).unwrap(),
+        expected(&[3, 4, 5, 6]),
+        "{page}: the extent reads as one array"
+    );
+    let t = d.timings().since(&before);
+    assert_eq!(
+        (t.views_in_place, t.views_mapped, t.pages_remapped),
+        (1, 0, 0)
+    );
+
+    // Not consecutive: through the buffer's range, each page mapped once, access set
+    // over the span; asking again maps nothing.
+    let frames: Vec<FrameId> = [9u32, 2, 11, 0].into_iter().map(FrameId).collect();
+    for (i, &f) in frames.iter().enumerate() {
+        if range.is_some() {
+            d.map_page(buffer, i as u32, f).unwrap();
+        }
+    }
+    let view = d.acquire_ptr(buffer, &frames).unwrap();
+    let Some(base) = range else {
+        assert_eq!(
+            view, None,
+            "{page}: pages under the granularity have no range"
+        );
+        return;
+    };
+    assert_eq!(view, Some(base));
+    assert_eq!(
+        d.checksum_view(base, 4 * page).unwrap(),
+        expected(&[9, 2, 11, 0]),
+        "{page}: the mapped range reads as one array"
+    );
+    let t = d.timings().since(&before);
+    assert_eq!((t.views_mapped, t.pages_remapped), (1, 4));
+    assert!(t.mapping_s > 0.0);
+    d.acquire_ptr(buffer, &frames).unwrap();
+    d.map_page(buffer, 1, FrameId(5)).unwrap();
+    d.acquire_ptr(buffer, &[FrameId(9), FrameId(5), FrameId(11), FrameId(0)])
+        .unwrap();
+    let t = d.timings().since(&before);
+    assert_eq!(t.pages_remapped, 5, "only the page whose frame changed");
+    assert_eq!(
+        d.checksum_view(base, 4 * page).unwrap(),
+        expected(&[9, 5, 11, 0])
+    );
+    assert!(
+        d.checksum_view(DevicePtr(base.0 + 4 * page), page).is_err(),
+        "outside every view"
+    );
+    d.release_range(buffer).unwrap();
 }

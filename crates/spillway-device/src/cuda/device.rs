@@ -1,11 +1,11 @@
 //! [`CudaDevice`]: the parts put together. Creation (driver and GPU checks, then frames,
-//! host slots, sync lane, ranges, mapper, copy lanes, fences and completion threads), the
+//! host slots, sync lane, ranges, copy lanes, fences and completion threads), the
 //! API beyond the [`Device`](crate::Device) trait (compute stream, memory outside the
 //! budget in a [`DeviceAlloc`], reads through a buffer range), the helpers the trait impl
 //! (`device_impl`) uses, and the teardown order.
 //!
-//! Invariants: drop order is field order, after [`Drop`] stopped the fences and the
-//! mapper, closed the queues, drained the lanes and joined the lane threads (unless it
+//! Invariants: drop order is field order, after [`Drop`] stopped the fences, closed the
+//! queues, drained the lanes and joined the lane threads (unless it
 //! runs on one): sync lane, ranges, frames, host slots, and the context last. Lock order:
 //! a lane's lock, or the sync lane's lock, or the buffer ranges' lock; never two at once.
 
@@ -25,11 +25,12 @@ use super::fence::FenceLane;
 use super::frames::Frames;
 use super::host::HostSlots;
 use super::kernels::SyncLane;
-use super::lanes::{Lane, LaneState, Pending, completion_loop};
-use super::mapper::Mapper;
+use super::lanes::{Lane, LaneState, LaneStats, Pending, completion_loop};
+use super::mapper::{ViewStats, apply};
 use super::ranges::Ranges;
 use crate::{
-    CompletionSink, CopyOp, DeviceConfig, DeviceError, DevicePtr, HostMemory, check_range,
+    CompletionSink, CopyOp, DeviceConfig, DeviceError, DevicePtr, DeviceTimings, HostMemory,
+    check_range,
 };
 
 /// First guess of PCIe Gen5 x16 pinned copy bandwidth per direction (~55 GB/s measured).
@@ -53,7 +54,11 @@ pub struct CudaDevice {
     pub(crate) lanes: [Arc<Lane>; 2],
     threads: Vec<JoinHandle<()>>,
     sync: Mutex<SyncLane>,
-    pub(crate) mapper: Mapper,
+    /// Counts of the views of acquired buffers (`mapper`).
+    pub(crate) views: ViewStats,
+    /// The frames' physical chunks, for mapping into buffer ranges (empty when frames
+    /// cannot be mapped one by one).
+    pub(crate) handles: Vec<sys::CUmemGenericAllocationHandle>,
     pub(crate) ranges: Arc<Ranges>,
     pub(crate) frames: Frames,
     pub(crate) host: HostSlots,
@@ -144,16 +149,11 @@ impl CudaDevice {
             page_bytes: config.page_bytes,
             map: Mutex::new(HashMap::new()),
         });
-        let mapper = Mapper::new(
-            &ctx,
-            ranges.clone(),
-            if frames.remappable() {
-                frames.handles.clone()
-            } else {
-                Vec::new()
-            },
-            config.page_bytes,
-        )?;
+        let handles = if frames.remappable() {
+            frames.handles.clone()
+        } else {
+            Vec::new()
+        };
 
         let new_lane = |queue: mpsc::Sender<Pending>| -> Result<Arc<Lane>, DeviceError> {
             let streams = (0..streams_per_direction.clamp(1, STREAMS_PER_DIRECTION_MAX))
@@ -167,6 +167,7 @@ impl CudaDevice {
                     free_events: Vec::new(),
                     next_stream: 0,
                 }),
+                stats: Mutex::new(LaneStats::default()),
             }))
         };
         let (h2d_tx, h2d_rx) = mpsc::channel();
@@ -179,7 +180,8 @@ impl CudaDevice {
             ordinal,
             sm_count,
             fences,
-            mapper,
+            views: ViewStats::default(),
+            handles,
             lanes,
             threads: Vec::new(),
             sync: Mutex::new(sync),
@@ -211,10 +213,43 @@ impl CudaDevice {
         self.fences.stream.raw
     }
 
-    /// Mappings into buffer ranges that changed something, and seconds the driver took for
-    /// them (the cost of remapping pages, paid on the mapper thread).
+    /// Pages mapped into buffer ranges where another frame (or none) was, and seconds the
+    /// driver took for them (paid by the acquiring thread, only for buffers whose frames
+    /// are not consecutive).
     pub fn mapping_stats(&self) -> (u64, f64) {
-        *lock(&self.mapper.shared.stats)
+        let t = lock(&self.views.counts);
+        (t.pages_remapped, t.mapping_s)
+    }
+
+    /// Where the device's own time went so far (views, mappings, completions).
+    pub fn timings(&self) -> DeviceTimings {
+        let mut t = *lock(&self.views.counts);
+        for lane in &self.lanes {
+            let l = lock(&lane.stats);
+            t.completions += l.completions;
+            t.completions_late += l.completions_late;
+            t.completion_sink_s += l.completion_sink_s;
+        }
+        t
+    }
+
+    /// Maps `buffer`'s pages where `map_page` said they are (those not mapped there
+    /// yet) and returns its range's base address.
+    pub(crate) fn map_buffer(&self, buffer: BufferId) -> Result<u64, DeviceError> {
+        let mut map = lock(&self.ranges.map);
+        let range = map.get_mut(&buffer).ok_or_else(|| DeviceError::Driver {
+            op: "map buffer range",
+            message: format!("{buffer} has no reserved range"),
+        })?;
+        self.ctx.bind()?;
+        apply(
+            &self.ranges,
+            range,
+            &self.handles,
+            self.ctx.device,
+            &self.views,
+        )?;
+        Ok(range.base)
     }
 
     /// Makes the device's context current on the calling thread (before calling CUDA
@@ -398,7 +433,7 @@ impl CudaDevice {
         offset: u64,
         out: &mut [u8],
     ) -> Result<(), DeviceError> {
-        self.mapper.flush()?;
+        self.map_buffer(buffer)?;
         let base = self.mapped_span(buffer, offset, out.len() as u64)?;
         self.copy_from_device(base + offset, out)
     }
@@ -407,9 +442,38 @@ impl CudaDevice {
     /// computed by one kernel over the range's contiguous addresses. Every page touched
     /// must be mapped.
     pub fn checksum_range(&self, buffer: BufferId, len: u64) -> Result<u64, DeviceError> {
-        self.mapper.flush()?;
+        self.map_buffer(buffer)?;
         let base = self.mapped_span(buffer, 0, len)?;
         self.checksum_at(base, len)
+    }
+}
+
+impl CudaDevice {
+    /// [`spillway_types::pattern::checksum`] of `len` bytes at `ptr`, an address that
+    /// [`Device::acquire_ptr`](crate::Device::acquire_ptr) returned (inside the frames, or inside a buffer range whose
+    /// pages touched are mapped; anything else is refused). For tests and tools: shows
+    /// that a view is one array.
+    pub fn checksum_view(&self, ptr: DevicePtr, len: u64) -> Result<u64, DeviceError> {
+        if !self.frames.contains(ptr.0, len) {
+            let map = lock(&self.ranges.map);
+            let page = self.config.page_bytes;
+            let inside = map.values().any(|r| {
+                let end = r.base + r.mapped.len() as u64 * page;
+                ptr.0 >= r.base
+                    && ptr.0.checked_add(len).is_some_and(|e| e <= end)
+                    && (len == 0
+                        || (((ptr.0 - r.base) / page)..=((ptr.0 - r.base + len - 1) / page))
+                            .all(|i| r.mapped[i as usize].is_some()))
+            });
+            if !inside {
+                return Err(DeviceError::OutOfRange {
+                    offset: ptr.0,
+                    len,
+                    page_bytes: page,
+                });
+            }
+        }
+        self.checksum_at(ptr.0, len)
     }
 }
 
@@ -417,7 +481,6 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         // Fences first: their `done` may call back into the pool.
         self.fences.shutdown();
-        self.mapper.shutdown();
         // Close the queues: the threads deliver every queued completion, then end.
         for lane in &self.lanes {
             lock(&lane.state).queue.take();

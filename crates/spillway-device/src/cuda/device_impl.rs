@@ -1,7 +1,7 @@
 //! The [`Device`] trait on [`CudaDevice`]: a copy goes to its direction's lane (a refused
 //! one becomes a queued failed completion, so every copy gets exactly one), host slots
-//! are read and written in place, frames through the sync lane, buffer ranges through the
-//! mapper, kernels on the sync lane, and releases behind a fence on the compute stream.
+//! are read and written in place, frames through the sync lane, views of acquired buffers
+//! in place or through buffer ranges (`mapper`), kernels on the sync lane, and releases behind a fence on the compute stream.
 //!
 //! Invariants: those of the trait (crate docs): the caller guarantees that nobody touches
 //! a frame or slot while a copy using it is in flight; an id out of range panics.
@@ -15,8 +15,11 @@ use spillway_types::{BufferId, Direction, FrameId, HostSlot};
 use super::device::{BANDWIDTH_HINT_BYTES_PER_S, CudaDevice};
 use super::driver::{check, lock};
 use super::lanes::{Pending, lane_index};
+use super::mapper::{consecutive, record};
 use super::ranges::BufferRange;
-use crate::{CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr, check_range};
+use crate::{
+    CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr, DeviceTimings, check_range,
+};
 
 impl Device for CudaDevice {
     fn kind(&self) -> DeviceKind {
@@ -135,13 +138,16 @@ impl Device for CudaDevice {
             BufferRange {
                 base,
                 mapped: vec![None; pages as usize],
+                desired: vec![None; pages as usize],
             },
         );
         Ok(Some(DevicePtr(base)))
     }
 
-    /// Maps `frame`'s physical chunk at page `index` of the buffer's range (replacing
-    /// whatever was mapped there). The buffer must have a range.
+    /// Records that page `index` of the buffer is in `frame` (replacing whatever was
+    /// there); the page is mapped into the buffer's range only when a view needs it
+    /// ([`Device::acquire_ptr`] of a buffer whose frames are not consecutive,
+    /// [`Device::flush_mappings`]). The buffer must have a range.
     fn map_page(&self, buffer: BufferId, index: u32, frame: FrameId) -> Result<(), DeviceError> {
         if !self.frames.remappable() {
             return Err(DeviceError::Driver {
@@ -153,27 +159,50 @@ impl Device for CudaDevice {
         }
         // Validates the frame id (panics on a caller bug, as everywhere).
         let _ = self.frames.ptr(frame);
-        {
-            let map = lock(&self.ranges.map);
-            let range = map.get(&buffer).ok_or_else(|| DeviceError::Driver {
-                op: "map_page",
-                message: format!("{buffer} has no reserved range"),
-            })?;
-            if index as usize >= range.mapped.len() {
-                return Err(DeviceError::Driver {
-                    op: "map_page",
-                    message: format!(
-                        "page {index} is outside {buffer}'s range of {} pages",
-                        range.mapped.len()
-                    ),
-                });
-            }
-        }
-        self.mapper.enqueue(buffer, index, frame)
+        record(&self.ranges, buffer, index, frame)
     }
 
+    /// Maps every page recorded by `map_page` that is not mapped there yet.
     fn flush_mappings(&self) -> Result<(), DeviceError> {
-        self.mapper.flush()
+        let buffers: Vec<BufferId> = lock(&self.ranges.map).keys().copied().collect();
+        for b in buffers {
+            match self.map_buffer(b) {
+                // Released meanwhile: nothing to map.
+                Err(DeviceError::Driver {
+                    op: "map buffer range",
+                    ..
+                }) => {}
+                other => {
+                    other?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// In place when `frames` are consecutive (the frames' own addresses, no driver
+    /// call); else through the buffer's range, its pages mapped first (those whose frame
+    /// changed, access set once over the span); `None` without either.
+    fn acquire_ptr(
+        &self,
+        buffer: BufferId,
+        frames: &[FrameId],
+    ) -> Result<Option<DevicePtr>, DeviceError> {
+        let Some(&first) = frames.first() else {
+            return Ok(None);
+        };
+        if self.frames.contiguous() && consecutive(frames) {
+            self.views.in_place();
+            return Ok(Some(DevicePtr(self.frames.ptr(first))));
+        }
+        if !lock(&self.ranges.map).contains_key(&buffer) {
+            return Ok(None);
+        }
+        self.map_buffer(buffer).map(|base| Some(DevicePtr(base)))
+    }
+
+    fn timings(&self) -> DeviceTimings {
+        CudaDevice::timings(self)
     }
 
     /// Lazy: the page's mapping stays until the page is mapped again (into another frame
@@ -186,14 +215,11 @@ impl Device for CudaDevice {
 
     /// Unmaps every page of the buffer's range and frees it; no-op without a range.
     fn release_range(&self, buffer: BufferId) -> Result<(), DeviceError> {
-        // Mappings queued for this buffer must land (or fail) before its range goes.
-        let flushed = self.mapper.flush();
         let Some(range) = lock(&self.ranges.map).remove(&buffer) else {
             return Ok(());
         };
         self.ctx.bind()?;
-        self.ranges.release(range)?;
-        flushed
+        self.ranges.release(range)
     }
 
     fn fill_pattern(&self, frame: FrameId, len: u64, seed: u64) -> Result<(), DeviceError> {

@@ -183,6 +183,21 @@ impl Frames {
             + (f % self.frames_per_chunk) * self.page_bytes
     }
 
+    /// Whether `ptr..ptr+len` lies inside the frames' range.
+    pub(crate) fn contains(&self, ptr: u64, len: u64) -> bool {
+        ptr >= self.base
+            && ptr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.base + self.range_bytes)
+    }
+
+    /// Whether consecutive frame ids lie at consecutive addresses (`frame_ptr(f + 1) ==
+    /// frame_ptr(f) + page_bytes` for every f): true when a chunk is a whole number of
+    /// pages, so an extent of frames is one array.
+    pub(crate) fn contiguous(&self) -> bool {
+        self.frames_per_chunk * self.page_bytes == self.chunk_bytes
+    }
+
     /// Whether a frame is a whole physical chunk, so it can be mapped into a buffer range.
     pub(crate) fn remappable(&self) -> bool {
         self.chunk_bytes == self.page_bytes

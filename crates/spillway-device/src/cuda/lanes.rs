@@ -11,6 +11,7 @@
 //! once waited for. The sink is called with no lock of the device held.
 
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
 
 use cudarc::driver::sys;
 use spillway_types::{Direction, TransferId};
@@ -36,12 +37,22 @@ pub(crate) struct LaneState {
     pub(crate) next_stream: usize,
 }
 
+/// What a lane's completion thread counted (see [`crate::DeviceTimings`]).
+#[derive(Default)]
+pub(crate) struct LaneStats {
+    pub(crate) completions: u64,
+    pub(crate) completions_late: u64,
+    pub(crate) completion_sink_s: f64,
+}
+
 /// One direction's streams, queue and event pool.
 pub(crate) struct Lane {
     pub(crate) ctx: Arc<Context>,
     /// At least one; copies go round-robin, so consecutive copies can overlap.
     pub(crate) streams: Vec<Stream>,
     pub(crate) state: Mutex<LaneState>,
+    /// Written by the completion thread only.
+    pub(crate) stats: Mutex<LaneStats>,
 }
 
 impl Lane {
@@ -81,11 +92,14 @@ pub(crate) fn completion_loop(
 ) {
     let bound = ctx.bind().err().map(|e| e.to_string());
     while let Ok(p) = rx.recv() {
+        let mut late = false;
         let result = match (p.event, &bound) {
             (None, _) => p.result,
             (Some(event), None) => {
                 // SAFETY: the event was recorded after the copy on the lane's stream and
                 // stays alive until we return it to the free list below.
+                late = unsafe { sys::cuEventQuery(event.0) } == sys::CUresult::CUDA_SUCCESS;
+                // SAFETY: as above.
                 let r = check("cuEventSynchronize", unsafe {
                     sys::cuEventSynchronize(event.0)
                 });
@@ -100,6 +114,11 @@ pub(crate) fn completion_loop(
                 })
             }
         };
+        let started = Instant::now();
         sink(Completion { id: p.id, result });
+        let mut st = lock(&lane.stats);
+        st.completions += 1;
+        st.completions_late += u64::from(late);
+        st.completion_sink_s += started.elapsed().as_secs_f64();
     }
 }

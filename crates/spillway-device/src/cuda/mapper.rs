@@ -1,190 +1,168 @@
-//! The mapper thread: maps frames into buffer ranges (`ranges`) off the caller's thread,
-//! in submission order, so that the pool's lock is never held across `cuMemMap`.
+//! Views of acquired buffers: where a kernel sees a buffer as one array.
 //!
-//! Invariants: mappings land in the order queued; [`Mapper::flush`] returns once every
-//! mapping queued before it is done, with the first error if any (it stays reported); a
-//! mapping for a buffer whose range is gone is skipped; a mapping already in place costs
-//! nothing. The thread holds the ranges' lock only while it maps one page.
+//! Issue 12 measured the old design on the H200: every page loaded into another frame
+//! was remapped into its buffer's range (`cuMemUnmap` + `cuMemMap` + `cuMemSetAccess`)
+//! on one mapper thread, ~70 us per page, ~2,900 pages and ~0.21 s per step at 2 MiB
+//! pages, and an acquire waited for that thread: the step took 2x its copy floor. Now:
+//!
+//! - **In place** (the common case, no driver call): the frames are one contiguous
+//!   address range (`Frames::contiguous`) and the pool puts a buffer's pages in
+//!   consecutive frames (extents), so an acquire whose frames are consecutive is shown at
+//!   its first frame's address.
+//! - **Mapped** (fragmented frames): `map_page` only records which frame a page is in
+//!   (`BufferRange::desired`); the view maps the pages whose mapping differs, on the
+//!   acquiring thread, and sets access once over the span they cover, not per page.
+//!
+//! Invariants: a page's mapping changes only while its buffer is acquired by the caller
+//! asking for the view or by none (the pool's contract: a frame changes page only when
+//! no acquire holds it), so no kernel reads a range while it changes; a page already
+//! mapped to its frame costs nothing; the ranges' lock is held while mapping one buffer.
 
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
-use std::thread::JoinHandle;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use cudarc::driver::sys;
 use spillway_types::{BufferId, FrameId};
 
-use super::context::Context;
 use super::driver::{check, lock};
 use super::frames::access_desc;
-use super::ranges::Ranges;
-use crate::DeviceError;
+use super::ranges::{BufferRange, Ranges};
+use crate::{DeviceError, DeviceTimings};
 
-/// Maps frames into buffer ranges on a thread of its own, in submission order.
-///
-/// `cuMemMap` + `cuMemSetAccess` cost tens of microseconds per page; done inline they
-/// would hold the pool's lock (or a completion thread) that long for every page loaded.
-/// The pool queues a mapping when it starts a page's load and waits for the queue
-/// ([`Device::flush_mappings`](crate::Device::flush_mappings)) only before handing out a guard, by which time the
-/// mapping has almost always landed. A mapping that is already in place costs nothing.
-pub(crate) struct Mapper {
-    queue: Mutex<Option<mpsc::Sender<(BufferId, u32, FrameId)>>>,
-    pub(crate) shared: Arc<MapperShared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+/// Counters of the views (the mapping part of [`DeviceTimings`]).
+#[derive(Default)]
+pub(crate) struct ViewStats {
+    pub(crate) counts: Mutex<DeviceTimings>,
 }
 
-pub(crate) struct MapperShared {
-    /// (mappings queued, mappings done, first error).
-    progress: Mutex<(u64, u64, Option<String>)>,
-    cond: std::sync::Condvar,
-    /// Mappings that changed something, and seconds spent in the driver on them.
-    pub(crate) stats: Mutex<(u64, f64)>,
-}
-
-impl Mapper {
-    pub(crate) fn new(
-        ctx: &Arc<Context>,
-        ranges: Arc<Ranges>,
-        handles: Vec<sys::CUmemGenericAllocationHandle>,
-        page_bytes: u64,
-    ) -> Result<Mapper, DeviceError> {
-        let shared = Arc::new(MapperShared {
-            progress: Mutex::new((0, 0, None)),
-            cond: std::sync::Condvar::new(),
-            stats: Mutex::new((0, 0.0)),
-        });
-        let (tx, rx) = mpsc::channel::<(BufferId, u32, FrameId)>();
-        let (ctx, thread_shared) = (ctx.clone(), shared.clone());
-        let handle = std::thread::Builder::new()
-            .name("spillway-cuda-map".into())
-            .spawn(move || {
-                let bound = ctx.bind().map_err(|e| e.to_string());
-                while let Ok((buffer, index, frame)) = rx.recv() {
-                    let started = Instant::now();
-                    let result = match &bound {
-                        Ok(()) => {
-                            map_now(&ctx, &ranges, &handles, page_bytes, buffer, index, frame)
-                        }
-                        Err(m) => Err(DeviceError::Driver {
-                            op: "cuCtxSetCurrent (mapper thread)",
-                            message: m.clone(),
-                        }),
-                    };
-                    let changed = matches!(result, Ok(true));
-                    if changed {
-                        let mut st = lock(&thread_shared.stats);
-                        st.0 += 1;
-                        st.1 += started.elapsed().as_secs_f64();
-                    }
-                    let mut p = lock(&thread_shared.progress);
-                    p.1 += 1;
-                    if let Err(e) = result {
-                        tracing::error!(error = %e, %buffer, index, "mapping a page failed");
-                        p.2.get_or_insert(e.to_string());
-                    }
-                    drop(p);
-                    thread_shared.cond.notify_all();
-                }
-            })
-            .map_err(|e| DeviceError::Driver {
-                op: "spawn mapper thread",
-                message: e.to_string(),
-            })?;
-        Ok(Mapper {
-            queue: Mutex::new(Some(tx)),
-            shared,
-            thread: Mutex::new(Some(handle)),
-        })
+impl ViewStats {
+    pub(crate) fn in_place(&self) {
+        lock(&self.counts).views_in_place += 1;
     }
 
-    pub(crate) fn enqueue(
-        &self,
-        buffer: BufferId,
-        index: u32,
-        frame: FrameId,
-    ) -> Result<(), DeviceError> {
-        let queue = lock(&self.queue);
-        let q = queue.as_ref().ok_or_else(|| DeviceError::Driver {
-            op: "map_page",
-            message: "the device is shutting down".into(),
-        })?;
-        lock(&self.shared.progress).0 += 1;
-        q.send((buffer, index, frame))
-            .map_err(|_| DeviceError::Driver {
-                op: "map_page",
-                message: "the mapper thread has stopped".into(),
-            })
-    }
-
-    /// Waits until every mapping queued before this call is done; the first error, if any.
-    pub(crate) fn flush(&self) -> Result<(), DeviceError> {
-        let mut p = lock(&self.shared.progress);
-        let target = p.0;
-        while p.1 < target {
-            p = self
-                .shared
-                .cond
-                .wait(p)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        match &p.2 {
-            Some(e) => Err(DeviceError::Driver {
-                op: "map_page",
-                message: e.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    pub(crate) fn shutdown(&self) {
-        lock(&self.queue).take();
-        if let Some(t) = lock(&self.thread).take()
-            && t.thread().id() != std::thread::current().id()
-        {
-            let _ = t.join();
-        }
+    fn mapped(&self, pages: u64, seconds: f64) {
+        let mut c = lock(&self.counts);
+        c.views_mapped += 1;
+        c.pages_remapped += pages;
+        c.mapping_s += seconds;
     }
 }
 
-/// Maps `frame`'s chunk at page `index` of `buffer`'s range unless it is already there;
-/// returns whether anything changed. The context is current.
-fn map_now(
-    ctx: &Context,
+/// Whether `frames` are consecutive ids (a buffer's pages in one extent).
+pub(crate) fn consecutive(frames: &[FrameId]) -> bool {
+    frames
+        .windows(2)
+        .all(|w| w[0].0.checked_add(1) == Some(w[1].0))
+}
+
+/// Maps every page of `range` whose desired frame differs from its mapped one, then sets
+/// access once over the span of pages changed. The context is current; the caller holds
+/// the ranges' lock. Returns the pages mapped.
+pub(crate) fn apply(
     ranges: &Ranges,
+    range: &mut BufferRange,
     handles: &[sys::CUmemGenericAllocationHandle],
-    page: u64,
+    device: sys::CUdevice,
+    stats: &ViewStats,
+) -> Result<u64, DeviceError> {
+    let started = Instant::now();
+    let page = ranges.page_bytes;
+    let (mut lo, mut hi) = (usize::MAX, 0usize);
+    let mut pages = 0u64;
+    let mut result = Ok(());
+    for i in 0..range.mapped.len() {
+        let Some(frame) = range.desired[i] else {
+            continue;
+        };
+        if range.mapped[i] == Some(frame) {
+            continue;
+        }
+        if let Err(e) = ranges.unmap(range, i) {
+            result = Err(e);
+            break;
+        }
+        let va = range.base + i as u64 * page;
+        // SAFETY: `va..va+page` lies in the buffer's reserved range and is unmapped (just
+        // above); the handle is a live chunk of exactly `page` bytes (remappable frames).
+        if let Err(e) = check("cuMemMap", unsafe {
+            sys::cuMemMap(va, page as usize, 0, handles[frame.0 as usize], 0)
+        }) {
+            result = Err(e);
+            break;
+        }
+        range.mapped[i] = Some(frame);
+        lo = lo.min(i);
+        hi = hi.max(i);
+        pages += 1;
+    }
+    if pages > 0 {
+        // Every page of `lo..=hi` is mapped: the changed ones just now, and the others
+        // because they are desired (an acquire maps its whole buffer) or mapped before.
+        let all_mapped = range.mapped[lo..=hi].iter().all(Option::is_some);
+        let desc = access_desc(device);
+        let access = if all_mapped {
+            let (va, len) = (range.base + lo as u64 * page, (hi - lo + 1) as u64 * page);
+            // SAFETY: the whole span is mapped (checked above).
+            check("cuMemSetAccess", unsafe {
+                sys::cuMemSetAccess(va, len as usize, &desc, 1)
+            })
+        } else {
+            // Holes in the span: set access on each mapped run.
+            let mut r = Ok(());
+            let mut i = lo;
+            while i <= hi && r.is_ok() {
+                if range.mapped[i].is_none() {
+                    i += 1;
+                    continue;
+                }
+                let start = i;
+                while i <= hi && range.mapped[i].is_some() {
+                    i += 1;
+                }
+                // SAFETY: pages `start..i` are mapped.
+                r = check("cuMemSetAccess", unsafe {
+                    sys::cuMemSetAccess(
+                        range.base + start as u64 * page,
+                        ((i - start) as u64 * page) as usize,
+                        &desc,
+                        1,
+                    )
+                });
+            }
+            r
+        };
+        if let Err(e) = access {
+            // Leave nothing half-done: unmap what has no access, so it is mapped again.
+            for i in lo..=hi {
+                let _ = ranges.unmap(range, i);
+            }
+            result = result.and(Err(e));
+        }
+        stats.mapped(pages, started.elapsed().as_secs_f64());
+    }
+    result.map(|()| pages)
+}
+
+/// Records that page `index` of `buffer` is in `frame` (mapped when a view needs it).
+pub(crate) fn record(
+    ranges: &Ranges,
     buffer: BufferId,
     index: u32,
     frame: FrameId,
-) -> Result<bool, DeviceError> {
+) -> Result<(), DeviceError> {
     let mut map = lock(&ranges.map);
-    // A buffer freed since the mapping was queued has no range any more: nothing to do.
-    let Some(range) = map.get_mut(&buffer) else {
-        return Ok(false);
-    };
-    let i = index as usize;
-    if range.mapped[i] == Some(frame) {
-        return Ok(false);
-    }
-    ranges.unmap(range, i)?;
-    let handle = handles[frame.0 as usize];
-    let va = range.base + u64::from(index) * page;
-    let desc = access_desc(ctx.device);
-    // SAFETY: `va..va+page` lies in the buffer's reserved range and is unmapped (just
-    // above); `handle` is a live chunk of exactly `page` bytes (remappable frames).
-    check("cuMemMap", unsafe {
-        sys::cuMemMap(va, page as usize, 0, handle, 0)
+    let range = map.get_mut(&buffer).ok_or_else(|| DeviceError::Driver {
+        op: "map_page",
+        message: format!("{buffer} has no reserved range"),
     })?;
-    // SAFETY: the page was just mapped.
-    let access = check("cuMemSetAccess", unsafe {
-        sys::cuMemSetAccess(va, page as usize, &desc, 1)
-    });
-    if let Err(e) = access {
-        // SAFETY: undo the mapping made above.
-        unsafe {
-            let _ = sys::cuMemUnmap(va, page as usize);
-        }
-        return Err(e);
-    }
-    range.mapped[i] = Some(frame);
-    Ok(true)
+    let pages = range.desired.len();
+    let slot = range
+        .desired
+        .get_mut(index as usize)
+        .ok_or_else(|| DeviceError::Driver {
+            op: "map_page",
+            message: format!("page {index} is outside {buffer}'s range of {pages} pages"),
+        })?;
+    *slot = Some(frame);
+    Ok(())
 }

@@ -10,13 +10,18 @@
 //!   granularity is 2 MiB on the H200) and are all mapped into one reserved address
 //!   range, so [`Device::frame_ptr`](crate::Device::frame_ptr) is stable for the device's life. When a page is
 //!   smaller than the granularity one chunk holds `chunk_bytes / page_bytes` frames.
-//! - **Buffer ranges**: when each frame is exactly one chunk (`page_bytes` a multiple of
-//!   the granularity), [`Device::reserve_range`](crate::Device::reserve_range) reserves a contiguous address range per
-//!   buffer and [`Device::map_page`](crate::Device::map_page) maps the frame's physical chunk a second time at
-//!   the page's place in it (`cuMemMap` of one handle at two addresses), so a kernel sees
-//!   the buffer's resident pages as one array. With smaller pages a frame is part of a
-//!   chunk and cannot be mapped alone: `reserve_range` returns `Ok(None)` and the caller
-//!   works page by page through `frame_ptr`.
+//! - **Views of acquired buffers** (`mapper`): a kernel needs an acquired buffer as one
+//!   array. When a chunk is a whole number of pages the frames are one contiguous address
+//!   range, and the pool puts a buffer's pages in consecutive frames (extents), so
+//!   [`Device::acquire_ptr`](crate::Device::acquire_ptr) returns the first frame's address: no mapping at all.
+//!   Only when an acquire's frames are not consecutive does it use the buffer's range:
+//!   when each frame is exactly one chunk (`page_bytes` a multiple of the granularity),
+//!   [`Device::reserve_range`](crate::Device::reserve_range) reserves a contiguous address range per buffer,
+//!   [`Device::map_page`](crate::Device::map_page) records where each page is, and the view maps the pages
+//!   whose frame changed (`cuMemMap` of one handle at two addresses) on the acquiring
+//!   thread, with one `cuMemSetAccess` over the span. With smaller pages a frame is part
+//!   of a chunk and cannot be mapped alone: `reserve_range` returns `Ok(None)`, and a
+//!   fragmented acquire has no view (the caller works page by page through `frame_ptr`).
 //! - **Host slots**: one `cuMemHostAlloc` (pinned, portable) region, pre-faulted, so
 //!   copies run at full PCIe speed and never fault.
 //! - **Two copy lanes**, host-to-device and device-to-host, each with its own
@@ -50,7 +55,8 @@
 //!   [`compute_reference`].
 //! - `lanes`: the two copy lanes and their completion threads.
 //! - `fence`: the compute stream and its fences.
-//! - `ranges`: buffer ranges; `mapper`: the thread that maps frames into them.
+//! - `ranges`: buffer ranges; `mapper`: views of acquired buffers (in place, or pages
+//!   mapped into their buffer's range).
 //! - `device`: [`CudaDevice`] put together (creation, teardown, the API beyond the trait)
 //!   and [`DeviceAlloc`]; `device_impl`: the [`Device`](crate::Device) trait on it.
 //! - `streams`: releases behind consumer streams (the DLPack stream contract):
@@ -126,8 +132,8 @@ pub use device::{
     STREAMS_PER_DIRECTION_MAX,
 };
 pub use driver::cuda_available;
-pub use streams::CONSUMER_STREAMS_MAX;
 pub use kernels::compute_reference;
+pub use streams::CONSUMER_STREAMS_MAX;
 
 #[cfg(test)]
 mod tests {

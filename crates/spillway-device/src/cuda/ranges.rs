@@ -2,7 +2,9 @@
 //! page's physical chunk is mapped a second time at the page's place (`cuMemMap` of one
 //! handle at two addresses), so a kernel sees the buffer's resident pages as one array.
 //! Only when each frame is exactly one chunk (`page_bytes` a multiple of the
-//! granularity). Pages are mapped on the mapper thread (`mapper`).
+//! granularity). Used only when an acquired buffer's frames are not consecutive (see
+//! `mapper`): `desired[i]` records where page `i` is, and pages are mapped when a view
+//! needs them.
 //!
 //! Invariants: a buffer has at most one range; `mapped[i]` names the frame mapped at page
 //! `i`, and only mapped pages are unmapped; every range is unmapped and freed on drop. By
@@ -22,6 +24,8 @@ use crate::DeviceError;
 pub(crate) struct BufferRange {
     pub(crate) base: sys::CUdeviceptr,
     pub(crate) mapped: Vec<Option<FrameId>>,
+    /// The frame each page is in, as `map_page` last said (mapped lazily).
+    pub(crate) desired: Vec<Option<FrameId>>,
 }
 
 /// Every buffer's range; unmapped and freed on drop.
