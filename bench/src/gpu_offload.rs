@@ -10,9 +10,18 @@
 //!
 //! Variants, each a median over `iters` steps after a warm-up step, per batch size:
 //! `resident` (budget = every layer: GEMMs alone), `copy_only` (the layers' pages through
-//! the pool's copy path with no GEMM, all queued at once), `on_demand`, `clock`,
-//! `learned`. The floor is max(resident, copy_only). In the first step of `learned`
-//! every page is checked against the checksum of what was written (`corrupt_pages`).
+//! the device's copy path with no GEMM, all queued at once), `on_demand`, `clock`,
+//! `learned`. In the first step of `learned` every page is checked against the checksum
+//! of what was written (`corrupt_pages`).
+//!
+//! Accounting (issue 12): each variant reports the bytes it moved per step and its own
+//! floor, `max(compute, copy)`: compute is `resident`'s step at that batch, copy is the
+//! variant's host-to-device bytes at `copy_only`'s bandwidth (same page size, same run).
+//! A variant that keeps layers resident moves fewer bytes and has a lower floor. Each
+//! step's time is split into what the caller's thread did: stall (waiting for copies),
+//! the pool's planning, lock waits and views (mapping, when a layer's frames are not
+//! consecutive), GEMM launches and the end-of-step sync; the device's threads' time
+//! (handling completions, their lock waits) runs beside the step and is reported too.
 
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
@@ -21,8 +30,9 @@ use anyhow::{Context, Result, bail};
 use cudarc::cublas::sys as cublas;
 use serde::Serialize;
 use spillway_client::{
-    Buffer, Completion, CompletionSink, CopyOp, DeviceChoice, DeviceConfig, Direction, FrameId,
-    HostSlot, PageSize, Policy, Pool, PoolBuilder, TransferId, pattern,
+    Buffer, Completion, CompletionSink, CopyOp, DeviceChoice, DeviceConfig, DeviceTimings,
+    Direction, FrameId, HostSlot, PageSize, Policy, Pool, PoolBuilder, PoolStats, TransferId,
+    pattern,
 };
 use spillway_device::cuda::CudaDevice;
 
@@ -46,22 +56,57 @@ pub struct GpuOffloadConfig {
     pub page_size: PageSize,
 }
 
-/// One variant at one batch size.
+/// One variant at one batch size. Times are seconds per step: medians for `step_s` and
+/// `stall_s`, means over the timed steps for the rest.
 #[derive(Debug, Clone, Serialize)]
 pub struct GpuVariant {
     /// Variant name.
     pub name: String,
-    /// Median step time, seconds.
+    /// Median step time.
     pub step_s: f64,
-    /// `step_s / floor_s`.
-    pub ratio_to_floor: f64,
+    /// Bytes copied host to device per step.
+    pub h2d_bytes_per_step: f64,
+    /// Bytes copied device to host per step.
+    pub d2h_bytes_per_step: f64,
+    /// The variant's own floor: max(compute, its own bytes at `copy_only`'s bandwidth).
+    pub own_floor_s: f64,
+    /// `step_s / own_floor_s`.
+    pub ratio_to_own_floor: f64,
     /// Hits / acquires over the timed steps (1 for `copy_only`).
     pub hit_rate: f64,
-    /// Median stall per step, seconds.
+    /// Median time acquires waited for copies.
     pub stall_s: f64,
-    /// Page mappings into buffer ranges that changed something, per timed step.
+    /// The pool's planning on the caller's thread (acquires and `step`).
+    pub planning_s: f64,
+    /// Waiting for the pool's lock on the caller's thread.
+    pub lock_wait_s: f64,
+    /// Showing acquired layers as one array on the caller's thread (mapping included).
+    pub view_s: f64,
+    /// Launching the GEMMs and dropping the guards.
+    pub launch_s: f64,
+    /// Waiting at the end of the step for the compute stream (GEMMs still queued).
+    pub sync_s: f64,
+    /// Time inside `acquire` (stall, planning, lock waits and view, and the rest of the
+    /// call).
+    pub acquire_s: f64,
+    /// Step time outside acquires, launches and the sync (the loop itself; ~0).
+    pub unaccounted_s: f64,
+    /// The device's threads: handling completions and fenced releases (planning).
+    pub device_planning_s: f64,
+    /// The device's threads: waiting for the pool's lock.
+    pub device_lock_wait_s: f64,
+    /// The completion threads' time inside the pool's handler (a completion behind
+    /// another reaches the pool that much later).
+    pub completion_s: f64,
+    /// Completions whose copy had already finished when their thread came to them.
+    pub completions_late_per_step: f64,
+    /// Layers shown at their frames' own addresses (consecutive frames, no mapping).
+    pub views_in_place_per_step: f64,
+    /// Layers shown through their buffer range (pages mapped first).
+    pub views_mapped_per_step: f64,
+    /// Pages mapped into a buffer range where another frame was.
     pub remaps_per_step: f64,
-    /// Seconds the driver spent on those remaps per timed step (on the mapper thread).
+    /// Seconds of driver calls for those mappings (inside `view_s`).
     pub remap_s_per_step: f64,
 }
 
@@ -70,8 +115,10 @@ pub struct GpuVariant {
 pub struct GpuBatch {
     /// Batch size.
     pub batch: usize,
-    /// max(resident, copy_only).
-    pub floor_s: f64,
+    /// The GEMMs alone (`resident`'s median step): every variant's compute floor.
+    pub compute_s: f64,
+    /// Host-to-device bandwidth of `copy_only` (same page size), bytes/s.
+    pub copy_bytes_per_s: f64,
     /// GEMM throughput with every layer resident, TFLOP/s.
     pub tflops_resident: f64,
     /// The variants.
@@ -93,6 +140,8 @@ pub struct GpuOffloadResult {
     pub slots: usize,
     /// Page size.
     pub page_bytes: u64,
+    /// The pool's default page size on this device (what a pool built without one uses).
+    pub default_page_bytes: u64,
     /// Pages checked against their checksum in `learned`'s first step.
     pub verified_pages: u64,
     /// Pages whose checksum was wrong (must be 0).
@@ -226,12 +275,37 @@ fn build(cfg: &GpuOffloadConfig, policy: Policy, budget_layers: usize) -> Result
     })
 }
 
+/// Sums over the timed steps, per step once divided.
+#[derive(Default)]
 struct Timed {
     step_s: f64,
-    hit_rate: f64,
     stall_s: f64,
-    remaps_per_step: f64,
-    remap_s_per_step: f64,
+    hit_rate: f64,
+    steps: f64,
+    h2d_bytes: f64,
+    d2h_bytes: f64,
+    planning_s: f64,
+    lock_wait_s: f64,
+    view_s: f64,
+    launch_s: f64,
+    sync_s: f64,
+    acquire_s: f64,
+    unaccounted_s: f64,
+    device_planning_s: f64,
+    device_lock_wait_s: f64,
+    device: DeviceTimings,
+}
+
+fn pool_interval(after: &PoolStats, before: &PoolStats, t: &mut Timed) {
+    let (a, b) = (&after.timings, &before.timings);
+    t.h2d_bytes = (after.core.h2d_bytes - before.core.h2d_bytes) as f64;
+    t.d2h_bytes = (after.core.d2h_bytes - before.core.d2h_bytes) as f64;
+    t.planning_s = (a.planning - b.planning).as_secs_f64();
+    t.lock_wait_s = (a.lock_wait - b.lock_wait).as_secs_f64();
+    t.view_s = (a.view - b.view).as_secs_f64();
+    t.device_planning_s = (a.device_planning - b.device_planning).as_secs_f64();
+    t.device_lock_wait_s = (a.device_lock_wait - b.device_lock_wait).as_secs_f64();
+    t.device = after.device.since(&before.device);
 }
 
 /// Runs warm-up plus `iters` steps at `batch`; checks every page in the first step when
@@ -253,15 +327,18 @@ fn run_steps(
     let y = cuda.alloc_device(act_bytes)?;
     let mut times = Vec::new();
     let mut stalls = Vec::new();
+    let mut t = Timed::default();
     let (mut acquires, mut hits) = (0u64, 0u64);
-    let mut remaps_before = cuda.mapping_stats();
+    let mut before = m.pool.stats();
     let (mut checked, mut corrupt) = (0u64, 0u64);
     for step in 0..=cfg.iters {
         let started = Instant::now();
-        let mut stall = 0.0;
+        let (mut stall, mut launch, mut acquiring) = (0.0, 0.0, 0.0);
         let (mut a, mut b) = (x.ptr().0, y.ptr().0);
         for (i, w) in m.weights.iter().enumerate() {
+            let asked = Instant::now();
             let g = m.pool.acquire(w)?;
+            acquiring += asked.elapsed().as_secs_f64();
             if step > 0 {
                 acquires += 1;
                 hits += u64::from(g.hit());
@@ -273,42 +350,49 @@ fn run_steps(
                     corrupt += u64::from(g.checksum(k)? != m.sums[i][k]);
                 }
             }
+            let launching = Instant::now();
             let wptr = g.device_ptr().context(
-                "the buffer has no contiguous device range: use a page size of at least 2 MiB",
+                "the layer's pages are neither in consecutive frames nor mappable into a range: \
+                 use a page size of at least 2 MiB",
             )?;
             blas.gemm(a, wptr.0, b, batch, cfg.hidden)?;
             std::mem::swap(&mut a, &mut b);
             drop(g);
+            launch += launching.elapsed().as_secs_f64();
         }
+        let syncing = Instant::now();
         cuda.synchronize_compute()?;
         m.pool.step();
+        let sync = syncing.elapsed().as_secs_f64();
+        let step_s = started.elapsed().as_secs_f64();
         if step > 0 {
-            times.push(started.elapsed().as_secs_f64());
+            times.push(step_s);
             stalls.push(stall);
+            t.launch_s += launch;
+            t.sync_s += sync;
+            t.acquire_s += acquiring;
+            t.unaccounted_s += step_s - acquiring - launch - sync;
         } else {
-            remaps_before = cuda.mapping_stats();
+            before = m.pool.stats();
         }
     }
     m.pool.quiesce();
-    let remaps = cuda.mapping_stats();
-    let n = cfg.iters as f64;
-    let timed = Timed {
-        step_s: median(times),
-        hit_rate: if acquires == 0 {
-            1.0
-        } else {
-            hits as f64 / acquires as f64
-        },
-        stall_s: median(stalls),
-        remaps_per_step: (remaps.0 - remaps_before.0) as f64 / n,
-        remap_s_per_step: (remaps.1 - remaps_before.1) / n,
+    let after = m.pool.stats();
+    pool_interval(&after, &before, &mut t);
+    t.steps = cfg.iters as f64;
+    t.step_s = median(times);
+    t.stall_s = median(stalls);
+    t.hit_rate = if acquires == 0 {
+        1.0
+    } else {
+        hits as f64 / acquires as f64
     };
-    Ok((timed, checked, corrupt))
+    Ok((t, checked, corrupt))
 }
 
 /// Every layer's pages host-to-device through a fresh device's copy path, all queued at
-/// once, `iters` times after a warm-up; the median time.
-fn copy_only(cfg: &GpuOffloadConfig) -> Result<f64> {
+/// once, `iters` times after a warm-up; the median time and the bytes of one pass.
+fn copy_only(cfg: &GpuOffloadConfig) -> Result<(f64, u64)> {
     let layer_bytes = (cfg.hidden * cfg.hidden * 2) as u64;
     let page = cfg.page_size.bytes();
     let pages = cfg.page_size.pages_for(layer_bytes);
@@ -353,7 +437,7 @@ fn copy_only(cfg: &GpuOffloadConfig) -> Result<f64> {
             times.push(started.elapsed().as_secs_f64());
         }
     }
-    Ok(median(times))
+    Ok((median(times), total * page))
 }
 
 /// Runs every variant at every batch size.
@@ -365,7 +449,8 @@ pub fn run(cfg: &GpuOffloadConfig, say: impl Fn(&str)) -> Result<GpuOffloadResul
     }
     let device = spillway_device::cuda::cuda_available()?;
     say("copy_only...");
-    let copy_s = copy_only(cfg)?;
+    let (copy_s, copy_bytes) = copy_only(cfg)?;
+    let copy_bytes_per_s = copy_bytes as f64 / copy_s;
     let mut per_variant: Vec<(String, Vec<Timed>)> = Vec::new();
     let (mut verified, mut corrupt) = (0, 0);
     for (name, policy, budget) in [
@@ -388,34 +473,70 @@ pub fn run(cfg: &GpuOffloadConfig, say: impl Fn(&str)) -> Result<GpuOffloadResul
     }
     let mut batches = Vec::new();
     for (bi, &batch) in cfg.batches.iter().enumerate() {
-        let resident = per_variant[0].1[bi].step_s;
-        let floor_s = resident.max(copy_s);
+        let compute_s = per_variant[0].1[bi].step_s;
+        let floor = |h2d_bytes: f64| compute_s.max(h2d_bytes / copy_bytes_per_s);
         let mut variants = vec![GpuVariant {
             name: "copy_only".into(),
             step_s: copy_s,
-            ratio_to_floor: copy_s / floor_s,
+            h2d_bytes_per_step: copy_bytes as f64,
+            d2h_bytes_per_step: 0.0,
+            // Its own floor is the copy alone (no GEMM runs).
+            own_floor_s: copy_s,
+            ratio_to_own_floor: 1.0,
             hit_rate: 1.0,
             stall_s: 0.0,
+            planning_s: 0.0,
+            lock_wait_s: 0.0,
+            view_s: 0.0,
+            launch_s: 0.0,
+            sync_s: 0.0,
+            acquire_s: 0.0,
+            unaccounted_s: 0.0,
+            device_planning_s: 0.0,
+            device_lock_wait_s: 0.0,
+            completion_s: 0.0,
+            completions_late_per_step: 0.0,
+            views_in_place_per_step: 0.0,
+            views_mapped_per_step: 0.0,
             remaps_per_step: 0.0,
             remap_s_per_step: 0.0,
         }];
         for (name, timed) in &per_variant {
             let t = &timed[bi];
+            let n = t.steps.max(1.0);
+            let own_floor_s = floor(t.h2d_bytes / n);
             variants.push(GpuVariant {
                 name: name.clone(),
                 step_s: t.step_s,
-                ratio_to_floor: t.step_s / floor_s,
+                h2d_bytes_per_step: t.h2d_bytes / n,
+                d2h_bytes_per_step: t.d2h_bytes / n,
+                own_floor_s,
+                ratio_to_own_floor: t.step_s / own_floor_s,
                 hit_rate: t.hit_rate,
                 stall_s: t.stall_s,
-                remaps_per_step: t.remaps_per_step,
-                remap_s_per_step: t.remap_s_per_step,
+                planning_s: t.planning_s / n,
+                lock_wait_s: t.lock_wait_s / n,
+                view_s: t.view_s / n,
+                launch_s: t.launch_s / n,
+                sync_s: t.sync_s / n,
+                acquire_s: t.acquire_s / n,
+                unaccounted_s: t.unaccounted_s / n,
+                device_planning_s: t.device_planning_s / n,
+                device_lock_wait_s: t.device_lock_wait_s / n,
+                completion_s: t.device.completion_sink_s / n,
+                completions_late_per_step: t.device.completions_late as f64 / n,
+                views_in_place_per_step: t.device.views_in_place as f64 / n,
+                views_mapped_per_step: t.device.views_mapped as f64 / n,
+                remaps_per_step: t.device.pages_remapped as f64 / n,
+                remap_s_per_step: t.device.mapping_s / n,
             });
         }
         let flops = 2.0 * batch as f64 * (cfg.hidden * cfg.hidden) as f64 * cfg.layers as f64;
         batches.push(GpuBatch {
             batch,
-            floor_s,
-            tflops_resident: flops / resident / 1e12,
+            compute_s,
+            copy_bytes_per_s,
+            tflops_resident: flops / compute_s / 1e12,
             variants,
         });
     }
@@ -426,39 +547,54 @@ pub fn run(cfg: &GpuOffloadConfig, say: impl Fn(&str)) -> Result<GpuOffloadResul
         hidden: cfg.hidden,
         slots: cfg.slots,
         page_bytes: cfg.page_size.bytes(),
+        default_page_bytes: PageSize::default().bytes(),
         verified_pages: verified,
         corrupt_pages: corrupt,
         batches,
     })
 }
 
-/// The result as a Markdown table.
+/// The result as Markdown: the step against its own floor, then where the time went.
 pub fn markdown(r: &GpuOffloadResult) -> String {
     let mut s = format!(
-        "{} layers of {}x{} bf16 ({} MiB each), GPU budget {} layers, page {} MiB, {} ({}); pages verified {}, corrupt {}\n\n| batch | variant | step s (median) | ratio to floor | hit rate | stall s/step | remaps/step | remap s/step |\n|---|---|---|---|---|---|---|---|\n",
+        "{} layers of {}x{} bf16 ({} MiB each), GPU budget {} layers, page {} MiB (the pool's \
+         default page size: {} MiB), {} ({}); pages verified {}, corrupt {}\n\n",
         r.layers,
         r.hidden,
         r.hidden,
         (r.hidden * r.hidden * 2) >> 20,
         r.slots,
         r.page_bytes >> 20,
+        r.default_page_bytes >> 20,
         r.device,
         r.machine,
         r.verified_pages,
         r.corrupt_pages
     );
+    s += "Own floor = max(compute, the variant's own host-to-device bytes at copy_only's \
+          bandwidth). Times in seconds per step.\n\n\
+          | batch | variant | step s (median) | GiB moved/step | own floor s | ratio to own floor | hit rate | stall | planning | lock wait | view (mapping) | remaps/step | launch | end sync | device threads: completions | device threads: lock wait |\n\
+          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for b in &r.batches {
         for v in &b.variants {
             s += &format!(
-                "| {} | {} | {:.4} | {:.3} | {:.4} | {:.4} | {:.0} | {:.4} |\n",
+                "| {} | {} | {:.4} | {:.2} | {:.4} | {:.3} | {:.3} | {:.4} | {:.4} | {:.4} | {:.4} | {:.0} | {:.4} | {:.4} | {:.4} | {:.4} |\n",
                 b.batch,
                 v.name,
                 v.step_s,
-                v.ratio_to_floor,
+                (v.h2d_bytes_per_step + v.d2h_bytes_per_step) / (1u64 << 30) as f64,
+                v.own_floor_s,
+                v.ratio_to_own_floor,
                 v.hit_rate,
                 v.stall_s,
+                v.planning_s,
+                v.lock_wait_s,
+                v.view_s,
                 v.remaps_per_step,
-                v.remap_s_per_step
+                v.launch_s,
+                v.sync_s,
+                v.device_planning_s,
+                v.device_lock_wait_s,
             );
         }
     }
