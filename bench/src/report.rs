@@ -285,21 +285,62 @@ impl StepTable {
         if !self.enabled {
             return;
         }
-        println!(
-            "\n{} on {} | verified {} | corrupt pages {} | hit rate from step 2: {:.2}% | GPU peak {} of {} budget | {:.1} s",
-            r.policy,
-            r.device_description,
-            fmt_bytes(r.verified_bytes),
-            r.corrupt_pages,
-            100.0 * r.hit_rate_from(2),
-            fmt_bytes(r.gpu_bytes_peak),
-            fmt_bytes(r.gpu_budget_bytes),
-            r.total_s
-        );
+        println!("\n{}", summary_line(r));
         if let Some(p) = r.detected_period {
             println!("steps were not marked: the pool detected a period of {p} accesses");
         }
     }
+}
+
+/// The run's totals on one line: policy, device, bytes verified, corrupt pages, hit rate
+/// from step 2, GPU peak against the budget, seconds.
+pub fn summary_line(r: &RunReport) -> String {
+    format!(
+        "{} on {} | verified {} | corrupt pages {} | hit rate from step 2: {:.2}% | GPU peak {} of {} budget | {:.1} s",
+        r.policy,
+        r.device_description,
+        fmt_bytes(r.verified_bytes),
+        r.corrupt_pages,
+        100.0 * r.hit_rate_from(2),
+        fmt_bytes(r.gpu_bytes_peak),
+        fmt_bytes(r.gpu_budget_bytes),
+        r.total_s
+    )
+}
+
+/// The per-step figures as a [`Table`] (for a results file), byte columns in the unit of
+/// `step_bytes_max`, as [`StepTable`] prints them.
+pub fn steps_table(steps: &[StepReport], step_bytes_max: u64) -> Table {
+    let u = ByteUnit::for_max(step_bytes_max);
+    let mut t = Table::new([
+        "step".to_string(),
+        "wall s".into(),
+        "stall s".into(),
+        "hits".into(),
+        "hit %".into(),
+        format!("to GPU {}", u.name),
+        format!("from GPU {}", u.name),
+        format!("to peers {}", u.name),
+        format!("from peers {}", u.name),
+        format!("verified {}", u.name),
+        "corrupt pages".into(),
+    ]);
+    for s in steps {
+        t.row([
+            s.step.to_string(),
+            format!("{:.3}", s.wall_s),
+            format!("{:.3}", s.stall_s),
+            format!("{}/{}", s.hits, s.acquires),
+            format!("{:.1}%", 100.0 * s.hit_rate()),
+            u.value(s.h2d_bytes),
+            u.value(s.d2h_bytes),
+            u.value(s.remote_bytes_out),
+            u.value(s.remote_bytes_in),
+            u.value(s.verified_bytes),
+            s.corrupt_pages.to_string(),
+        ]);
+    }
+    t
 }
 
 /// The machine's load when sampled: load averages over 1, 5 and 15 minutes

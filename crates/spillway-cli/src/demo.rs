@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use spillway_bench::offload::{self, OffloadConfig};
 use spillway_bench::report::{
-    Progress, StepTable, bold, default_out_dir, step_message, write_json,
+    Progress, StepTable, bold, default_out_dir, step_message, steps_table, summary_line, write_json,
 };
 use spillway_bench::workload::{TrainConfig, run_training_in};
 use spillway_client::{DeviceChoice, PageSize, Policy};
@@ -144,6 +144,10 @@ pub struct DemoArgs {
     /// stderr).
     #[arg(long)]
     json: bool,
+    /// Append the per-step table, the totals, the command and the machine to this
+    /// Markdown file (e.g. bench/RESULTS.md).
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
     /// Folder for the run's JSON (demo.json) and its plot of each step's time split into
     /// stall and the rest (demo.svg) [default: spillway-out/demo-TIME, printed].
     #[arg(long, value_name = "DIR")]
@@ -261,6 +265,7 @@ enum Remote {
 }
 
 pub fn run_demo(mut args: DemoArgs) -> Result<()> {
+    let started = std::time::Instant::now();
     args.shape.take_deprecated();
     args.host_budget = merge_deprecated(
         args.host_budget,
@@ -381,26 +386,28 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
         }
     };
     let progress = Progress::new(cfg.steps as u64, "steps", "demo");
-    let mut table = StepTable::new(!args.json, cfg.working_set_bytes() * 2);
+    let step_bytes_max = cfg.working_set_bytes() * 2;
+    let mut table = StepTable::new(!args.json, step_bytes_max);
+    let mut heading = vec![format!(
+        "spillway demo: {} layers, working set {} on a GPU budget of {} ({:.1}x), policy {}, page {}",
+        cfg.layers,
+        spillway_client::fmt_bytes(cfg.working_set_bytes()),
+        spillway_client::fmt_bytes(cfg.gpu_budget_bytes),
+        cfg.working_set_bytes() as f64 / cfg.gpu_budget_bytes as f64,
+        cfg.policy.name(),
+        spillway_client::fmt_bytes(cfg.page_size.bytes()),
+    )];
+    if !tier.is_empty() {
+        heading.push(format!(
+            "remote tier: {tier}; host tier {} ({:.1}x GPU + host in the working set)",
+            spillway_client::fmt_bytes(host_budget),
+            cfg.working_set_bytes() as f64 / (cfg.gpu_budget_bytes + host_budget) as f64,
+        ));
+    }
     if !args.json {
-        println!(
-            "{}",
-            bold(&format!(
-                "spillway demo: {} layers, working set {} on a GPU budget of {} ({:.1}x), policy {}, page {}",
-                cfg.layers,
-                spillway_client::fmt_bytes(cfg.working_set_bytes()),
-                spillway_client::fmt_bytes(cfg.gpu_budget_bytes),
-                cfg.working_set_bytes() as f64 / cfg.gpu_budget_bytes as f64,
-                cfg.policy.name(),
-                spillway_client::fmt_bytes(cfg.page_size.bytes()),
-            ))
-        );
-        if !tier.is_empty() {
-            println!(
-                "remote tier: {tier}; host tier {} ({:.1}x GPU + host in the working set)",
-                spillway_client::fmt_bytes(host_budget),
-                cfg.working_set_bytes() as f64 / (cfg.gpu_budget_bytes + host_budget) as f64,
-            );
+        println!("{}", bold(&heading[0]));
+        for line in &heading[1..] {
+            println!("{line}");
         }
     }
     let report = run_training_in(cfg, pool, |s| {
@@ -419,6 +426,14 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
     } else {
         table.summary(&report);
     }
+    let all_s = started.elapsed().as_secs_f64();
+    let all_line = format!(
+        "{all_s:.1} s from start to end, the pool's start-up and shut-down included ({:.1} s of steps)",
+        report.total_s
+    );
+    if !args.json {
+        println!("{all_line}");
+    }
     let dir = args.out.unwrap_or_else(|| default_out_dir("demo"));
     let json = write_json(&dir, "demo.json", &report)?;
     spillway_bench::plot::time_split(&report, &dir.join("demo.svg"))?;
@@ -426,6 +441,15 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
         "wrote {} and its plot demo.svg (each step's time: stall and the rest)",
         json.display()
     );
+    if let Some(path) = &args.record {
+        let body = format!(
+            "{}\n\n{}\n{}\n\n{all_line}\n",
+            heading.join("\n\n"),
+            steps_table(&report.steps, step_bytes_max).markdown(),
+            summary_line(&report)
+        );
+        crate::record::append_section(path, "Demo", &body, &serde_json::to_string(&report)?)?;
+    }
     if report.corrupt_pages > 0 {
         bail!("{} pages were corrupt", report.corrupt_pages);
     }

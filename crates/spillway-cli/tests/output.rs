@@ -404,3 +404,49 @@ fn bench_remote_draws_one_unit_and_records_markdown_with_its_json() {
     assert!(md.contains(&format!(" | {ratio} |")), "{md}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn demo_records_its_steps_and_totals_as_markdown() {
+    let dir = scratch("demo-record");
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = dir.join("RESULTS.md");
+    let mut args = vec![
+        "demo",
+        "--nodes",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+        "--record",
+        record.to_str().unwrap(),
+    ];
+    args.extend_from_slice(SMALL);
+    let out = spillway(&args);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let md = std::fs::read_to_string(&record).unwrap();
+    let v = read_json(&dir.join("demo.json"));
+    assert!(md.contains("### Demo, "), "{md}");
+    assert!(
+        md.contains("| step | wall s | stall s | hits | hit % | to GPU MiB |"),
+        "{md}"
+    );
+    for s in v["steps"].as_array().unwrap() {
+        let row = format!(
+            "| {} | {:.3} | {:.3} | {}/{} |",
+            s["step"],
+            s["wall_s"].as_f64().unwrap(),
+            s["stall_s"].as_f64().unwrap(),
+            s["hits"],
+            s["acquires"]
+        );
+        assert!(md.contains(&row), "{row} not in {md}");
+    }
+    // The totals and the time from start to end are the lines the terminal showed.
+    for prefix in ["learned on sim", "s from start to end"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(prefix))
+            .unwrap_or_else(|| panic!("{prefix:?} not in {stdout}"));
+        assert!(md.contains(line), "{line} not in {md}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
