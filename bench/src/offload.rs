@@ -23,11 +23,13 @@
 //! run delay left out, a step counts what the loop did and what it waited for (copies it
 //! stalled on included, however slowly their threads got a core), not the time the
 //! machine's scheduler gave to others. Measured on this 2-core VM under a load of 2 to 3
-//! (issue 18): learned, on_demand and clock used the same CPU time per run, within 5%,
-//! and their wall times then ranked by who got the cores, not by what they moved; the
-//! wall time stays in the result (`wall_s_median`, `run_delay_s_median`) beside it. Where
-//! the kernel keeps no schedstat, the run delay reads 0 and the step time is the wall
-//! time.
+//! (issue 18): learned, on_demand and clock used the same CPU time per run to within a
+//! few percent, and their wall times then ranked by who got the cores, not by what they
+//! moved; the wall time stays in the result (`wall_s_median`, `run_delay_s_median`)
+//! beside it. Where the kernel keeps no schedstat, the run delay reads 0 and the step
+//! time is the wall time. What remains that a GPU would not have: a copy leaves the page
+//! in the CPU's cache, so kernels right after a copy read hot data (on_demand's stall
+//! absorbs the DRAM read resident's kernels pay, and learned can run under the floor).
 //!
 //! Spread: the whole set runs `repeats` times (default 3), interleaved (repeat 1 runs
 //! every variant, then repeat 2, ...; the order of the pool variants rotates each repeat,
