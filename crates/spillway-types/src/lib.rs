@@ -21,10 +21,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// A `u64` id that crosses the wire: ordered, hashable, serde and bincode, shown as `$show`.
-macro_rules! wire_id {
-    ($(#[$doc:meta])* $name:ident, $show:literal) => {
-        $(#[$doc])*
+/// Declares a type that crosses the wire: copied, ordered, hashable, serde and bincode.
+macro_rules! wire_type {
+    ($item:item) => {
         #[derive(
             Clone,
             Copy,
@@ -39,7 +38,17 @@ macro_rules! wire_id {
             bincode::Encode,
             bincode::Decode,
         )]
-        pub struct $name(pub u64);
+        $item
+    };
+}
+
+/// A `u64` id that crosses the wire ([`wire_type!`]), shown as `$show`.
+macro_rules! wire_id {
+    ($(#[$doc:meta])* $name:ident, $show:literal) => {
+        wire_type! {
+            $(#[$doc])*
+            pub struct $name(pub u64);
+        }
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -54,26 +63,14 @@ wire_id!(
     BufferId, "buffer#{}"
 );
 
-/// A page: the `index`-th page-sized piece of a buffer (the last one may be short).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    Serialize,
-    Deserialize,
-    bincode::Encode,
-    bincode::Decode,
-)]
-pub struct PageId {
-    /// The buffer the page belongs to.
-    pub buffer: BufferId,
-    /// Index of the page inside its buffer, from 0.
-    pub index: u32,
+wire_type! {
+    /// A page: the `index`-th page-sized piece of a buffer (the last one may be short).
+    pub struct PageId {
+        /// The buffer the page belongs to.
+        pub buffer: BufferId,
+        /// Index of the page inside its buffer, from 0.
+        pub index: u32,
+    }
 }
 
 impl fmt::Display for PageId {
