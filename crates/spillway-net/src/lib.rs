@@ -76,6 +76,13 @@ pub trait Connection: Clone + Send + Sync + 'static {
     /// given node compares it with that node.
     fn peer(&self) -> NodeId;
 
+    /// Whether the connection may still carry requests: false once it was closed (a bad
+    /// frame, the peer closed it, every QUIC lane lost). A cache of connections drops one
+    /// that is not open and connects again.
+    fn is_open(&self) -> bool {
+        true
+    }
+
     /// Sends `request` and waits for the reply. A [`Response::Error`] from the peer comes
     /// back as `Ok`; use the typed helpers ([`Connection::put_pages`] ...) to get it as an
     /// error. Dropping the future abandons the request (its stream is reset).
@@ -150,6 +157,12 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Counters per peer.
     fn stats(&self) -> &Arc<NetStats>;
+
+    /// Closes every connection of this transport and waits until the peers were told
+    /// (QUIC); the default has nothing to close.
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// Everything that can go wrong moving pages.

@@ -540,6 +540,10 @@ impl Transport for QuicTransport {
     fn stats(&self) -> &Arc<NetStats> {
         &self.stats
     }
+
+    async fn close(&self) {
+        QuicTransport::close(self).await;
+    }
 }
 
 /// What every task of a server shares.
@@ -935,6 +939,10 @@ impl Carrier for QuicConnection {
 impl Connection for QuicConnection {
     fn peer(&self) -> NodeId {
         self.inner.link.peer
+    }
+
+    fn is_open(&self) -> bool {
+        self.inner.lanes.iter().any(|l| l.close_reason().is_none())
     }
 
     async fn request(&self, request: Request) -> Result<Response, NetError> {

@@ -12,7 +12,11 @@
 //! like a certificate of another CA); a bad frame closes its connection and is counted;
 //! per-peer counters and in-flight budgets; a node can be taken down
 //! ([`SimNetwork::set_down`]), which fails connects and in-flight requests.
-//! Not modelled: latency, loss, reordering (requests complete in call order per task).
+//! Seeded ([`SimNetwork::seeded`]): each request waits a number of yields drawn from the
+//! seed before it is delivered, and every delivery is logged ([`SimNetwork::deliveries`],
+//! [`SimNetwork::traffic_hash`]). Not modelled: latency in time, loss. Not deterministic:
+//! the tokio runtime's own scheduling, and whatever runs on other threads (a node's Raft
+//! thread), so the seed chooses the workload's interleaving only as far as those let it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -51,6 +55,42 @@ struct SimNode {
 pub struct SimNetwork {
     nodes: Arc<Mutex<HashMap<SocketAddr, SimNode>>>,
     next_port: Arc<AtomicU64>,
+    schedule: Arc<Mutex<Schedule>>,
+}
+
+/// The seeded part of a simulated network: how long each request waits before it is
+/// delivered (in yields to the runtime), and the log of what was delivered.
+#[derive(Debug, Default)]
+struct Schedule {
+    /// splitmix64 state; `None`: deliver at once.
+    rng: Option<u64>,
+    /// Every request delivered: (from, to, frame kind, xxh3 of the frame past its header).
+    log: Vec<Delivery>,
+}
+
+/// One request delivered by a [`SimNetwork`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Delivery {
+    /// The sender.
+    pub from: NodeId,
+    /// The receiver.
+    pub to: NodeId,
+    /// The frame's kind (its header's byte).
+    pub kind: u8,
+    /// xxh3-64 of the frame's body and payload (the header, which carries the request id,
+    /// is left out: ids depend on how concurrent requests interleave).
+    pub body_hash: u64,
+}
+
+/// Longest wait of a request in a seeded network: 7 yields to the runtime.
+const DELIVERY_YIELDS_MAX: u64 = 7;
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl std::fmt::Debug for SimNetwork {
@@ -63,6 +103,63 @@ impl SimNetwork {
     /// An empty network.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty network whose requests wait a number of yields to the runtime drawn from
+    /// `seed` (0 to [`DELIVERY_YIELDS_MAX`]) before they are delivered: the seed chooses
+    /// how concurrent requests interleave, as far as the runtime's own scheduling lets it.
+    pub fn seeded(seed: u64) -> Self {
+        let net = Self::default();
+        net.schedule().rng = Some(seed);
+        net
+    }
+
+    /// Every request delivered so far, in delivery order.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.schedule().log.clone()
+    }
+
+    /// A hash of the requests of `kinds` delivered so far, as a multiset (independent of
+    /// their order): equal for two runs that moved the same frames between the same
+    /// nodes, whatever the interleaving.
+    pub fn traffic_hash(&self, kinds: &[spillway_types::wire::Kind]) -> u64 {
+        let mut log: Vec<Delivery> = self
+            .schedule()
+            .log
+            .iter()
+            .filter(|d| kinds.iter().any(|k| *k as u8 == d.kind))
+            .copied()
+            .collect();
+        log.sort_unstable();
+        let mut bytes = Vec::with_capacity(log.len() * 25);
+        for d in log {
+            bytes.extend_from_slice(&d.from.0.to_le_bytes());
+            bytes.extend_from_slice(&d.to.0.to_le_bytes());
+            bytes.push(d.kind);
+            bytes.extend_from_slice(&d.body_hash.to_le_bytes());
+        }
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
+
+    fn schedule(&self) -> std::sync::MutexGuard<'_, Schedule> {
+        self.schedule.lock().expect("sim schedule lock")
+    }
+
+    /// Logs a request frame from `from` to `to` and returns how many yields it waits.
+    fn deliver(&self, from: NodeId, to: NodeId, frame: &[u8]) -> u64 {
+        let mut schedule = self.schedule();
+        let kind = frame.get(wire_kind_offset()).copied().unwrap_or(0);
+        let body = frame.get(wire::HEADER_BYTES..).unwrap_or(&[]);
+        schedule.log.push(Delivery {
+            from,
+            to,
+            kind,
+            body_hash: xxhash_rust::xxh3::xxh3_64(body),
+        });
+        match &mut schedule.rng {
+            Some(state) => splitmix64(state) % (DELIVERY_YIELDS_MAX + 1),
+            None => 0,
+        }
     }
 
     /// A new node of `pool_id` named `node_id`, at a fresh address (`127.0.0.1:<n>`, a
@@ -282,6 +379,10 @@ impl SimConnection {
             .network
             .target(inner.addr)
             .map_err(|r| inner.link.lost(r.to_string()))?;
+        let waits = inner.network.deliver(inner.me, inner.link.peer, &frame);
+        for _ in 0..waits {
+            tokio::task::yield_now().await;
+        }
         match (target.service)(inner.me, frame).await {
             Ok(reply) => Ok(reply),
             Err(e) => {
@@ -313,7 +414,32 @@ impl Connection for SimConnection {
         self.inner.link.peer
     }
 
+    fn is_open(&self) -> bool {
+        !self.inner.link.is_closed()
+    }
+
     async fn request(&self, request: Request) -> Result<Response, NetError> {
         exchange::round_trip(self, request).await
     }
+}
+
+/// Where a frame header keeps its kind byte (found by encoding one, so that no layout is
+/// assumed here).
+fn wire_kind_offset() -> usize {
+    static OFFSET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        let header = |kind| {
+            wire::FrameHeader {
+                kind,
+                request_id: 0,
+                body_bytes: 0,
+                payload_bytes: 0,
+            }
+            .encode()
+        };
+        let (a, b) = (header(wire::Kind::PutPages), header(wire::Kind::GetPages));
+        (0..wire::HEADER_BYTES)
+            .find(|&i| a[i] != b[i])
+            .expect("kinds differ in the header")
+    })
 }

@@ -40,8 +40,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use spillway_meta::{MemberState, Role};
-use spillway_net::Transport;
-use spillway_net::quic::QuicTransport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -233,7 +231,7 @@ pub struct RemoteStatus {
 pub(crate) struct StatusSources {
     pub node_id: u64,
     pub addr: SocketAddr,
-    pub transport: Arc<QuicTransport>,
+    pub transport: Arc<dyn crate::peers::PeerTransport>,
     pub store: Arc<HostStore>,
     pub meta: Arc<MetaDriver>,
     pub remote: Arc<RemoteService>,

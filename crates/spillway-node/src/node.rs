@@ -31,7 +31,7 @@ use spillway_meta::{MemberState, MetaState, Role, Update};
 
 use crate::config::{NodeConfig, NodeConfigError};
 use crate::meta::{MemberView, MetaDriver, MetaStartError, MetaView, Outcome, ProposeFailure};
-use crate::peers::Peers;
+use crate::peers::{PeerTransport, Peers};
 use crate::remote::RemoteService;
 use crate::service::{NodeService, ServiceCounters};
 use crate::store::{HostStore, StoreCounters};
@@ -147,9 +147,36 @@ impl Node {
             source,
         })?;
         let addr = config.listen_addr;
+        let transport = QuicTransport::bind(addr, identity, config.quic.clone())
+            .map_err(|source| NodeError::Bind { addr, source })?;
+        let transport = Arc::new(transport);
+        Node::start_inner(config, transport.clone(), Some(transport)).await
+    }
+
+    /// Starts a node over `transport` (bound already) instead of QUIC: the same node,
+    /// with its Raft log in `data_dir`, its host tier, remote tier, metrics and client
+    /// socket, its peers reached through `transport`. The whole-node tests run nodes over
+    /// `spillway_net::sim`. `pool_dir` is not read (no certificates);
+    /// [`NodeHandle::connect`] is refused. Must be called inside a tokio runtime.
+    pub async fn start_over<T: Transport>(
+        config: NodeConfig,
+        transport: T,
+    ) -> Result<NodeHandle, NodeError> {
+        config.validate()?;
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+        Node::start_inner(config, Arc::new(transport), None).await
+    }
+
+    async fn start_inner<T: Transport>(
+        config: NodeConfig,
+        transport: Arc<T>,
+        quic: Option<Arc<QuicTransport>>,
+    ) -> Result<NodeHandle, NodeError> {
+        let addr = transport.local_addr();
         let bind_err = |source| NodeError::Bind { addr, source };
-        let transport =
-            Arc::new(QuicTransport::bind(addr, identity, config.quic.clone()).map_err(bind_err)?);
         let store = Arc::new(HostStore::new(config.host_tier_bytes, config.page_size));
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -228,6 +255,7 @@ impl Node {
         let mut handle = NodeHandle {
             config,
             transport,
+            quic,
             store,
             server: Some(server),
             meta,
@@ -372,7 +400,10 @@ async fn until_done<T, E: std::fmt::Display, F: std::future::Future<Output = Res
 #[derive(Debug)]
 pub struct NodeHandle {
     config: NodeConfig,
-    transport: Arc<QuicTransport>,
+    transport: Arc<dyn PeerTransport>,
+    /// The QUIC transport, when the node runs over QUIC (every node but the simulated
+    /// ones of tests).
+    quic: Option<Arc<QuicTransport>>,
     store: Arc<HostStore>,
     server: Option<Server>,
     meta: Arc<MetaDriver>,
@@ -509,7 +540,7 @@ impl NodeHandle {
         &self.meta
     }
 
-    pub(crate) fn transport(&self) -> &Arc<QuicTransport> {
+    pub(crate) fn transport(&self) -> &Arc<dyn PeerTransport> {
         &self.transport
     }
 
@@ -540,14 +571,21 @@ impl NodeHandle {
     pub fn page_net_stats(&self) -> &Arc<NetStats> {
         #[cfg(feature = "ucx")]
         if let Some((ucx, _)) = &self.ucx {
-            return ucx.stats();
+            return spillway_net::Transport::stats(&**ucx);
         }
         self.transport.stats()
     }
 
     /// Connects to the peer at `addr` (mutual TLS and hello), to put, get and delete pages.
+    /// Refused for a node started over another transport ([`Node::start_over`]).
     pub async fn connect(&self, addr: SocketAddr) -> Result<QuicConnection, NetError> {
-        self.transport.connect(addr).await
+        match &self.quic {
+            Some(quic) => quic.connect(addr).await,
+            None => Err(NetError::Unavailable {
+                transport: "QUIC",
+                reason: "this node runs over another transport".to_string(),
+            }),
+        }
     }
 
     /// The node's counters now.
@@ -606,7 +644,7 @@ impl NodeHandle {
         self.tasks.wait().await;
         // Peers are told at once; waiting for the connections to drain is bounded, since a
         // connection still in its handshake to a dead peer drains for seconds.
-        if tokio::time::timeout(TRANSPORT_CLOSE_WAIT, self.transport.close())
+        if tokio::time::timeout(TRANSPORT_CLOSE_WAIT, self.transport.close_erased())
             .await
             .is_err()
         {

@@ -6,17 +6,23 @@
 //! [`UNREACHABLE_FOR`]. With `transport = "ucx"` (feature `ucx`), page requests go over
 //! UCX connections that `ucx_pages` introduces over these QUIC connections.
 //!
+//! The transport is erased once, here ([`PeerTransport`], [`PeerConnection`]): any
+//! `spillway_net::Transport` works (QUIC in production, the simulated transport in the
+//! whole-node tests), and the rooms above (Raft, the remote tier, the status pages) are
+//! written once for all of them. The cost is one boxed future per request.
+//!
 //! Lock order: the slot map's mutex only to find a slot; one slot's async mutex across
 //! its connect; the address map's lock never across an await.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use spillway_net::quic::{QuicConnection, QuicTransport};
-use spillway_net::{Connection, NetError, Request, Response, Transport};
-use spillway_types::NodeId;
+use spillway_net::{Connection, NetError, NetStats, Request, Response, Transport};
+use spillway_types::{NodeId, PoolId};
 
 /// Time a connection attempt to a peer may take: 1 s (a dead peer on loopback would
 /// otherwise hold it for the whole QUIC idle timeout).
@@ -26,10 +32,107 @@ pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest wait before reconnecting: 1 s.
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// A boxed future that can cross threads (what an erased transport returns).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One node's end of the network as the node uses it: a `spillway_net::Transport`, erased
+/// (every `Transport` is one).
+pub trait PeerTransport: Send + Sync + 'static {
+    /// This node.
+    fn node_id(&self) -> NodeId;
+    /// This node's pool.
+    fn pool_id(&self) -> PoolId;
+    /// Where peers reach this node.
+    fn local_addr(&self) -> SocketAddr;
+    /// Counters per peer.
+    fn stats(&self) -> &Arc<NetStats>;
+    /// Connects to the node at `addr` (see `Transport::connect`).
+    fn connect_erased(
+        &self,
+        addr: SocketAddr,
+    ) -> BoxFuture<'_, Result<Arc<dyn PeerConnection>, NetError>>;
+    /// Closes every connection and waits until peers were told (see `Transport::close`).
+    fn close_erased(&self) -> BoxFuture<'_, ()>;
+}
+
+impl<T: Transport> PeerTransport for T {
+    fn node_id(&self) -> NodeId {
+        Transport::node_id(self)
+    }
+
+    fn pool_id(&self) -> PoolId {
+        Transport::pool_id(self)
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        Transport::local_addr(self)
+    }
+
+    fn stats(&self) -> &Arc<NetStats> {
+        Transport::stats(self)
+    }
+
+    fn connect_erased(
+        &self,
+        addr: SocketAddr,
+    ) -> BoxFuture<'_, Result<Arc<dyn PeerConnection>, NetError>> {
+        Box::pin(async move {
+            let conn = self.connect(addr).await?;
+            Ok(Arc::new(conn) as Arc<dyn PeerConnection>)
+        })
+    }
+
+    fn close_erased(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.close())
+    }
+}
+
+impl std::fmt::Debug for dyn PeerTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTransport")
+            .field("node_id", &self.node_id())
+            .field("local_addr", &self.local_addr())
+            .finish()
+    }
+}
+
+/// A connection to one peer, erased (every `spillway_net::Connection` is one).
+pub trait PeerConnection: Send + Sync + 'static {
+    /// The peer.
+    fn peer(&self) -> NodeId;
+    /// Whether it may still carry requests.
+    fn is_open(&self) -> bool;
+    /// Sends `request` and waits for the reply.
+    fn request_erased(&self, request: Request) -> BoxFuture<'_, Result<Response, NetError>>;
+}
+
+impl<C: Connection> PeerConnection for C {
+    fn peer(&self) -> NodeId {
+        Connection::peer(self)
+    }
+
+    fn is_open(&self) -> bool {
+        Connection::is_open(self)
+    }
+
+    fn request_erased(&self, request: Request) -> BoxFuture<'_, Result<Response, NetError>> {
+        Box::pin(self.request(request))
+    }
+}
+
+impl std::fmt::Debug for dyn PeerConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerConnection")
+            .field("peer", &self.peer())
+            .field("open", &self.is_open())
+            .finish()
+    }
+}
+
 /// The connections of this node to its peers (see the module docs).
 #[derive(Debug)]
 pub struct Peers {
-    transport: Arc<QuicTransport>,
+    transport: Arc<dyn PeerTransport>,
     addrs: RwLock<HashMap<NodeId, SocketAddr>>,
     slots: Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<Slot>>>>,
     /// Page requests over UCX (`transport = "ucx"`), introduced over the QUIC connections.
@@ -39,7 +142,7 @@ pub struct Peers {
 
 #[derive(Debug, Default)]
 struct Slot {
-    conn: Option<QuicConnection>,
+    conn: Option<Arc<dyn PeerConnection>>,
     retry_at: Option<Instant>,
     backoff: Duration,
     /// The last failure since the last success.
@@ -51,7 +154,10 @@ struct Slot {
 pub const UNREACHABLE_FOR: Duration = Duration::from_secs(2);
 
 impl Peers {
-    pub(crate) fn new(transport: Arc<QuicTransport>, addrs: HashMap<NodeId, SocketAddr>) -> Self {
+    pub(crate) fn new(
+        transport: Arc<dyn PeerTransport>,
+        addrs: HashMap<NodeId, SocketAddr>,
+    ) -> Self {
         Peers {
             transport,
             addrs: RwLock::new(addrs),
@@ -106,7 +212,10 @@ impl Peers {
 
     /// The cached connection to `peer`, or a new one; fails at once while the peer is in
     /// backoff after a failure.
-    pub async fn connection(&self, peer: NodeId) -> Result<QuicConnection, NetError> {
+    pub(crate) async fn connection(
+        &self,
+        peer: NodeId,
+    ) -> Result<Arc<dyn PeerConnection>, NetError> {
         let addr = self.addr(peer).ok_or_else(|| NetError::Connect {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             reason: format!("{peer} has no known address"),
@@ -114,7 +223,7 @@ impl Peers {
         let slot = self.slot(peer);
         let mut slot = slot.lock().await;
         if let Some(conn) = &slot.conn {
-            if conn.lanes().iter().any(|l| l.close_reason().is_none()) {
+            if conn.is_open() {
                 return Ok(conn.clone());
             }
             slot.conn = None;
@@ -127,7 +236,8 @@ impl Peers {
                 reason: format!("{peer} failed recently; retrying after a backoff"),
             });
         }
-        let attempt = tokio::time::timeout(CONNECT_TIMEOUT, self.transport.connect(addr)).await;
+        let attempt =
+            tokio::time::timeout(CONNECT_TIMEOUT, self.transport.connect_erased(addr)).await;
         let result = match attempt {
             Ok(Ok(conn)) if conn.peer() == peer => Ok(conn),
             Ok(Ok(conn)) => Err(NetError::Connect {
@@ -213,7 +323,7 @@ impl Peers {
         request: Request,
     ) -> Result<Response, NetError> {
         let conn = self.connection(peer).await?;
-        match conn.request(request).await {
+        match conn.request_erased(request).await {
             Ok(r) => Ok(r),
             Err(e) => {
                 if e.connection_failed() {

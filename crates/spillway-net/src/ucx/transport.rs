@@ -845,6 +845,10 @@ impl Connection for UcxConnection {
         self.inner.link.peer
     }
 
+    fn is_open(&self) -> bool {
+        !self.inner.link.is_closed()
+    }
+
     async fn request(&self, request: Request) -> Result<Response, NetError> {
         exchange::round_trip(self, request).await
     }
