@@ -233,8 +233,10 @@ impl Shared {
                 tracing::error!(error = %e, "device mapping failed");
             }
         }
-        while let Some(t) = state.core.poll_transfer() {
-            device.submit(t);
+        // All at once: the device may carry neighbouring pages in one copy.
+        let copies: Vec<_> = std::iter::from_fn(|| state.core.poll_transfer()).collect();
+        if !copies.is_empty() {
+            device.submit_batch(&copies);
         }
         while let Some(op) = state.core.poll_remote() {
             match self.remote.get() {
@@ -301,7 +303,11 @@ impl Shared {
             DeviceFault::new(e)
         });
         state.core.handle_transfer_done(c.id, result, now);
-        self.drive(&mut state);
+        // The copies this completion lets the core start wait for the last completion of
+        // the same driver copy, so they go to the device together (and may share a copy).
+        if !c.follows {
+            self.drive(&mut state);
+        }
         drop(state);
         Timings::add(&self.timings.device_planning_ns, started.elapsed());
         self.cond.notify_all();

@@ -137,6 +137,10 @@ pub struct Completion {
     pub id: TransferId,
     /// Whether the bytes arrived.
     pub result: Result<(), DeviceError>,
+    /// Another completion of the same driver copy (a run of neighbouring pages) comes
+    /// right after this one: the sink may leave starting new work to the last, so the
+    /// copies it starts can be submitted together.
+    pub follows: bool,
 }
 
 /// Where completions go. Called from the device's threads, never while the device holds
@@ -148,7 +152,7 @@ pub type CompletionSink = Arc<dyn Fn(Completion) + Send + Sync>;
 pub struct DevicePtr(pub u64);
 
 /// Errors of a device backend.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DeviceError {
     /// The backend cannot be used on this machine or build.
     #[error("the {backend} device is unavailable: {reason}")]
@@ -198,6 +202,14 @@ pub trait Device: Send + Sync {
     fn config(&self) -> DeviceConfig;
     /// Queues a copy on the stream of its direction. The completion reaches the sink.
     fn submit(&self, op: CopyOp);
+    /// Queues copies in order, as [`Device::submit`] of each would; a backend may carry
+    /// neighbouring pages (consecutive frames and slots, one direction) in one copy.
+    /// Every op still gets its own completion, in order.
+    fn submit_batch(&self, ops: &[CopyOp]) {
+        for &op in ops {
+            self.submit(op);
+        }
+    }
 
     /// Copies `data` into host slot `slot` at `offset`, synchronously.
     fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError>;
@@ -302,6 +314,8 @@ pub struct DeviceTimings {
     pub mapping_s: f64,
     /// Completions delivered to the sink.
     pub completions: u64,
+    /// Driver copies they came from (neighbouring pages submitted together share one).
+    pub copies: u64,
     /// Completions whose copy had already finished when the completion thread came to
     /// them (it was still delivering earlier ones): they reached the pool late.
     pub completions_late: u64,
@@ -320,6 +334,7 @@ impl DeviceTimings {
             pages_remapped: self.pages_remapped - earlier.pages_remapped,
             mapping_s: self.mapping_s - earlier.mapping_s,
             completions: self.completions - earlier.completions,
+            copies: self.copies - earlier.copies,
             completions_late: self.completions_late - earlier.completions_late,
             completion_sink_s: self.completion_sink_s - earlier.completion_sink_s,
         }

@@ -6,6 +6,10 @@
 //! overlap with the caller's compute exactly as DMA engines would; a copy completes in
 //! submission order within its direction. Kernels run on the calling thread.
 //!
+//! An acquired buffer whose pages sit in consecutive frames (the core places a buffer's
+//! pages that way when it can) is one array at its first frame's address
+//! ([`Device::acquire_ptr`]); otherwise it is seen page by page.
+//!
 //! Safety rests on the pool's contract (see the crate docs): a frame or slot used by a
 //! copy in flight is touched by nobody else, so the copy threads' raw-pointer copies never
 //! race with other access.
@@ -15,7 +19,7 @@ use std::ptr::NonNull;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use spillway_types::{Direction, FrameId, HostSlot, pattern};
+use spillway_types::{BufferId, Direction, FrameId, HostSlot, pattern};
 
 use crate::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
@@ -194,7 +198,11 @@ fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<CopyOp>, sink: &CompletionSi
             // A frame and a slot live in different regions, so they never overlap.
             unsafe { std::ptr::copy_nonoverlapping(src, dst, op.bytes as usize) };
         });
-        sink(Completion { id: op.id, result });
+        sink(Completion {
+            id: op.id,
+            result,
+            follows: false,
+        });
     }
 }
 
@@ -307,6 +315,21 @@ impl Device for SimDevice {
         NonNull::new(self.memory.frame(frame))
     }
 
+    fn acquire_ptr(
+        &self,
+        _buffer: BufferId,
+        frames: &[FrameId],
+    ) -> Result<Option<DevicePtr>, DeviceError> {
+        // The frames are one region, frame `i` at `i * page_bytes`: consecutive frames are
+        // one array at the first one's address. Others have no view (no address range to
+        // map them into on this backend).
+        let consecutive = frames.windows(2).all(|w| w[1].0 == w[0].0 + 1);
+        Ok(match frames.first() {
+            Some(&first) if consecutive => Some(self.frame_ptr(first)),
+            _ => None,
+        })
+    }
+
     fn fill_pattern(&self, frame: FrameId, len: u64, seed: u64) -> Result<(), DeviceError> {
         check_range(0, len, self.memory.config.page_bytes)?;
         // SAFETY: inside the region (checked); exclusive use of the frame by the caller
@@ -373,6 +396,25 @@ mod tests {
         )
         .unwrap();
         (d, rx)
+    }
+
+    #[test]
+    fn consecutive_frames_are_one_array_and_others_none() {
+        let (d, _rx) = device(4, 4);
+        let f = |ids: &[u32]| ids.iter().map(|&i| FrameId(i)).collect::<Vec<_>>();
+        let at = d.acquire_ptr(BufferId(1), &f(&[1, 2, 3])).unwrap();
+        assert_eq!(at, Some(d.frame_ptr(FrameId(1))));
+        assert_eq!(
+            d.frame_ptr(FrameId(2)).0 - d.frame_ptr(FrameId(1)).0,
+            64 << 10,
+            "frame i+1 follows frame i"
+        );
+        assert_eq!(d.acquire_ptr(BufferId(1), &f(&[2, 1])).unwrap(), None);
+        assert_eq!(d.acquire_ptr(BufferId(1), &f(&[0, 2])).unwrap(), None);
+        assert_eq!(
+            d.acquire_ptr(BufferId(1), &f(&[3])).unwrap(),
+            Some(d.frame_ptr(FrameId(3)))
+        );
     }
 
     #[test]

@@ -898,3 +898,62 @@ fn views_with(page: u64) {
     );
     d.release_range(buffer).unwrap();
 }
+
+#[test]
+fn neighbouring_pages_go_as_one_copy_and_complete_one_by_one() {
+    let Some(_gpu) = gpu("copy runs") else {
+        return;
+    };
+    for page in [256 * KIB, 2 * MIB] {
+        let (d, rx) = open(16, 16, page);
+        let data: Vec<Vec<u8>> = (0..16)
+            .map(|s| random_bytes(900 + s, page as usize))
+            .collect();
+        for (s, bytes) in data.iter().enumerate() {
+            d.write_host(HostSlot(s as u32), 0, bytes).unwrap();
+        }
+        // Frames 4..12 from slots 2..10 (one run, the last page short), then two pages
+        // that are nobody's neighbours.
+        let mut ops: Vec<CopyOp> = (0..8u32)
+            .map(|k| {
+                let bytes = if k == 7 { page / 2 } else { page };
+                copy(
+                    u64::from(k) + 1,
+                    Direction::HostToDevice,
+                    4 + k,
+                    2 + k,
+                    bytes,
+                )
+            })
+            .collect();
+        ops.push(copy(9, Direction::HostToDevice, 0, 15, page));
+        ops.push(copy(10, Direction::HostToDevice, 14, 12, page));
+        let before = d.timings();
+        d.submit_batch(&ops);
+        for op in &ops {
+            let c = next(&rx);
+            assert_eq!(c.id, op.id, "{page}: completions in submission order");
+            c.result.unwrap();
+        }
+        let t = d.timings().since(&before);
+        assert_eq!(
+            (t.completions, t.copies),
+            (10, 3),
+            "{page}: one copy for the run"
+        );
+        for op in &ops {
+            let mut back = vec![0u8; op.bytes as usize];
+            d.read_frame(op.frame, 0, &mut back).unwrap();
+            assert!(
+                back[..] == data[op.slot.0 as usize][..op.bytes as usize],
+                "{page}: frame {} holds slot {}",
+                op.frame.0,
+                op.slot.0
+            );
+        }
+        // The half page after the run's short last page was not written.
+        let mut tail = vec![0u8; 16];
+        d.read_frame(FrameId(11), page / 2, &mut tail).unwrap();
+        assert!(tail[..] != data[9][(page / 2) as usize..(page / 2 + 16) as usize]);
+    }
+}

@@ -35,6 +35,11 @@ use crate::{
 
 /// First guess of PCIe Gen5 x16 pinned copy bandwidth per direction (~55 GB/s measured).
 pub const BANDWIDTH_HINT_BYTES_PER_S: f64 = 50e9;
+/// Most bytes one copy carries when neighbouring pages are submitted together
+/// ([`Device::submit_batch`](crate::Device::submit_batch)): 16 MiB. Copies of 2 MiB with an event each run at
+/// 0.90x of raw pinned bandwidth on the H200, 8 MiB ones at 0.97-0.98x; a run completes
+/// as a whole, so a longer one delays its first page's completion (16 MiB: ~0.3 ms).
+pub const COPY_RUN_BYTES_MAX: u64 = 16 << 20;
 /// Streams per copy direction that [`CudaDevice::new`] uses. More than one lets the next
 /// copy start while the previous one's completion is being signalled.
 pub const STREAMS_PER_DIRECTION_DEFAULT: usize = 1;
@@ -227,6 +232,7 @@ impl CudaDevice {
         for lane in &self.lanes {
             let l = lock(&lane.stats);
             t.completions += l.completions;
+            t.copies += l.copies;
             t.completions_late += l.completions_late;
             t.completion_sink_s += l.completion_sink_s;
         }
@@ -289,14 +295,49 @@ impl CudaDevice {
         self.frames.chunk_bytes
     }
 
-    /// Enqueues `op` on its lane's stream and records its event (lane lock held).
+    /// How many of `ops` (one direction, in order) one copy can carry from the first:
+    /// neighbouring pages (consecutive frames at consecutive addresses, consecutive
+    /// slots), every one but the last whole, at most [`COPY_RUN_BYTES_MAX`] in all.
+    pub(crate) fn run_len(&self, ops: &[CopyOp]) -> usize {
+        let page = self.config.page_bytes;
+        if !self.frames.contiguous() || ops.is_empty() {
+            return ops.len().min(1);
+        }
+        let mut bytes = ops[0].bytes;
+        let mut n = 1;
+        while n < ops.len() {
+            let (prev, next) = (&ops[n - 1], &ops[n]);
+            if next.direction != prev.direction
+                || prev.bytes != page
+                || prev.frame.0.checked_add(1) != Some(next.frame.0)
+                || prev.slot.0.checked_add(1) != Some(next.slot.0)
+                || bytes + next.bytes > COPY_RUN_BYTES_MAX.max(page)
+            {
+                break;
+            }
+            bytes += next.bytes;
+            n += 1;
+        }
+        n
+    }
+
+    /// Enqueues `run` (one op, or neighbouring pages that [`CudaDevice::run_len`]
+    /// accepted) as one copy on its lane's stream and records its event (lane lock held).
     pub(crate) fn enqueue(
         &self,
         lane: &Lane,
         state: &mut LaneState,
-        op: &CopyOp,
+        run: &[CopyOp],
     ) -> Result<Event, DeviceError> {
-        check_range(0, op.bytes, self.config.page_bytes)?;
+        let first = &run[0];
+        let mut bytes = 0;
+        for op in run {
+            check_range(0, op.bytes, self.config.page_bytes)?;
+            // Validates the ids (panics on a caller bug, as everywhere).
+            let _ = (self.frames.ptr(op.frame), self.host.ptr(op.slot));
+            bytes += op.bytes;
+        }
+        let op = CopyOp { bytes, ..*first };
         let frame = self.frames.ptr(op.frame);
         let slot = self.host.ptr(op.slot);
         self.ctx.bind()?;
@@ -309,9 +350,11 @@ impl CudaDevice {
         let copied = if op.bytes == 0 {
             Ok(())
         } else {
-            // SAFETY: both ranges lie inside their regions (checked above); the slot is
-            // pinned, so the copy is truly asynchronous, and by the pool's contract
-            // nobody touches the frame or the slot until the completion arrives.
+            // SAFETY: every page's range lies inside its frame and slot (checked above)
+            // and a run's frames and slots are neighbours at consecutive addresses
+            // (`run_len`); the slots are pinned, so the copy is truly asynchronous, and by
+            // the pool's contract nobody touches the frames or slots until the
+            // completions arrive.
             check("cuMemcpyAsync", unsafe {
                 match op.direction {
                     Direction::HostToDevice => sys::cuMemcpyHtoDAsync_v2(

@@ -41,26 +41,39 @@ impl Device for CudaDevice {
     }
 
     fn submit(&self, op: CopyOp) {
-        let lane = &self.lanes[lane_index(op.direction)];
-        let mut state = lock(&lane.state);
-        let pending = match self.enqueue(lane, &mut state, &op) {
-            Ok(event) => Pending {
-                id: op.id,
-                event: Some(event),
-                result: Ok(()),
-            },
-            Err(e) => Pending {
-                id: op.id,
-                event: None,
-                result: Err(e),
-            },
-        };
-        state
-            .queue
-            .as_ref()
-            .expect("queues live until drop")
-            .send(pending)
-            .expect("completion thread lives until drop");
+        self.submit_batch(&[op]);
+    }
+
+    /// Runs of neighbouring pages ([`CudaDevice::run_len`]) go as one copy with one
+    /// event; the completion thread reports each page of a run, in order.
+    fn submit_batch(&self, ops: &[CopyOp]) {
+        let mut rest = ops;
+        while !rest.is_empty() {
+            let n = self.run_len(rest);
+            let (run, tail) = rest.split_at(n);
+            rest = tail;
+            let lane = &self.lanes[lane_index(run[0].direction)];
+            let mut state = lock(&lane.state);
+            let ids = run.iter().map(|op| op.id).collect();
+            let pending = match self.enqueue(lane, &mut state, run) {
+                Ok(event) => Pending {
+                    ids,
+                    event: Some(event),
+                    result: Ok(()),
+                },
+                Err(e) => Pending {
+                    ids,
+                    event: None,
+                    result: Err(e),
+                },
+            };
+            state
+                .queue
+                .as_ref()
+                .expect("queues live until drop")
+                .send(pending)
+                .expect("completion thread lives until drop");
+        }
     }
 
     fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError> {

@@ -22,7 +22,8 @@ use crate::{Completion, CompletionSink, DeviceError};
 
 /// One queued copy, on its way to the lane's completion thread.
 pub(crate) struct Pending {
-    pub(crate) id: TransferId,
+    /// The copies this one carries (a run of neighbouring pages), reported in order.
+    pub(crate) ids: Vec<TransferId>,
     /// Recorded after the copy; `None` when the copy was refused (`result` says why).
     pub(crate) event: Option<Event>,
     pub(crate) result: Result<(), DeviceError>,
@@ -41,6 +42,7 @@ pub(crate) struct LaneState {
 #[derive(Default)]
 pub(crate) struct LaneStats {
     pub(crate) completions: u64,
+    pub(crate) copies: u64,
     pub(crate) completions_late: u64,
     pub(crate) completion_sink_s: f64,
 }
@@ -115,10 +117,18 @@ pub(crate) fn completion_loop(
             }
         };
         let started = Instant::now();
-        sink(Completion { id: p.id, result });
+        let n = p.ids.len() as u64;
+        for (k, id) in p.ids.into_iter().enumerate() {
+            sink(Completion {
+                id,
+                result: result.clone(),
+                follows: (k as u64) + 1 < n,
+            });
+        }
         let mut st = lock(&lane.stats);
-        st.completions += 1;
-        st.completions_late += u64::from(late);
+        st.completions += n;
+        st.copies += 1;
+        st.completions_late += u64::from(late) * n;
         st.completion_sink_s += started.elapsed().as_secs_f64();
     }
 }

@@ -36,7 +36,10 @@
 //!   order, so completions of one direction arrive in submission order even when copies
 //!   on two streams finish out of order (a later copy's completion then waits for the
 //!   earlier one's). Events are recycled through a per-lane free list (as many as copies
-//!   in flight).
+//!   in flight). [`Device::submit_batch`](crate::Device::submit_batch) carries neighbouring pages (consecutive frames
+//!   and slots, one direction) in one copy of up to [`COPY_RUN_BYTES_MAX`] with one event;
+//!   the thread reports each page of the run in order, marking all but the last
+//!   `follows`, so the pool submits the loads they free together (runs again).
 //! - **Sync lane**: one more stream, under a mutex, for the synchronous calls
 //!   (`write_frame`, `read_frame`, the kernels); each call ends with a stream sync.
 //! - **Compute stream and fences**: [`CudaDevice::compute_stream`] is where the caller's
@@ -128,8 +131,8 @@ pub use bench::{
     RawCopyBandwidth, RawCopyOptions, raw_pinned_bandwidth, raw_pinned_bandwidth_with,
 };
 pub use device::{
-    BANDWIDTH_HINT_BYTES_PER_S, CudaDevice, DeviceAlloc, STREAMS_PER_DIRECTION_DEFAULT,
-    STREAMS_PER_DIRECTION_MAX,
+    BANDWIDTH_HINT_BYTES_PER_S, COPY_RUN_BYTES_MAX, CudaDevice, DeviceAlloc,
+    STREAMS_PER_DIRECTION_DEFAULT, STREAMS_PER_DIRECTION_MAX,
 };
 pub use driver::cuda_available;
 pub use kernels::compute_reference;
