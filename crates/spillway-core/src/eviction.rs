@@ -47,6 +47,19 @@ pub trait VictimView {
     fn preferred(&self) -> Option<FrameId> {
         None
     }
+    /// Whether the view lists frames by next use ([`VictimView::visit_unpredicted`],
+    /// [`VictimView::visit_furthest_first`]), so that a policy finds a victim without
+    /// visiting every frame.
+    fn indexed(&self) -> bool {
+        false
+    }
+    /// Visits the frames holding a page with no predicted use, in frame order from `from`
+    /// on (wrapping), until `visit` returns true. Only when [`VictimView::indexed`].
+    fn visit_unpredicted(&self, _from: FrameId, _visit: &mut dyn FnMut(FrameId) -> bool) {}
+    /// Visits the frames holding a page with a predicted use, the furthest first, with
+    /// [`VictimView::next_use`], until `visit` returns true. Only when
+    /// [`VictimView::indexed`].
+    fn visit_furthest_first(&self, _visit: &mut dyn FnMut(FrameId, Option<u64>) -> bool) {}
 }
 
 /// What a policy may ask about the host tier while choosing a victim there.
@@ -217,6 +230,62 @@ impl NextUse {
     }
 }
 
+impl NextUse {
+    /// [`EvictionPolicy::choose_victim`] through the view's index, with the same choice as
+    /// the scan: the unpredicted frames from the clock hand (the first one not referenced
+    /// since the hand passed, else the first), else the furthest predicted. Its cost
+    /// grows with the frames it passes, not with the frames of the tier.
+    fn choose_indexed(&mut self, view: &dyn VictimView) -> Option<FrameId> {
+        let n = view.frame_count();
+        if n == 0 {
+            return None;
+        }
+        let referenced = &mut self.clock.referenced;
+        let (mut first, mut unref) = (None, None);
+        view.visit_unpredicted(FrameId(self.clock.hand % n), &mut |f| {
+            if !view.eligible(f) {
+                return false;
+            }
+            first.get_or_insert(f);
+            if referenced[f.0 as usize] {
+                // The hand passes it: it loses its reference, as in CLOCK.
+                referenced[f.0 as usize] = false;
+                false
+            } else {
+                unref = Some(f);
+                true
+            }
+        });
+        if let Some(f) = unref.or(first) {
+            self.clock.hand = (f.0 + 1) % n;
+            return Some(f);
+        }
+        let bound = view.must_exceed();
+        let mut found: Option<(Option<u64>, FrameId)> = None;
+        view.visit_furthest_first(&mut |f, next| {
+            if next.is_some() && bound.is_some_and(|b| next.is_some_and(|n| n <= b)) {
+                // The furthest left is needed no later than the bound: none qualifies.
+                return true;
+            }
+            if view.eligible(f) {
+                found = Some((next, f));
+                return true;
+            }
+            false
+        });
+        let (next, mut f) = found?;
+        if let Some(p) = view.preferred()
+            && p.0 < n
+            && next.is_some()
+            && view.next_use(p) == next
+            && view.eligible(p)
+        {
+            f = p;
+        }
+        Some(f)
+    }
+}
+
 impl EvictionPolicy for NextUse {
     fn name(&self) -> &'static str {
         "next_use"
@@ -235,6 +304,9 @@ impl EvictionPolicy for NextUse {
     }
 
     fn choose_victim(&mut self, view: &dyn VictimView) -> Option<FrameId> {
+        if view.indexed() {
+            return self.choose_indexed(view);
+        }
         // One pass from the clock hand: the first unpredicted frame not referenced since
         // the hand last passed (else the first unpredicted one), else the predicted frame
         // used furthest away. Frames the hand passes lose their reference bit, as in CLOCK.
@@ -470,6 +542,82 @@ mod tests {
             view.bound = None;
             p.on_buffer_free(BufferId(4));
             assert_eq!(p.choose_host_victim(&view), page(3), "{}", p.name());
+        }
+    }
+
+    /// A view with the index the pool's frame table keeps: frames by next use.
+    struct Indexed(View);
+
+    impl VictimView for Indexed {
+        fn frame_count(&self) -> u32 {
+            self.0.frame_count()
+        }
+        fn eligible(&self, f: FrameId) -> bool {
+            self.0.eligible(f)
+        }
+        fn next_use(&self, f: FrameId) -> Option<u64> {
+            self.0.next_use(f)
+        }
+        fn must_exceed(&self) -> Option<u64> {
+            self.0.bound
+        }
+        fn indexed(&self) -> bool {
+            true
+        }
+        fn visit_unpredicted(&self, from: FrameId, visit: &mut dyn FnMut(FrameId) -> bool) {
+            let n = self.frame_count();
+            for k in 0..n {
+                let f = FrameId((from.0 + k) % n);
+                if self.0.next[f.0 as usize].is_none() && visit(f) {
+                    return;
+                }
+            }
+        }
+        fn visit_furthest_first(&self, visit: &mut dyn FnMut(FrameId, Option<u64>) -> bool) {
+            let mut order: Vec<(u64, u32)> = (0..self.frame_count())
+                .filter_map(|f| self.0.next[f as usize].map(|n| (n, f)))
+                .collect();
+            order.sort_unstable_by(|a, b| b.cmp(a));
+            for (n, f) in order {
+                if visit(FrameId(f), Some(n)) {
+                    return;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn next_use_through_the_index_chooses_as_the_scan_does() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..2000 {
+            let n = 1 + (next() % 12) as usize;
+            let view = View {
+                eligible: (0..n).map(|_| next() % 4 != 0).collect(),
+                next: (0..n)
+                    .map(|_| (next() % 3 != 0).then(|| next() % 20))
+                    .collect(),
+                bound: (next() % 2 == 0).then(|| next() % 20),
+            };
+            let (mut scan, mut indexed) = (NextUse::new(n as u32), NextUse::new(n as u32));
+            let a = scan.choose_victim(&view);
+            let indexed_view = Indexed(view);
+            let b = indexed.choose_victim(&indexed_view);
+            let view = indexed_view.0;
+            match (a, b) {
+                (None, None) => {}
+                (Some(a), Some(b)) => {
+                    assert!(view.eligible(b));
+                    // The same victim, or one as good (ties in next use).
+                    assert_eq!(view.next_use(a), view.next_use(b), "{a:?} {b:?}");
+                }
+                other => panic!("scan and index disagree: {other:?}"),
+            }
         }
     }
 }

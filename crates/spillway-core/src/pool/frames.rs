@@ -4,11 +4,15 @@
 //! Invariant: frames in use + free frames = the frames of the GPU budget, and a frame
 //! holds at most one page; the same for slots. So no budget is ever exceeded.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 use spillway_types::{FrameId, HostSlot, PageId};
 
 use super::types::ZeroFill;
+
+/// The key of a frame whose page has no predicted use in [`GpuFrames`]'s order: after
+/// every predicted one (it is the first to go).
+const UNPREDICTED: u64 = u64::MAX;
 
 /// The GPU frame table: which page each frame holds, when it is next used, which are free.
 #[derive(Debug)]
@@ -16,6 +20,9 @@ pub(super) struct GpuFrames {
     owner: Vec<Option<PageId>>,
     /// The predicted next use of each frame's page (an absolute access number).
     next_use: Vec<Option<u64>>,
+    /// The frames holding pages, ordered by next use ([`UNPREDICTED`] for none), then
+    /// frame: a victim is found without scanning every frame. 1M frames take ~40 MiB.
+    by_next_use: BTreeSet<(u64, u32)>,
     free: Vec<FrameId>,
     /// Frames whose page is being written back (they come free when the copy lands).
     evicting: u64,
@@ -27,6 +34,7 @@ impl GpuFrames {
         GpuFrames {
             owner: vec![None; frames as usize],
             next_use: vec![None; frames as usize],
+            by_next_use: BTreeSet::new(),
             free: (0..frames).rev().map(FrameId).collect(),
             evicting: 0,
         }
@@ -103,11 +111,15 @@ impl GpuFrames {
         debug_assert!(self.owner[frame.0 as usize].is_none());
         self.owner[frame.0 as usize] = Some(page);
         self.next_use[frame.0 as usize] = next_use;
+        self.by_next_use
+            .insert((next_use.unwrap_or(UNPREDICTED), frame.0));
     }
 
     /// `page` left `frame`: the frame is free again.
     pub(super) fn vacate(&mut self, frame: FrameId, page: PageId) {
         debug_assert_eq!(self.owner[frame.0 as usize], Some(page));
+        let key = self.next_use[frame.0 as usize].unwrap_or(UNPREDICTED);
+        self.by_next_use.remove(&(key, frame.0));
         self.owner[frame.0 as usize] = None;
         self.next_use[frame.0 as usize] = None;
         self.free.push(frame);
@@ -115,14 +127,37 @@ impl GpuFrames {
 
     /// Sets the next use of `frame`'s page.
     pub(super) fn set_next_use(&mut self, frame: FrameId, next_use: Option<u64>) {
+        let old = self.next_use[frame.0 as usize];
+        if old == next_use {
+            return;
+        }
         self.next_use[frame.0 as usize] = next_use;
+        if self.owner[frame.0 as usize].is_some() {
+            self.by_next_use
+                .remove(&(old.unwrap_or(UNPREDICTED), frame.0));
+            self.by_next_use
+                .insert((next_use.unwrap_or(UNPREDICTED), frame.0));
+        }
     }
 
-    /// Sets every frame's next use from its page's (after a new prediction).
-    pub(super) fn refresh_next_use(&mut self, next_use: impl Fn(PageId) -> Option<u64>) {
-        for (f, owner) in self.owner.iter().enumerate() {
-            self.next_use[f] = owner.and_then(&next_use);
-        }
+    /// Frames holding a page with no predicted use, in frame order from `from` on,
+    /// wrapping (the order a clock hand passes them).
+    pub(super) fn unpredicted_from(&self, from: FrameId) -> impl Iterator<Item = FrameId> + '_ {
+        self.by_next_use
+            .range((UNPREDICTED, from.0)..)
+            .chain(
+                self.by_next_use
+                    .range((UNPREDICTED, 0)..(UNPREDICTED, from.0)),
+            )
+            .map(|&(_, f)| FrameId(f))
+    }
+
+    /// Frames holding a page with a predicted use, the furthest first.
+    pub(super) fn predicted_furthest_first(&self) -> impl Iterator<Item = (FrameId, u64)> + '_ {
+        self.by_next_use
+            .range(..(UNPREDICTED, 0))
+            .rev()
+            .map(|&(n, f)| (FrameId(f), n))
     }
 
     /// The next use of `frame`'s page if it is after access `now` (`None`: none predicted).

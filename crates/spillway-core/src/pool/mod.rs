@@ -692,15 +692,26 @@ impl PoolCore {
             return;
         }
         let remote_bw = self.remote.enabled().then(|| self.remote.bytes_per_s());
-        self.access.replan(
+        let changed = self.access.replan(
             self.cfg.lookahead_accesses_max,
             &self.pages,
             self.copies
                 .bytes_per_s(spillway_types::Direction::HostToDevice),
             remote_bw,
         );
-        let access = &self.access;
-        self.gpu.refresh_next_use(|p| access.next_use(p.buffer));
+        // Only the frames of buffers whose next use changed: the cost of a plan does not
+        // grow with the frames.
+        for b in changed {
+            let Some(buffer) = self.pages.get(b) else {
+                continue;
+            };
+            let next = self.access.next_use(b);
+            for p in &buffer.pages {
+                if let Some(frame) = p.gpu.frame() {
+                    self.gpu.set_next_use(frame, next);
+                }
+            }
+        }
     }
 
     /// Gives back a freed buffer's slots and remote space once no copy uses its pages.

@@ -10,6 +10,15 @@ use spillway_types::{BufferId, PageId};
 
 use super::pages::{Gpu, Host, Page, PageTable};
 use super::{JITTER_MARGIN, LEAD_FACTOR, MIN_LOOKAHEAD_ACCESSES, REMOTE_LEAD_FACTOR};
+
+/// Upcoming accesses asked of the predictor at each access between whole plans: the
+/// plans need the nearest (a window that ends before the horizon is widened to the whole
+/// lookahead), next uses further ahead change little from one access to the next. What
+/// keeps a plan's cost flat as the pool and its steps grow.
+pub const PARTIAL_LOOKAHEAD_ACCESSES: usize = 256;
+/// A plan from the whole lookahead at least every this many accesses, and at every
+/// step's end.
+pub const FULL_REPLAN_EVERY_ACCESSES: u64 = 64;
 use crate::predictor::{Predictor, PredictorStats, Upcoming};
 
 /// A tier pages are brought into.
@@ -68,7 +77,14 @@ impl TierPlan {
 
     /// Plans the pages of `upcoming` accesses (after access `now`) not in the tier,
     /// within the horizon at `bytes_per_s`.
-    fn replan(&mut self, upcoming: &[Upcoming], now: u64, bytes_per_s: f64, pages: &PageTable) {
+    /// Returns whether the horizon ended the plan (else the upcoming accesses ran out).
+    fn replan(
+        &mut self,
+        upcoming: &[Upcoming],
+        now: u64,
+        bytes_per_s: f64,
+        pages: &PageTable,
+    ) -> bool {
         self.queue.clear();
         self.horizon = now;
         let mut queued_bytes = 0u64;
@@ -78,7 +94,7 @@ impl TierPlan {
                     > self.lead_factor * queued_bytes as f64 / bytes_per_s
                         + JITTER_MARGIN.as_secs_f64()
             {
-                break;
+                return true;
             }
             let Some(b) = pages.live_buffer(u.buffer) else {
                 continue;
@@ -103,6 +119,7 @@ impl TierPlan {
                 }
             }
         }
+        false
     }
 
     /// The furthest predicted use among the pages planned.
@@ -123,6 +140,14 @@ pub(super) struct Access {
     /// Staging remote→host ahead of use.
     pub(super) host_plan: TierPlan,
     next_use: HashMap<BufferId, u64>,
+    /// The map of the plan before last, kept for its allocation.
+    spare_next_use: HashMap<BufferId, u64>,
+    /// The access count at the last plan from the whole lookahead.
+    last_full: u64,
+    /// The next plan uses the whole lookahead (a step ended).
+    full_due: bool,
+    /// The buffer of the last access.
+    last_buffer: Option<BufferId>,
     /// Accesses (acquires) so far: the clock of next uses.
     accesses: u64,
     predictor: Box<dyn Predictor>,
@@ -139,6 +164,10 @@ impl Access {
             gpu_plan: TierPlan::new(Tier::Gpu, LEAD_FACTOR),
             host_plan: TierPlan::new(Tier::Host, REMOTE_LEAD_FACTOR),
             next_use: HashMap::new(),
+            spare_next_use: HashMap::new(),
+            last_full: 0,
+            full_due: true,
+            last_buffer: None,
             accesses: 0,
             predictor,
             learned,
@@ -158,6 +187,7 @@ impl Access {
     /// `buffer` is acquired at `now`: one more access.
     pub(super) fn on_access(&mut self, buffer: BufferId, now: Duration) {
         self.accesses += 1;
+        self.last_buffer = Some(buffer);
         if self.learned {
             self.predictor.on_access(buffer, now);
         }
@@ -165,9 +195,31 @@ impl Access {
 
     /// A step ended at `now`.
     pub(super) fn end_step(&mut self, now: Duration) {
+        self.full_due = true;
         if self.learned {
             self.predictor.end_step(now);
         }
+    }
+
+    /// Next uses from a window of the upcoming accesses, merged into those of the last
+    /// whole plan (uses further ahead keep their values until the next one); the buffer
+    /// just acquired leaves unless the window predicts it again. Returns the buffers whose
+    /// next use changed.
+    fn merge_next_uses(&mut self, upcoming: &[Upcoming]) -> Vec<BufferId> {
+        let mut changed = Vec::new();
+        for u in upcoming {
+            let next = self.accesses + 1 + u.distance;
+            if self.next_use.insert(u.buffer, next) != Some(next) {
+                changed.push(u.buffer);
+            }
+        }
+        if let Some(b) = self.last_buffer
+            && self.next_use.get(&b).is_some_and(|&n| n <= self.accesses)
+        {
+            self.next_use.remove(&b);
+            changed.push(b);
+        }
+        changed
     }
 
     /// The predicted next use of `buffer` as last planned (it may have passed).
@@ -181,26 +233,66 @@ impl Access {
     }
 
     /// Recomputes next uses from the predictor's `lookahead` upcoming accesses, and the
-    /// plans of both tiers (staging only with a remote tier) at their bandwidths.
+    /// plans of both tiers (staging only with a remote tier) at their bandwidths. Returns
+    /// the buffers whose next use changed (at most twice the lookahead: the frames to
+    /// update are found without visiting every frame).
     pub(super) fn replan(
         &mut self,
         lookahead: usize,
         pages: &PageTable,
         gpu_bytes_per_s: f64,
         remote_bytes_per_s: Option<f64>,
-    ) {
-        self.next_use.clear();
-        let upcoming = self.predictor.upcoming(lookahead);
-        for u in &upcoming {
-            self.next_use
-                .insert(u.buffer, self.accesses + 1 + u.distance);
+    ) -> Vec<BufferId> {
+        let window = lookahead.min(PARTIAL_LOOKAHEAD_ACCESSES);
+        if window < lookahead
+            && !self.full_due
+            && self.accesses < self.last_full + FULL_REPLAN_EVERY_ACCESSES
+        {
+            let upcoming = self.predictor.upcoming(window);
+            let gpu_closed = self
+                .gpu_plan
+                .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
+            let host_closed = match remote_bytes_per_s {
+                Some(bw) => self.host_plan.replan(&upcoming, self.accesses, bw, pages),
+                None => {
+                    self.host_plan.queue.clear();
+                    true
+                }
+            };
+            if (gpu_closed && host_closed) || upcoming.len() < window {
+                return self.merge_next_uses(&upcoming);
+            }
+            // The horizon reaches past the window: plan from the whole lookahead.
         }
+        self.full_due = false;
+        self.last_full = self.accesses;
+        let upcoming = self.predictor.upcoming(lookahead);
+        let mut next_use = std::mem::take(&mut self.spare_next_use);
+        next_use.clear();
+        for u in &upcoming {
+            next_use.insert(u.buffer, self.accesses + 1 + u.distance);
+        }
+        let mut changed: Vec<BufferId> = next_use
+            .iter()
+            .filter(|&(b, n)| self.next_use.get(b) != Some(n))
+            .map(|(&b, _)| b)
+            .collect();
+        changed.extend(
+            self.next_use
+                .keys()
+                .filter(|b| !next_use.contains_key(b))
+                .copied(),
+        );
+        self.spare_next_use = std::mem::replace(&mut self.next_use, next_use);
         self.gpu_plan
             .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
         match remote_bytes_per_s {
-            Some(bw) => self.host_plan.replan(&upcoming, self.accesses, bw, pages),
+            Some(bw) => {
+                self.host_plan.replan(&upcoming, self.accesses, bw, pages);
+            }
             None => self.host_plan.queue.clear(),
         }
+        changed
     }
 
     /// Pages used before this access stay in the host tier when slots are made ahead of
