@@ -5,8 +5,10 @@
 //! `view.release()`). While held, `view.__dlpack__()` exports the buffer as a 1-D `uint8`
 //! tensor with no copy (dlpark's exporter): a CPU tensor on `sim` (frames are host memory),
 //! a CUDA tensor on `cuda`, read-only for a shared acquire. The whole buffer is one tensor
-//! when its pages are contiguous in device memory: on `cuda` when the buffer has a mapped
-//! range, and for a buffer of one page; otherwise `view.page(i)` exports page `i`.
+//! when the device shows it as one array (the SDK's `Guard::device_ptr`): its pages in
+//! consecutive frames (both backends; the core places a buffer's pages that way when it
+//! can), or on `cuda` mapped into the buffer's range; a buffer of one page always is.
+//! Otherwise `view.page(i)` exports page `i`.
 //!
 //! ## Lifetime contract
 //! A tensor made from a view may be used only while the view is held. After `__exit__`

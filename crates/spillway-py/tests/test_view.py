@@ -54,20 +54,44 @@ def test_write_through_acquire_mut_is_read_back():
     assert p.stats()["d2h_bytes"] > 0
 
 
-def test_pages_of_a_non_contiguous_buffer():
+def test_a_multi_page_buffer_is_one_tensor():
     p = make_pool()
     b = p.alloc("multi", 2 * MiB + 5)
     payload = bytes(range(256)) * ((2 * MiB + 5) // 256) + bytes(range((2 * MiB + 5) % 256))
     p.write(b, 0, payload)
-    with p.acquire(b) as view:
-        assert view.pages == 3 and not view.contiguous
+    with p.acquire(b) as view:  # a fresh pool puts the pages in consecutive frames
+        assert view.pages == 3 and view.contiguous
+        whole = np.from_dlpack(view)
+        assert whole.shape == (2 * MiB + 5,) and whole.tobytes() == payload
+        got = b"".join(np.from_dlpack(view.page(i)).tobytes() for i in range(view.pages))
+        assert got == payload  # page by page too, at the same addresses
+        assert np.from_dlpack(view.page(1)).ctypes.data == whole.ctypes.data + MiB
+        assert np.from_dlpack(view.page(2)).shape == (5,)
+        with pytest.raises(spillway.OutOfRangeError):
+            view.page(3)
+    with p.acquire_mut(b) as view:  # writable as one tensor as well
+        np.from_dlpack(view)[MiB - 1:MiB + 1] = [7, 9]
+    assert p.read(b, MiB - 1, 2) == bytes([7, 9])
+
+
+def test_pages_of_a_buffer_in_scattered_frames():
+    p = make_pool()  # 4 frames of 1 MiB
+    ones = [p.alloc(f"one{i}", MiB) for i in range(4)]
+    where = {}
+    for b in ones:  # fills the 4 frames; note where each landed
+        with p.acquire(b) as view:
+            where[b.name] = np.from_dlpack(view).ctypes.data
+    by_addr = sorted(ones, key=lambda b: where[b.name])
+    two = p.alloc("two", 2 * MiB)
+    payload = bytes(range(256)) * (2 * MiB // 256)
+    p.write(two, 0, payload)
+    # Hold the 2nd and 4th frames: `two` can only get the 1st and 3rd, not adjacent.
+    with p.acquire(by_addr[1]), p.acquire(by_addr[3]), p.acquire(two) as view:
+        assert view.pages == 2 and not view.contiguous
         with pytest.raises(BufferError, match="page"):
             np.from_dlpack(view)
         got = b"".join(np.from_dlpack(view.page(i)).tobytes() for i in range(view.pages))
         assert got == payload
-        assert np.from_dlpack(view.page(2)).shape == (5,)
-        with pytest.raises(spillway.OutOfRangeError):
-            view.page(3)
 
 
 def test_view_after_exit_raises_and_never_crashes():

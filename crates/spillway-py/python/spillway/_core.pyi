@@ -42,7 +42,8 @@ class View:
 
     ``numpy.from_dlpack(view)`` / ``torch.from_dlpack(view)`` give a zero-copy 1-D uint8
     tensor (CPU on the ``sim`` device, CUDA on ``cuda``; read-only unless ``acquire_mut``)
-    when ``contiguous``; else export pages with ``view.page(i)``. A tensor may be used only
+    when ``contiguous`` (its pages in consecutive frames, or mapped into one range on
+    ``cuda``); else export pages with ``view.page(i)``. A tensor may be used only
     while the view is held: afterwards it shows whatever the frames hold next (never a
     crash). Using the view after release raises ``ViewReleasedError``.
     """

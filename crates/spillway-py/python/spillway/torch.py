@@ -111,8 +111,9 @@ class _Group:
                 self.view = None
                 raise BufferError(
                     f"{self.name}: its {self.nbytes} bytes span pages that are not contiguous "
-                    f"on the {pool.device} device; on sim, use a page size of at least the "
-                    "largest module's parameters (on cuda, pages of a multiple of 2MiB)")
+                    f"on the {pool.device} device (its frames are scattered); use a page size "
+                    "of at least the largest module's parameters, or on cuda a multiple of "
+                    "2MiB (mapped into one range)")
             self.base = torch.from_dlpack(self.view)
             self.owner._held[self.base.untyped_storage().data_ptr()] = self
             for s in self.slots:
