@@ -154,54 +154,40 @@ def test_offload_inference_streams_weights_and_steps_the_pool():
     assert stats["evictions_clean"] > 0
 
 
-def test_offload_refuses_a_group_that_is_not_one_tensor():
-    model = torch.nn.Linear(1024, 512)  # 2 MiB of weights: 32 pages of 64 KiB on sim
-    pool = spillway.Pool(gpu_budget="4MiB", host_budget="16MiB", page_size="64KiB",
-                         device="sim")
-    x = torch.randn(2, 1024)
-    with torch.no_grad():
-        want = model(x)
-    st.offload(model, pool)
-    try:
-        with torch.no_grad():
-            got = model(x)
-    except BufferError as e:
-        assert "page size" in str(e)
-    else:  # the device showed the pages as one array after all: then it must be right
-        assert torch.equal(got, want)
-
-
-def test_offload_of_a_transformers_llama_is_bit_identical():
-    """The benchmark's model family, tiny, on sim: HF outputs, RMSNorm, rotary, sdpa."""
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-    config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=96, max_position_embeddings=32,
-        tie_word_embeddings=False)
+def test_offload_with_groups_of_many_pages_is_bit_identical():
     torch.manual_seed(0)
-    ref = transformers.LlamaForCausalLM(config)
+    ref = Net(d=128)  # fc1, fc2: 128 KiB of weights each, 2 pages of 64 KiB
     off = copy.deepcopy(ref)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, foreach=False)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    ref_losses, _ = train(ref, STEPS, ref_opt.step, ref_opt.zero_grad, lambda: None)
     pool = spillway.Pool(gpu_budget="1MiB", host_budget="64MiB", page_size="64KiB",
                          device="sim")
     handle = st.offload(off, pool)
-    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-3, foreach=False)
-    g = torch.Generator().manual_seed(3)
-    for _ in range(STEPS):
-        x = torch.randint(0, 96, (2, 16), generator=g)
-        want = ref(input_ids=x, labels=x).loss
-        want.backward()
-        got = off(input_ids=x, labels=x).loss
-        got.backward()
-        assert got.item() == want.item()
-        grads = st.gradients(handle)
-        for name, p in ref.named_parameters():
-            assert torch.equal(grads[name], p.grad), name
-        ref_opt.step()
-        ref_opt.zero_grad()
-        opt.step()
-        opt.zero_grad()
+    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
+    losses, _ = train(off, STEPS, opt.step, opt.zero_grad, lambda: None)
+    assert losses == ref_losses
     params = st.parameters(handle)
     for name, p in ref.named_parameters():
         assert torch.equal(params[name], p.detach()), name
-    assert pool.stats()["evictions_dirty"] > 0
+
+
+def test_a_scattered_buffer_is_gathered_and_written_back():
+    MiB = 1 << 20
+    p = spillway.Pool(gpu_budget="4MiB", host_budget="32MiB", page_size="1MiB", device="sim")
+    ones = [p.alloc(f"one{i}", MiB) for i in range(4)]
+    where = {}
+    for b in ones:
+        with p.acquire(b) as view:
+            where[b.name] = torch.from_dlpack(view).data_ptr()
+    by_addr = sorted(ones, key=lambda b: where[b.name])
+    two = p.alloc("two", 2 * MiB)
+    p.write(two, 0, bytes([1]) * (2 * MiB))
+    with p.acquire(by_addr[1]), p.acquire(by_addr[3]):  # `two` gets frames 1 and 3 of 4
+        view = p.acquire_mut(two)
+        assert not view.contiguous
+        opened = st._Opened(view)
+        assert opened.base.numel() == 2 * MiB and int(opened.base.sum()) == 2 * MiB
+        opened.base[MiB - 1:MiB + 1] = 5  # across the page boundary
+        opened.close()
+        view.release()
+    assert p.read(two, MiB - 2, 4) == bytes([1, 5, 5, 1])

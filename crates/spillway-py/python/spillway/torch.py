@@ -14,7 +14,9 @@ Design (``docs/DESIGN.md``, "SDK: Python"):
 - **One buffer per module's own parameters** (``recurse=False``), in registration order,
   each parameter at an offset aligned to :data:`PARAM_ALIGN_BYTES`. A parameter's
   ``.data`` is an empty placeholder except while its group is acquired; then it is a
-  zero-copy slice of the pool's view (DLPack).
+  zero-copy slice of the pool's view (DLPack); when the device cannot show a buffer's
+  pages as one array (frames scattered on ``sim``), a gathered copy stands in and is
+  written back on release if the acquire was exclusive.
 - **Hooks**: a forward pre-hook acquires the module's group (shared: clean pages are
   evicted without a write-back) and a forward hook releases it; a hook on the module's
   outputs acquires it again when backward reaches the module, and it is released once
@@ -57,6 +59,48 @@ and what CUDA kernels prefer for vector loads); costs at most 255 bytes per para
 __all__ = ["offload", "Offloaded", "Optimizer", "gradients", "PARAM_ALIGN_BYTES"]
 
 
+class _Opened:
+    """A held view's bytes as one uint8 tensor (``.base``): the view itself when it is one
+    array (zero-copy), else its pages gathered into a copy, which ``close()`` writes back
+    when the view is exclusive. Close before releasing the view."""
+
+    __slots__ = ("base", "_pages")
+
+    def __init__(self, view):
+        if view.contiguous:
+            self.base = torch.from_dlpack(view)
+            self._pages = None
+        else:
+            pages = [torch.from_dlpack(view.page(i)) for i in range(view.pages)]
+            self.base = torch.cat(pages)
+            self._pages = pages if view.exclusive else None
+
+    def close(self) -> None:
+        if self._pages is not None:
+            off = 0
+            for p in self._pages:
+                p.copy_(self.base[off:off + p.numel()])
+                off += p.numel()
+            self._pages = None
+
+
+class _open:
+    """``with _open(view) as base:`` for a view held just for the block."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def __enter__(self) -> torch.Tensor:
+        self.opened = _Opened(self.view)
+        return self.opened.base
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.opened.close()
+        finally:
+            self.view.release()
+
+
 def _align(n: int) -> int:
     return (n + PARAM_ALIGN_BYTES - 1) // PARAM_ALIGN_BYTES * PARAM_ALIGN_BYTES
 
@@ -95,6 +139,7 @@ class _Group:
         self.state_layout: List[tuple] = []  # (slot, key, offset, nbytes)
         self.view = None
         self.base: Optional[torch.Tensor] = None
+        self.opened: Optional[_Opened] = None
         self.refs = 0
         self.exclusive = False
         self.backward_held = False
@@ -106,15 +151,8 @@ class _Group:
             pool = self.owner.pool
             self.view = pool.acquire_mut(self.buf) if exclusive else pool.acquire(self.buf)
             self.exclusive = exclusive
-            if not self.view.contiguous:
-                self.view.release()
-                self.view = None
-                raise BufferError(
-                    f"{self.name}: its {self.nbytes} bytes span pages that are not contiguous "
-                    f"on the {pool.device} device (its frames are scattered); use a page size "
-                    "of at least the largest module's parameters, or on cuda a multiple of "
-                    "2MiB (mapped into one range)")
-            self.base = torch.from_dlpack(self.view)
+            self.opened = _Opened(self.view)
+            self.base = self.opened.base
             self.owner._held[self.base.untyped_storage().data_ptr()] = self
             for s in self.slots:
                 s.param.data = s.of(self.base)
@@ -130,8 +168,12 @@ class _Group:
                 s.param.data = self.owner._placeholder(s.dtype)
             self.owner._held.pop(self.base.untyped_storage().data_ptr(), None)
             self.base = None
-            self.view.release()
-            self.view = None
+            try:
+                self.opened.close()
+            finally:
+                self.opened = None
+                self.view.release()
+                self.view = None
 
     # -- gradients -------------------------------------------------------------------
     def store_grads(self) -> None:
@@ -143,8 +185,7 @@ class _Group:
         pool = self.owner.pool
         if self.grad_buf is None:
             self.grad_buf = pool.alloc(f"{self.name}.grads", self.nbytes)
-        with pool.acquire_mut(self.grad_buf) as view:
-            gbase = torch.from_dlpack(view)
+        with _open(pool.acquire_mut(self.grad_buf)) as gbase:
             for s in slots:
                 dst = s.of(gbase)
                 if s.grad_valid:
@@ -355,8 +396,7 @@ def gradients(handle: Offloaded) -> Dict[str, torch.Tensor]:
         if g.grad_buf is None:
             out.update({s.name: None for s in g.slots})
             continue
-        with pool.acquire(g.grad_buf) as view:
-            gbase = torch.from_dlpack(view)
+        with _open(pool.acquire(g.grad_buf)) as gbase:
             for s in g.slots:
                 out[s.name] = s.of(gbase).clone() if s.grad_valid else None
     return out
@@ -366,8 +406,7 @@ def parameters(handle: Offloaded) -> Dict[str, torch.Tensor]:
     """Copies of the parameters' current values, by name."""
     out = {}
     for g in handle.groups:
-        with handle.pool.acquire(g.buf) as view:
-            base = torch.from_dlpack(view)
+        with _open(handle.pool.acquire(g.buf)) as base:
             for s in g.slots:
                 out[s.name] = s.of(base).clone()
     return out
@@ -410,8 +449,7 @@ class Optimizer:
             return
         pool = self.handle.pool
         g.state_buf = pool.alloc(f"{g.name}.state", offset)
-        with pool.acquire_mut(g.state_buf) as view:
-            sbase = torch.from_dlpack(view)
+        with _open(pool.acquire_mut(g.state_buf)) as sbase:
             for s, key, off, n in layout:
                 sbase[off:off + n].view(s.dtype).view(s.shape).copy_(opt.state[s.param][key])
         g.state_layout = layout
@@ -424,25 +462,21 @@ class Optimizer:
             if not live or g.grad_buf is None:
                 continue
             g.acquire(exclusive=True)
-            gview = pool.acquire(g.grad_buf)
-            sview = pool.acquire_mut(g.state_buf) if g.state_buf is not None else None
             try:
-                gbase = torch.from_dlpack(gview)
-                for s in live:
-                    s.param.grad = s.of(gbase)
-                if sview is not None:
-                    self._bind_state(g, opt, torch.from_dlpack(sview))
-                opt.step()
-                for s in g.slots:
-                    s.param.grad = None
-                if sview is None:
-                    self._move_state_into_pool(g, opt)
-                else:
-                    self._unbind_state(g, opt)
+                with _open(pool.acquire(g.grad_buf)) as gbase:
+                    for s in live:
+                        s.param.grad = s.of(gbase)
+                    if g.state_buf is None:
+                        opt.step()
+                        self._move_state_into_pool(g, opt)
+                    else:
+                        with _open(pool.acquire_mut(g.state_buf)) as sbase:
+                            self._bind_state(g, opt, sbase)
+                            opt.step()
+                            self._unbind_state(g, opt)
+                    for s in g.slots:
+                        s.param.grad = None
             finally:
-                if sview is not None:
-                    sview.release()
-                gview.release()
                 g.release()
         pool.step()
 
