@@ -95,7 +95,7 @@ impl PoolCore {
             return false;
         };
         if !dirty {
-            self.stats.evictions_clean += 1;
+            self.stats.on_evict(false);
             self.release_frame(pid, frame);
             return true;
         }
@@ -113,7 +113,7 @@ impl PoolCore {
             };
             self.pages.page_mut(pid).host = Host::Slot { slot, clean: false };
         }
-        self.stats.evictions_dirty += 1;
+        self.stats.on_evict(true);
         self.gpu.begin_evicting();
         self.pages.page_mut(pid).gpu = Gpu::Evicting { frame };
         self.start_copy(pid, Direction::DeviceToHost, frame, now);
@@ -272,14 +272,9 @@ impl PoolCore {
         self.gpu
             .occupy(frame, pid, self.access.next_use(pid.buffer));
         self.pages.page_mut(pid).gpu = Gpu::Loading { frame, prefetch };
-        if prefetch {
-            self.stats.prefetch_loads += 1;
-        } else {
-            self.stats.demand_loads += 1;
-        }
         self.copies.map(pid, frame);
         self.start_copy(pid, Direction::HostToDevice, frame, now);
-        self.stats.frames_in_use_peak = self.stats.frames_in_use_peak.max(self.gpu.in_use());
+        self.stats.on_load(prefetch, self.gpu.in_use());
     }
 
     /// The page leaves `frame`: the frame is free again.

@@ -134,11 +134,7 @@ impl PoolCore {
                 });
             }
             Host::Remote => {
-                if prefetch {
-                    self.stats.remote_prefetches += 1;
-                } else {
-                    self.stats.remote_demand_fetches += 1;
-                }
+                self.stats.on_fetch(prefetch);
                 self.pages.page_mut(pid).host = Host::Fetching { slot };
                 self.start_remote(pid, RemoteOpKind::Fetch, slot, now);
             }
@@ -265,11 +261,7 @@ impl PoolCore {
             return Spilled::Blocked;
         }
         if redundant {
-            if on_gpu {
-                self.stats.gpu_page_slots_dropped += 1;
-            } else {
-                self.stats.spills_clean += 1;
-            }
+            self.stats.on_slot_dropped(on_gpu);
             self.pages.page_mut(pid).host = Host::Remote;
             self.host.give_back(slot);
             return Spilled::Freed;

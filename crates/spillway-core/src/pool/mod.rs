@@ -444,8 +444,7 @@ impl PoolCore {
                 }
             }
         }
-        self.stats.acquires += 1;
-        self.stats.hits += u64::from(hit);
+        self.stats.on_acquire(hit);
         let acquire = self.held.insert(id, mode, newly);
         self.replan();
         self.pump(now);

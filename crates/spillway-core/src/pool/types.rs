@@ -96,7 +96,8 @@ pub enum PageLocation {
     Host(HostSlot),
 }
 
-/// Counters of the pool since it was made.
+/// Counters of the pool since it was made. The core counts through the methods below
+/// (one per event), and fills the gauges when asked ([`super::PoolCore::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CoreStats {
     /// Acquires begun.
@@ -158,4 +159,86 @@ pub struct CoreStats {
     pub remote_bytes_per_s: f64,
     /// The predictor's counters.
     pub predictor: PredictorStats,
+}
+
+impl CoreStats {
+    /// An acquire began; `hit` when every page was resident.
+    pub(super) fn on_acquire(&mut self, hit: bool) {
+        self.acquires += 1;
+        self.hits += u64::from(hit);
+    }
+
+    /// A load host→device started (`prefetch`: planned, not demanded); `frames_in_use`
+    /// frames are in use now.
+    pub(super) fn on_load(&mut self, prefetch: bool, frames_in_use: u64) {
+        if prefetch {
+            self.prefetch_loads += 1;
+        } else {
+            self.demand_loads += 1;
+        }
+        self.frames_in_use_peak = self.frames_in_use_peak.max(frames_in_use);
+    }
+
+    /// A page left the GPU: dropped (`dirty` false) or its write-back started.
+    pub(super) fn on_evict(&mut self, dirty: bool) {
+        if dirty {
+            self.evictions_dirty += 1;
+        } else {
+            self.evictions_clean += 1;
+        }
+    }
+
+    /// A fetch from the remote tier started (`prefetch`: staged, not demanded).
+    pub(super) fn on_fetch(&mut self, prefetch: bool) {
+        if prefetch {
+            self.remote_prefetches += 1;
+        } else {
+            self.remote_demand_fetches += 1;
+        }
+    }
+
+    /// A slot was given up without a copy (the remote tier holds the same bytes), by a
+    /// page on the GPU or off it.
+    pub(super) fn on_slot_dropped(&mut self, on_gpu: bool) {
+        if on_gpu {
+            self.gpu_page_slots_dropped += 1;
+        } else {
+            self.spills_clean += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_event_counts_where_it_belongs() {
+        let mut s = CoreStats::default();
+        s.on_acquire(true);
+        s.on_acquire(false);
+        s.on_load(true, 3);
+        s.on_load(false, 2);
+        s.on_evict(true);
+        s.on_evict(false);
+        s.on_evict(false);
+        s.on_fetch(true);
+        s.on_slot_dropped(true);
+        s.on_slot_dropped(false);
+        s.on_slot_dropped(false);
+        let want = CoreStats {
+            acquires: 2,
+            hits: 1,
+            prefetch_loads: 1,
+            demand_loads: 1,
+            frames_in_use_peak: 3,
+            evictions_dirty: 1,
+            evictions_clean: 2,
+            remote_prefetches: 1,
+            gpu_page_slots_dropped: 1,
+            spills_clean: 2,
+            ..CoreStats::default()
+        };
+        assert_eq!(s, want);
+    }
 }
