@@ -244,16 +244,38 @@ fn compute_for(g: &Guard<'_>, budget: Duration) -> Result<u64> {
     Ok(sink)
 }
 
-/// Replays `trace` under `cfg`.
+/// A remote tier for a replay over a pool of nodes (`--nodes N`), built by the caller (the
+/// CLI starts the nodes, as the demo does).
+pub struct ReplayRemote {
+    /// Makes the pool's remote tier (the nodes' RAM).
+    pub factory: spillway_client::RemoteFactory,
+    /// Bytes the pool may place on the nodes.
+    pub budget_bytes: u64,
+}
+
+/// Replays `trace` under `cfg` on a one-process pool (`cfg.nodes` 1).
 pub fn replay(
     trace: &Trace,
     name: &str,
     cfg: &ReplayConfig,
+    on_step: impl FnMut(&StepReport),
+) -> Result<ReplayReport> {
+    replay_with(trace, name, cfg, None, on_step)
+}
+
+/// Replays `trace` under `cfg`, over `remote` when given (`cfg.nodes` > 1): then the host
+/// tier holds a third of the trace's pages unless `cfg` says otherwise (at least the GPU's
+/// pages and 2), and the rest lives on the nodes.
+pub fn replay_with(
+    trace: &Trace,
+    name: &str,
+    cfg: &ReplayConfig,
+    remote: Option<ReplayRemote>,
     mut on_step: impl FnMut(&StepReport),
 ) -> Result<ReplayReport> {
-    if cfg.nodes != 1 {
+    if cfg.nodes != 1 && remote.is_none() {
         bail!(
-            "--nodes {}: only the one-process pool (--nodes 1) exists so far; the multi-node pool is not built yet",
+            "--nodes {}: a pool of nodes needs its remote tier (spillway replay --nodes starts the nodes)",
             cfg.nodes
         );
     }
@@ -276,23 +298,33 @@ pub fn replay(
     let gpu_budget = cfg
         .gpu_budget_bytes
         .unwrap_or_else(|| (working_set / 3).div_ceil(page) * page);
-    let host_budget = cfg.host_budget_bytes.unwrap_or(pages_total * page);
-    check_fits(
-        trace,
-        cfg.page_size,
-        cfg.device,
-        gpu_budget,
-        host_budget,
-        memory_available_bytes(),
-    )?;
-    let pool: Pool = PoolBuilder::new()
+    let host_budget = match (&remote, cfg.host_budget_bytes) {
+        (_, Some(b)) => b,
+        (None, None) => pages_total * page,
+        (Some(_), None) => (pages_total / 3).max(gpu_budget / page + 2) * page,
+    };
+    if remote.is_none() {
+        check_fits(
+            trace,
+            cfg.page_size,
+            cfg.device,
+            gpu_budget,
+            host_budget,
+            memory_available_bytes(),
+        )?;
+    }
+    let mut builder = PoolBuilder::new()
         .gpu_budget_bytes(gpu_budget)
         .host_budget_bytes(host_budget)
         .page_size(cfg.page_size)
         .policy(cfg.policy)
-        .device(cfg.device)
-        .build()
-        .context("building the pool")?;
+        .device(cfg.device);
+    if let Some(r) = remote {
+        builder = builder
+            .remote_budget_bytes(r.budget_bytes)
+            .remote(r.factory);
+    }
+    let pool: Pool = builder.build().context("building the pool")?;
     let mut bufs: HashMap<&str, Buf> = HashMap::new();
     let mut bytes = vec![0u8; page as usize];
     for (bname, size) in &trace.buffers {
@@ -364,7 +396,16 @@ pub fn replay(
         gpu_bytes_peak: stats.frames_in_use_peak * page,
         prefetch_wasted_pages: stats.prefetch_wasted,
         detected_period: stats.predictor.detected_period,
-        remote: None,
+        remote: (stats.remote_pages_total > 0).then(|| crate::workload::RemoteReport {
+            budget_bytes: stats.remote_pages_total * page,
+            bytes_in: stats.remote_bytes_in,
+            bytes_out: stats.remote_bytes_out,
+            demand_fetches: stats.remote_demand_fetches,
+            prefetches: stats.remote_prefetches,
+            spills_clean: stats.spills_clean,
+            errors: stats.remote_errors,
+            bytes_per_s: stats.remote_bytes_per_s,
+        }),
         total_s: started.elapsed().as_secs_f64(),
         steps,
     };
@@ -470,6 +511,33 @@ mod tests {
         }
         // Optimizer accesses write: dirty pages go back to the host.
         assert!(r.run.steps[1].d2h_bytes > 0);
+    }
+
+    #[test]
+    fn a_replay_over_a_remote_tier_keeps_a_third_on_the_host_and_the_rest_remote() {
+        let _serial = crate::workload::tests::TIMING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // 24 buffers of one 64 KiB page: GPU 8 pages; host a third (8), at least the GPU's
+        // pages and 2 (10); the rest remote.
+        let t = dense_trace(3, 24, 60_000);
+        let page = 64 << 10;
+        let c = ReplayConfig {
+            nodes: 3,
+            ..cfg(Policy::Learned)
+        };
+        let remote = ReplayRemote {
+            factory: spillway_client::remote::MemRemote::factory(64 * page),
+            budget_bytes: 64 * page,
+        };
+        let r = replay_with(&t, "synthetic", &c, Some(remote), |_| {}).unwrap();
+        assert_eq!(r.run.host_budget_bytes, 10 * page);
+        assert_eq!(r.run.corrupt_pages, 0);
+        assert_eq!(r.run.verified_bytes, 3 * 72 * 60_000);
+        let remote = r.run.remote.expect("a remote tier");
+        assert_eq!(remote.budget_bytes, 64 * page);
+        assert!(remote.bytes_out > 0 && remote.bytes_in > 0, "{remote:?}");
+        assert_eq!(remote.errors, 0);
     }
 
     #[test]

@@ -7,7 +7,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use serde::Serialize;
 use spillway_bench::find_budget::{BudgetSearch, find_budget};
-use spillway_bench::replay::{ReplayConfig, ReplayReport, replay, stall_from};
+use spillway_bench::replay::{
+    ReplayConfig, ReplayRemote, ReplayReport, replay, replay_with, stall_from,
+};
 use spillway_bench::report::{
     ByteUnit, Progress, StepTable, Table, bold, default_out_dir, machine_description, now_rfc3339,
     step_message, verdict, write_json,
@@ -33,7 +35,10 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "SIZE", default_value = "256KiB",
           value_parser = size_in(PAGE_BYTES_MIN..=PAGE_BYTES_MAX))]
     page_size: u64,
-    /// Nodes of the pool (only 1, the one-process pool, exists so far).
+    /// Nodes of the pool: 1 is the one-process pool; N > 1 starts N nodes in this process
+    /// on loopback QUIC (as `demo --nodes`), node 1 serving the replay's pool, whose remote
+    /// tier is the other nodes' RAM (the host tier then holds a third of the trace's pages
+    /// unless --host-budget says otherwise). A fresh pool of nodes per policy.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
     /// Compute time per MiB of buffer for lines without `compute_us`.
@@ -170,6 +175,53 @@ struct Compared<'a> {
     runs: &'a [ReplayReport],
 }
 
+/// [`replay`] over `cfg.nodes` in-process nodes (the remote tier), started for this run
+/// and shut down after it.
+fn replay_over_nodes(
+    trace: &spillway_bench::trace::Trace,
+    name: &str,
+    cfg: &ReplayConfig,
+    on_step: impl FnMut(&spillway_bench::workload::StepReport),
+) -> Result<ReplayReport> {
+    let page_size = cfg.page_size;
+    let page = page_size.bytes();
+    let pages: u64 = trace
+        .buffers
+        .iter()
+        .map(|(_, b)| page_size.pages_for(*b))
+        .sum();
+    // The remote tier holds what the host tier does not, plus room to swap (as the demo).
+    let remote_need = (pages * 2 + 8) * page;
+    let nodes = u32::try_from(cfg.nodes).context("--nodes")?;
+    let local = crate::local_pool::LocalPool::start(
+        nodes,
+        remote_need,
+        page_size,
+        remote_need,
+        spillway_node::PageTransport::Quic,
+    )
+    .context("starting the in-process nodes")?;
+    let factory = crate::service_tier::ServiceTier::factory(
+        local.service(),
+        local.handle(),
+        1,
+        remote_need,
+        format!("{nodes} in-process nodes over loopback QUIC (node 1 serves this pool)"),
+    );
+    let r = replay_with(
+        trace,
+        name,
+        cfg,
+        Some(ReplayRemote {
+            factory,
+            budget_bytes: remote_need,
+        }),
+        on_step,
+    );
+    local.shutdown();
+    r
+}
+
 pub fn run_replay(args: ReplayArgs) -> Result<()> {
     // A trace error names its cause already; the path is said once, then what to do.
     let trace = load_trace(&args.trace).map_err(|e| match e {
@@ -264,10 +316,15 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
             &format!("replay {}", policy.name()),
         );
         let mut table = StepTable::new(!args.json && !args.compare, trace.buffer_bytes_total() * 2);
-        let r = replay(&trace, &name, &cfg, |s| {
+        let on_step = |s: &_| {
             progress.suspend(|| table.row(s));
             progress.inc(&step_message(s));
-        })?;
+        };
+        let r = if args.nodes > 1 {
+            replay_over_nodes(&trace, &name, &cfg, on_step)?
+        } else {
+            replay(&trace, &name, &cfg, on_step)?
+        };
         progress.finish();
         table.summary(&r.run);
         if !args.json && !args.compare {
