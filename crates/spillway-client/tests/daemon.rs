@@ -20,6 +20,7 @@ use spillway_client::{
     Device, DeviceChoice, DeviceConfig, HostSlot, PageSize, Policy, TransferId, make_device_in,
     pattern,
 };
+use spillway_node::RemoteError;
 use spillway_node::local::{
     ClientPages, LocalCounters, LocalServer, LocalServerConfig, MemClientPages,
 };
@@ -259,7 +260,7 @@ fn the_remote_tier_moves_slots_through_the_node() {
     tier.submit(op(20, RemoteOpKind::Fetch, 9, 0, PAGE));
     let c = rx.recv_timeout(WAIT).unwrap();
     assert_eq!(c.id, TransferId(20));
-    assert!(c.result.unwrap_err().to_string().contains("not held"));
+    assert!(c.result.unwrap_err().to_string().contains("is not in the remote tier"));
     // Discarded pages are gone; a long list goes in several frames (pages 2 and 3 are
     // in the last one, past DISCARD_PAGES_MAX).
     let mut pages: Vec<PageId> = (100..2200)
@@ -295,13 +296,16 @@ impl ClientPages for Stuck {
         &self,
         _client: u32,
         _pages: Vec<(PageId, Bytes)>,
-    ) -> impl Future<Output = Result<(), String>> + Send {
+    ) -> impl Future<Output = Result<(), RemoteError>> + Send {
         std::future::pending()
     }
-    async fn fetch(&self, _client: u32, _pages: Vec<PageId>) -> Result<Vec<Bytes>, String> {
-        Err("nothing here".into())
+    async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, RemoteError> {
+        Err(RemoteError::PeerRefused {
+            peer: spillway_types::NodeId(2),
+            reason: format!("nothing here for {client}: {} pages", pages.len()),
+        })
     }
-    async fn discard(&self, _client: u32, _pages: Vec<PageId>) -> Result<(), String> {
+    async fn discard(&self, _client: u32, _pages: Vec<PageId>) -> Result<(), RemoteError> {
         Ok(())
     }
     fn capacity_bytes(&self) -> u64 {

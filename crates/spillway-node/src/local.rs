@@ -45,7 +45,6 @@
 //! `shm` module.
 
 use std::collections::{BTreeSet, HashSet};
-use std::future::Future;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
@@ -59,7 +58,7 @@ use spillway_types::local::{
     self, CLIENTS_MAX, ClientMessage, Done, FRAME_BODY_BYTES_MAX, FrameHeader, HEADER_BYTES, Hello,
     LocalWireError, NodeMessage, OpError, OpErrorCode, PageOp, Refused, RefusedCode, Welcome,
 };
-use spillway_types::{PageId, PageSize};
+use spillway_types::PageId;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
@@ -68,17 +67,15 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::remote::{CLIENT_BUFFER_BITS, RemoteService};
+mod config;
+mod pages;
 
-/// Default bound on one client's ops in flight: 64 (128 MiB of page copies at 2 MiB).
-pub const OPS_IN_FLIGHT_PER_CLIENT_DEFAULT: usize = 64;
-/// Most ops in flight one client may be allowed: 1024.
-pub const OPS_IN_FLIGHT_PER_CLIENT_MAX: usize = 1024;
-/// Connections between accept and the answer to their `Hello`: 16. More wait in the
-/// socket's backlog, so a flood of silent connections cannot use up memory or tasks.
-pub const HANDSHAKES_IN_FLIGHT_MAX: usize = 16;
-/// How long a new connection has to send its `Hello`: 5 s.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+pub use config::{
+    HANDSHAKES_IN_FLIGHT_MAX, HELLO_TIMEOUT, LocalServerConfig, LocalServerError,
+    OPS_IN_FLIGHT_PER_CLIENT_DEFAULT, OPS_IN_FLIGHT_PER_CLIENT_MAX,
+};
+pub use pages::{ClientPages, MemClientPages};
+
 /// Pause after a failed accept (out of file descriptors), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// Largest client number: 4095 ([`crate::remote::CLIENT_ID_MAX`]: the remote tier keys
@@ -87,283 +84,6 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// below.
 pub use crate::remote::CLIENT_ID_MAX;
 const _: () = assert!(CLIENTS_MAX as u32 <= CLIENT_ID_MAX);
-
-/// Where a node's local clients' pages go when they leave the clients' host tiers: the
-/// remote tier. The server calls it from its tasks, many calls at once.
-///
-/// Contract: `spill` stores the pages under `(client, page)`, replacing what was there;
-/// `fetch` returns the bytes last spilled for each page, in the order asked, or an
-/// error naming a page it does not hold; `discard` forgets pages and ignores those it
-/// does not hold. Clients are independent namespaces. Errors are text for the client.
-pub trait ClientPages: Send + Sync + 'static {
-    /// Stores `pages` of `client`.
-    fn spill(
-        &self,
-        client: u32,
-        pages: Vec<(PageId, Bytes)>,
-    ) -> impl Future<Output = Result<(), String>> + Send;
-    /// The bytes of `pages` of `client`, in order.
-    fn fetch(
-        &self,
-        client: u32,
-        pages: Vec<PageId>,
-    ) -> impl Future<Output = Result<Vec<Bytes>, String>> + Send;
-    /// Forgets `pages` of `client`.
-    fn discard(
-        &self,
-        client: u32,
-        pages: Vec<PageId>,
-    ) -> impl Future<Output = Result<(), String>> + Send;
-    /// Bytes of pages the clients may keep in the tier (told to each client at `Welcome`).
-    fn capacity_bytes(&self) -> u64;
-    /// A first guess of the tier's bandwidth per direction, told to each client. The
-    /// default is what QUIC reaches on loopback on a small machine (1.2 GB/s).
-    fn bandwidth_hint_bytes_per_s(&self) -> u64 {
-        1_200_000_000
-    }
-}
-
-/// Checks that `page` fits [`RemoteService`]'s key scheme (buffer ids below 2^40).
-fn check_remote_key(page: PageId) -> Result<(), String> {
-    if page.buffer.0 >> CLIENT_BUFFER_BITS != 0 {
-        Err(format!(
-            "page {page}: buffer ids of local clients must be below 2^{CLIENT_BUFFER_BITS}"
-        ))
-    } else {
-        Ok(())
-    }
-}
-
-impl ClientPages for RemoteService {
-    async fn spill(&self, client: u32, pages: Vec<(PageId, Bytes)>) -> Result<(), String> {
-        for (page, _) in &pages {
-            check_remote_key(*page)?;
-        }
-        RemoteService::spill(self, client, pages)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, String> {
-        for page in &pages {
-            check_remote_key(*page)?;
-        }
-        RemoteService::fetch(self, client, pages)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn discard(&self, client: u32, pages: Vec<PageId>) -> Result<(), String> {
-        // Pages outside the key scheme were never stored: nothing to forget.
-        let pages = pages
-            .into_iter()
-            .filter(|p| check_remote_key(*p).is_ok())
-            .collect();
-        RemoteService::discard(self, client, pages)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    fn capacity_bytes(&self) -> u64 {
-        RemoteService::capacity_bytes(self)
-    }
-}
-
-/// A [`ClientPages`] in this process's memory: the backend of tests.
-#[derive(Debug)]
-pub struct MemClientPages {
-    capacity_bytes: u64,
-    pages: Mutex<std::collections::HashMap<(u32, PageId), Bytes>>,
-}
-
-impl MemClientPages {
-    /// A tier holding at most `capacity_bytes`.
-    pub fn new(capacity_bytes: u64) -> MemClientPages {
-        MemClientPages {
-            capacity_bytes,
-            pages: Mutex::new(Default::default()),
-        }
-    }
-
-    /// Pages of `client` held now.
-    pub fn pages_of(&self, client: u32) -> usize {
-        let pages = self.pages.lock().expect("mem pages lock");
-        pages.keys().filter(|(c, _)| *c == client).count()
-    }
-
-    /// The bytes held for `page` of `client`.
-    pub fn get(&self, client: u32, page: PageId) -> Option<Bytes> {
-        let pages = self.pages.lock().expect("mem pages lock");
-        pages.get(&(client, page)).cloned()
-    }
-}
-
-impl ClientPages for MemClientPages {
-    async fn spill(&self, client: u32, pages: Vec<(PageId, Bytes)>) -> Result<(), String> {
-        let mut held = self.pages.lock().expect("mem pages lock");
-        let used: u64 = held.values().map(|b| b.len() as u64).sum();
-        let replaced: u64 = pages
-            .iter()
-            .filter_map(|(p, _)| held.get(&(client, *p)))
-            .map(|b| b.len() as u64)
-            .sum();
-        let adding: u64 = pages.iter().map(|(_, b)| b.len() as u64).sum();
-        if used - replaced + adding > self.capacity_bytes {
-            return Err(format!(
-                "no room for {adding} bytes: {} of {} bytes used",
-                used - replaced,
-                self.capacity_bytes
-            ));
-        }
-        for (page, data) in pages {
-            held.insert((client, page), data);
-        }
-        Ok(())
-    }
-
-    async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, String> {
-        let held = self.pages.lock().expect("mem pages lock");
-        pages
-            .into_iter()
-            .map(|p| {
-                held.get(&(client, p))
-                    .cloned()
-                    .ok_or_else(|| format!("page {p} of client {client} is not held"))
-            })
-            .collect()
-    }
-
-    async fn discard(&self, client: u32, pages: Vec<PageId>) -> Result<(), String> {
-        let mut held = self.pages.lock().expect("mem pages lock");
-        for p in pages {
-            held.remove(&(client, p));
-        }
-        Ok(())
-    }
-
-    fn capacity_bytes(&self) -> u64 {
-        self.capacity_bytes
-    }
-}
-
-/// Settings of the local socket server.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LocalServerConfig {
-    /// The socket's path. Its parent directory is created (0700) when missing.
-    pub socket_path: PathBuf,
-    /// The page size clients must use (the node's).
-    pub page_size: PageSize,
-    /// Most host memory one client may ask for. This much shared memory may be touched
-    /// per client, charged to whoever touches it first.
-    pub client_host_bytes_max: u64,
-    /// Most clients at once (at most [`CLIENTS_MAX`]).
-    pub clients_max: usize,
-    /// Most ops in flight per client (1 to [`OPS_IN_FLIGHT_PER_CLIENT_MAX`]); each holds
-    /// one page copy. More keeps a slow remote tier busier.
-    pub ops_in_flight_per_client_max: usize,
-}
-
-impl LocalServerConfig {
-    /// Settings with every bound at its default.
-    pub fn new(
-        socket_path: PathBuf,
-        page_size: PageSize,
-        client_host_bytes_max: u64,
-    ) -> LocalServerConfig {
-        LocalServerConfig {
-            socket_path,
-            page_size,
-            client_host_bytes_max,
-            clients_max: CLIENTS_MAX,
-            ops_in_flight_per_client_max: OPS_IN_FLIGHT_PER_CLIENT_DEFAULT,
-        }
-    }
-
-    /// Checks the ranges; the error names the field.
-    pub fn validate(&self) -> Result<(), LocalServerError> {
-        let bad =
-            |field: &'static str, problem: String| Err(LocalServerError::Config { field, problem });
-        if self.clients_max == 0 || self.clients_max > CLIENTS_MAX {
-            return bad(
-                "clients_max",
-                format!("is {} but must be 1 to {CLIENTS_MAX}", self.clients_max),
-            );
-        }
-        if self.ops_in_flight_per_client_max == 0
-            || self.ops_in_flight_per_client_max > OPS_IN_FLIGHT_PER_CLIENT_MAX
-        {
-            return bad(
-                "ops_in_flight_per_client_max",
-                format!(
-                    "is {} but must be 1 to {OPS_IN_FLIGHT_PER_CLIENT_MAX}",
-                    self.ops_in_flight_per_client_max
-                ),
-            );
-        }
-        if self.client_host_bytes_max < self.page_size.bytes() {
-            return bad(
-                "client_host_bytes_max",
-                format!(
-                    "is {} but must hold at least one page of {} bytes",
-                    self.client_host_bytes_max,
-                    self.page_size.bytes()
-                ),
-            );
-        }
-        if self.socket_path.file_name().is_none() {
-            return bad(
-                "socket_path",
-                format!("{} names no file", self.socket_path.display()),
-            );
-        }
-        Ok(())
-    }
-}
-
-/// Why the local socket server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum LocalServerError {
-    /// A setting is out of range.
-    #[error("invalid local socket setting `{field}`: {problem}")]
-    Config {
-        /// The field.
-        field: &'static str,
-        /// What is wrong.
-        problem: String,
-    },
-    /// The socket's directory could not be created.
-    #[error("cannot create the socket directory {}: {source}", path.display())]
-    SocketDir {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-    /// Another node listens on the socket.
-    #[error("the client socket {} is in use by a running node", path.display())]
-    InUse {
-        /// The socket.
-        path: PathBuf,
-    },
-    /// Something that is not a socket is in the way.
-    #[error("{} exists and is not a socket; remove it or choose another client_socket", path.display())]
-    NotASocket {
-        /// The path.
-        path: PathBuf,
-    },
-    /// Binding, chmod or renaming failed.
-    #[error("cannot {step} the client socket {}: {source}", path.display())]
-    Bind {
-        /// `remove the stale`, `bind`, `chmod`, `rename into place` or `stat`.
-        step: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: io::Error,
-    },
-}
 
 /// Counters of the local socket server: what `/metrics` exports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1131,7 +851,7 @@ impl<B: ClientPages> OpContext<B> {
                         self.stats.bump(|s| &s.spills);
                         Ok(())
                     }
-                    Err(e) => Err(OpError::new(OpErrorCode::Remote, e)),
+                    Err(e) => Err(OpError::new(OpErrorCode::Remote, e.to_string())),
                 }
             }
             Err(e) => Err(e),
@@ -1162,7 +882,7 @@ impl<B: ClientPages> OpContext<B> {
                         format!("the remote tier returned {} pages for one", other.len()),
                     )),
                 },
-                Err(e) => Err(OpError::new(OpErrorCode::Remote, e)),
+                Err(e) => Err(OpError::new(OpErrorCode::Remote, e.to_string())),
             },
             Err(e) => Err(e),
         };
@@ -1178,165 +898,4 @@ impl<B: ClientPages> OpContext<B> {
     }
 }
 
-/// The node's side of the shared memory and of passing its fd: every `unsafe` of the
-/// local socket server.
-mod shm {
-    use std::ffi::c_void;
-    use std::io;
-    use std::os::fd::{BorrowedFd, OwnedFd};
-    use std::ptr::NonNull;
-
-    use rustix::fs::{MemfdFlags, SealFlags};
-    use rustix::mm::{MapFlags, ProtFlags};
-    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-
-    /// A client's host tier as the node maps it.
-    ///
-    /// Invariants: `ptr..ptr + len` is a shared read-write mapping of a memfd whose size
-    /// is sealed at `len` (so no access inside it can fault), unmapped only in `drop`.
-    /// The node never creates a Rust reference into it: the client writes it at any time
-    /// (the pool's contract says not to a slot with an op in flight, but the node does
-    /// not trust that), so every access is a raw byte copy, for which any bytes are valid.
-    pub(super) struct SharedRegion {
-        ptr: NonNull<u8>,
-        len: u64,
-    }
-
-    // SAFETY: the region is plain bytes reached only through raw copies (see above);
-    // nothing in it is tied to a thread.
-    unsafe impl Send for SharedRegion {}
-    // SAFETY: as above; concurrent copies touch only bytes, never Rust values.
-    unsafe impl Sync for SharedRegion {}
-
-    impl SharedRegion {
-        /// Creates a memfd of `len` bytes (`len` > 0), seals its size, and maps it.
-        pub(super) fn create(client: u32, len: u64) -> io::Result<(OwnedFd, SharedRegion)> {
-            let size = usize::try_from(len).map_err(io::Error::other)?;
-            let fd = rustix::fs::memfd_create(
-                format!("spillway-client-{client}"),
-                MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-            )?;
-            rustix::fs::ftruncate(&fd, len)?;
-            // Without these, the client could shrink the file and make the node's reads
-            // fault; SEAL keeps it from adding seals of its own.
-            rustix::fs::fcntl_add_seals(
-                &fd,
-                SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
-            )?;
-            // SAFETY: a fresh shared mapping chosen by the kernel (null hint), overlapping
-            // nothing of ours; `size` > 0 bytes of a file of exactly that size.
-            let ptr = unsafe {
-                rustix::mm::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    ProtFlags::READ | ProtFlags::WRITE,
-                    MapFlags::SHARED,
-                    &fd,
-                    0,
-                )
-            }?;
-            let ptr = NonNull::new(ptr.cast::<u8>())
-                .ok_or_else(|| io::Error::other("mmap returned null"))?;
-            Ok((fd, SharedRegion { ptr, len }))
-        }
-
-        pub(super) fn len(&self) -> u64 {
-            self.len
-        }
-
-        /// Copies `out.len()` bytes at `offset` out of the region.
-        ///
-        /// # Panics
-        /// If the range is outside the region (callers check first).
-        pub(super) fn read(&self, offset: u64, out: &mut [u8]) {
-            assert!(
-                offset
-                    .checked_add(out.len() as u64)
-                    .is_some_and(|end| end <= self.len)
-            );
-            // SAFETY: the range is inside the mapping (asserted), which stays mapped while
-            // `self` lives; `out` is our own memory, so they do not overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.ptr.as_ptr().add(offset as usize),
-                    out.as_mut_ptr(),
-                    out.len(),
-                )
-            };
-        }
-
-        /// Copies `data` into the region at `offset`.
-        ///
-        /// # Panics
-        /// If the range is outside the region (callers check first).
-        pub(super) fn write(&self, offset: u64, data: &[u8]) {
-            assert!(
-                offset
-                    .checked_add(data.len() as u64)
-                    .is_some_and(|end| end <= self.len)
-            );
-            // SAFETY: as in `read`, the other way.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    data.as_ptr(),
-                    self.ptr.as_ptr().add(offset as usize),
-                    data.len(),
-                )
-            };
-        }
-    }
-
-    impl Drop for SharedRegion {
-        fn drop(&mut self) {
-            // SAFETY: mapped in `create` with this length, unmapped only here; no
-            // reference into it exists (only raw copies, none running: we are dropped).
-            if let Err(e) =
-                unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len as usize) }
-            {
-                tracing::warn!(error = %e, "cannot unmap a client's host memory");
-            }
-        }
-    }
-
-    /// Sends `bytes` on the socket with `fd` attached (SCM_RIGHTS); returns the bytes
-    /// sent. No `unsafe`: rustix checks the buffers.
-    pub(super) fn send_with_fd(
-        socket: BorrowedFd<'_>,
-        bytes: &[u8],
-        fd: BorrowedFd<'_>,
-    ) -> io::Result<usize> {
-        let fds = [fd];
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-            return Err(io::Error::other("no room for the fd in the control buffer"));
-        }
-        let sent = rustix::net::sendmsg(
-            socket,
-            &[io::IoSlice::new(bytes)],
-            &mut control,
-            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
-        )?;
-        Ok(sent)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use spillway_types::BufferId;
-
-    #[test]
-    fn pages_outside_the_remote_key_scheme_are_refused() {
-        let page = |buffer| PageId {
-            buffer: BufferId(buffer),
-            index: 3,
-        };
-        assert_eq!(
-            check_remote_key(page((1 << CLIENT_BUFFER_BITS) - 1)),
-            Ok(())
-        );
-        let err = check_remote_key(page(1 << CLIENT_BUFFER_BITS)).unwrap_err();
-        assert!(err.contains("2^40"), "{err}");
-    }
-}
+mod shm;

@@ -34,8 +34,9 @@
 //! hence page ids. Every page's checksum is checked on
 //! arrival by the transport and again against the checksum recorded at spill time.
 //!
-//! In-memory twin: [`RemoteService::new`] makes a service that keeps the pages in this
-//! process, with the same API, checks and counters (for tests of its callers).
+//! In-memory twin: none here; the seam local clients see is `crate::local::ClientPages`,
+//! whose twin is `crate::local::MemClientPages`, and the whole service runs over the
+//! simulated transport (`Node::start_over`, test `sim_pool`).
 //!
 //! Rooms: the decisions (placement, reservation spending, batching, fetch routing, which
 //! copies to delete) are [`crate::placement::Placement`], a sans-IO brain; this module is
@@ -78,31 +79,14 @@ const GRACE_RETRY_MIN: Duration = Duration::from_millis(50);
 /// Longest wait between two tries of a request within the peer grace: 1 s.
 const GRACE_RETRY_MAX: Duration = Duration::from_secs(1);
 
-/// Where a [`RemoteService`] keeps pages.
-#[derive(Debug)]
-enum Backend {
-    /// On peers, recorded in the directory (the real thing).
-    Pool {
-        meta: Arc<MetaDriver>,
-        peers: Arc<Peers>,
-    },
-    /// In this process (the in-memory twin), up to `capacity_bytes`.
-    Memory {
-        capacity_bytes: u64,
-        pages: Mutex<HashMap<(u32, PageId), Bytes>>,
-    },
-}
-
-/// The node id the in-memory twin counts its traffic under.
-const MEMORY_PEER: NodeId = NodeId(0);
-
 /// The remote tier of this node's clients (see the module docs).
 #[derive(Debug)]
 pub struct RemoteService {
     node: NodeId,
     page_bytes: u64,
     peer_grace: Duration,
-    backend: Backend,
+    meta: Arc<MetaDriver>,
+    peers: Arc<Peers>,
     /// The brain: every decision and the state it needs (never held across an await).
     brain: Mutex<Placement>,
     /// Serializes planning and reserving, so two spills never spend one reservation twice.
@@ -111,24 +95,6 @@ pub struct RemoteService {
 }
 
 impl RemoteService {
-    /// The in-memory twin: pages kept in this process, up to `capacity_bytes` (page bytes
-    /// as given), with the same checks and counters as the real service.
-    pub fn new(capacity_bytes: u64) -> RemoteService {
-        let page_bytes = spillway_types::limits::PAGE_BYTES_MAX;
-        RemoteService {
-            node: NodeId(1),
-            page_bytes,
-            peer_grace: Duration::from_millis(crate::config::PEER_GRACE_MS_DEFAULT),
-            backend: Backend::Memory {
-                capacity_bytes,
-                pages: Mutex::new(HashMap::new()),
-            },
-            brain: Mutex::new(Placement::new(NodeId(1), page_bytes, page_bytes, 0)),
-            plan: tokio::sync::Mutex::new(()),
-            in_flight: Mutex::new(HashMap::new()),
-        }
-    }
-
     /// The service of a running node: pages on peers, placed in the directory.
     pub(crate) fn over_pool(config: &NodeConfig, meta: Arc<MetaDriver>, peers: Arc<Peers>) -> Self {
         let page_bytes = config.page_size.bytes();
@@ -136,7 +102,8 @@ impl RemoteService {
             node: config.node_id,
             page_bytes,
             peer_grace: Duration::from_millis(config.peer_grace_ms),
-            backend: Backend::Pool { meta, peers },
+            meta,
+            peers,
             // Ids and versions from the clock, so a restarted node never reuses one.
             brain: Mutex::new(Placement::new(
                 config.node_id,
@@ -150,10 +117,7 @@ impl RemoteService {
     }
 
     fn pool(&self) -> (&Arc<MetaDriver>, &Arc<Peers>) {
-        match &self.backend {
-            Backend::Pool { meta, peers } => (meta, peers),
-            Backend::Memory { .. } => unreachable!("pool paths run only over a pool"),
-        }
+        (&self.meta, &self.peers)
     }
 
     fn brain(&self) -> std::sync::MutexGuard<'_, Placement> {
@@ -230,37 +194,6 @@ impl RemoteService {
         }
     }
 
-    /// The in-memory twin's spill.
-    fn spill_to_memory(
-        &self,
-        client: u32,
-        pages: Vec<(PageId, Bytes)>,
-        capacity_bytes: u64,
-        held: &Mutex<HashMap<(u32, PageId), Bytes>>,
-    ) -> Result<(), RemoteError> {
-        let mut held = held.lock().expect("memory twin lock");
-        let used: u64 = held
-            .iter()
-            .filter(|(k, _)| !pages.iter().any(|(id, _)| *k == &(client, *id)))
-            .map(|(_, b)| b.len() as u64)
-            .sum();
-        let requested_bytes: u64 = pages.iter().map(|(_, b)| b.len() as u64).sum();
-        if used + requested_bytes > capacity_bytes {
-            return Err(RemoteError::NoRoom {
-                requested_bytes,
-                free_bytes: capacity_bytes.saturating_sub(used),
-            });
-        }
-        let mut brain = self.brain();
-        let c = brain.per_peer.entry(MEMORY_PEER).or_default();
-        for (id, data) in pages {
-            c.bytes_spilled += data.len() as u64;
-            c.pages_spilled += 1;
-            held.insert((client, id), data);
-        }
-        Ok(())
-    }
-
     /// Drives one spill through the brain (see [`crate::placement`] for the order).
     async fn spill_inner(
         &self,
@@ -272,13 +205,6 @@ impl RemoteService {
         }
         for (id, data) in &pages {
             self.check(client, *id, Some(data.len()))?;
-        }
-        if let Backend::Memory {
-            capacity_bytes,
-            pages: held,
-        } = &self.backend
-        {
-            return self.spill_to_memory(client, pages, *capacity_bytes, held);
         }
         pages.sort_by_key(|(id, _)| *id);
         pages.dedup_by_key(|(id, _)| *id);
@@ -504,21 +430,6 @@ impl RemoteService {
         for p in &pages {
             self.check(client, *p, None)?;
         }
-        if let Backend::Memory { pages: held, .. } = &self.backend {
-            let held = held.lock().expect("memory twin lock");
-            let mut out = Vec::with_capacity(pages.len());
-            for page in pages {
-                let data = held
-                    .get(&(client, page))
-                    .ok_or(RemoteError::NotFound { client, page })?;
-                out.push(data.clone());
-            }
-            let mut brain = self.brain();
-            let c = brain.per_peer.entry(MEMORY_PEER).or_default();
-            c.pages_fetched += out.len() as u64;
-            c.bytes_fetched += out.iter().map(|b| b.len() as u64).sum::<u64>();
-            return Ok(out);
-        }
         let held = self.locate(client, &pages).await?;
         let requests = self.brain().get_requests(client, &pages, &held)?;
         let mut set = JoinSet::new();
@@ -590,13 +501,6 @@ impl RemoteService {
         pages.retain(|p| self.check(client, *p, None).is_ok());
         pages.sort();
         pages.dedup();
-        if let Backend::Memory { pages: held, .. } = &self.backend {
-            let mut held = held.lock().expect("memory twin lock");
-            for p in pages {
-                held.remove(&(client, p));
-            }
-            return Ok(());
-        }
         let held = self.locate(client, &pages).await?;
         let (removes, copies) = self.brain().removals(client, &pages, &held);
         if removes.is_empty() {
@@ -632,9 +536,7 @@ impl RemoteService {
     pub async fn retry_pending_deletes(&self) -> usize {
         let work = self.brain().pending_deletes();
         for (peer, ids) in work {
-            if let Backend::Pool { peers, .. } = &self.backend
-                && !peers.reachable(peer)
-            {
+            if !self.peers.reachable(peer) {
                 continue;
             }
             if self.delete_on(peer, ids.clone()).await.is_ok() {
@@ -649,9 +551,7 @@ impl RemoteService {
     /// group drops a node's reservations when that node starts a new incarnation, and
     /// expires them by its clock. Returns how many were forgotten.
     pub async fn reconcile_reservations(&self) -> Result<usize, RemoteError> {
-        let Backend::Pool { meta, .. } = &self.backend else {
-            return Ok(0);
-        };
+        let meta = &self.meta;
         let known: Vec<ReservationId> = self.brain().ledger().remaining().into_keys().collect();
         if known.is_empty() {
             return Ok(0);
@@ -682,9 +582,7 @@ impl RemoteService {
     /// spill places a page where its delete is pending). Call it before the first client
     /// is taken. Returns how many pages it released.
     pub async fn release_earlier_incarnation(&self) -> Result<u64, RemoteError> {
-        let Backend::Pool { meta, .. } = &self.backend else {
-            return Ok(0);
-        };
+        let meta = &self.meta;
         let node = self.node;
         let found: Vec<(Extent, NodeId)> = meta
             .read(move |s| {
@@ -746,19 +644,6 @@ impl RemoteService {
     /// capacity not used or reserved, plus what this node holds reserved there and has not
     /// spent.
     pub fn capacity_bytes(&self) -> u64 {
-        if let Backend::Memory {
-            capacity_bytes,
-            pages,
-        } = &self.backend
-        {
-            let used: u64 = pages
-                .lock()
-                .expect("memory twin lock")
-                .values()
-                .map(|b| b.len() as u64)
-                .sum();
-            return capacity_bytes.saturating_sub(used);
-        }
         let candidates = self.candidates();
         self.brain().capacity_bytes(&candidates, now_ms())
     }

@@ -429,7 +429,7 @@ fn bad_ops_get_typed_errors_and_the_connection_stays() {
     assert_eq!(empty.result.unwrap_err().code, OpErrorCode::BadRequest);
     let missing = c.op(fetch(4, page(4, 9), 0, PAGE)).result.unwrap_err();
     assert_eq!(missing.code, OpErrorCode::Remote);
-    assert!(missing.message.contains("not held"), "{}", missing.message);
+    assert!(missing.message.contains("is not in the remote tier"), "{}", missing.message);
     // Spilled short, fetched long: the lengths disagree.
     c.write_slot(1, &pattern_bytes(PAGE, 1));
     assert_eq!(c.op(spill(5, page(4, 1), 1, PAGE / 2)).result, Ok(()));
