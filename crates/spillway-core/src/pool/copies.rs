@@ -53,12 +53,14 @@ impl Copies {
         }
     }
 
-    /// Whether a copy of `bytes` may start now: within the direction's bound, or the
-    /// first in flight (so progress is guaranteed).
+    /// Whether a copy of `bytes` may start now: within the direction's bound, or one of
+    /// the first two in flight whatever the bound (so progress is guaranteed, and the
+    /// next copy is queued before the previous one ends: with pages as large as the
+    /// bound, one at a time left the copy engine idle for each completion's round trip,
+    /// 7% of a step at 64 MiB pages on the H200).
     pub(super) fn may_issue(&self, direction: Direction, bytes: u64) -> bool {
         let d = index(direction);
-        self.in_flight_bytes[d] == 0
-            || self.in_flight_bytes[d] + bytes <= self.in_flight_bytes_max[d]
+        self.in_flight_bytes[d] + bytes <= self.in_flight_bytes_max[d].max(2 * bytes)
     }
 
     /// Records `op` (of `page`) as in flight from `now` and queues it for the driver.
