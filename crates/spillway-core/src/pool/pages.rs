@@ -184,6 +184,8 @@ pub(super) struct PageTable {
     page_bytes: u64,
     /// The id the next buffer gets (ids below it were handed out).
     next_buffer: u64,
+    /// Pages of the buffers in the table (an alloc checks room without visiting them).
+    pages_committed: u64,
 }
 
 impl PageTable {
@@ -192,6 +194,7 @@ impl PageTable {
             buffers: HashMap::new(),
             page_bytes,
             next_buffer: 1,
+            pages_committed: 0,
         }
     }
 
@@ -219,6 +222,7 @@ impl PageTable {
     pub(super) fn insert(&mut self, bytes: u64, pages: Vec<Page>) -> BufferId {
         let id = BufferId(self.next_buffer);
         self.next_buffer += 1;
+        self.pages_committed += pages.len() as u64;
         self.buffers.insert(
             id,
             Buffer {
@@ -235,7 +239,9 @@ impl PageTable {
 
     /// Removes a buffer (freed, nothing in flight) and returns it.
     pub(super) fn remove(&mut self, id: BufferId) -> Option<Buffer> {
-        self.buffers.remove(&id)
+        let b = self.buffers.remove(&id)?;
+        self.pages_committed -= b.pages.len() as u64;
+        Some(b)
     }
 
     pub(super) fn get(&self, id: BufferId) -> Option<&Buffer> {
@@ -277,7 +283,7 @@ impl PageTable {
 
     /// Pages of buffers not yet given back (freed buffers with copies in flight count).
     pub(super) fn committed_pages(&self) -> u64 {
-        self.buffers.values().map(|b| b.pages.len() as u64).sum()
+        self.pages_committed
     }
 
     /// Whether `pid`'s buffer is live and an acquire holds the page.
