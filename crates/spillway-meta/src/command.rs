@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use spillway_types::{BufferId, PageId, limits::PAGES_PER_BUFFER_MAX};
 
-use crate::ids::{ClientId, Epoch, LeaseId, NodeId, ReservationId};
+use crate::ids::{Epoch, NodeId, ReservationId};
 use crate::limits;
 
 /// A run of pages of one buffer: `page_count` pages from `first_page`.
@@ -151,29 +151,6 @@ pub enum Update {
         /// The reservation.
         id: ReservationId,
     },
-    /// Grant `client` a lease served by `node` until `expires_at_ms`.
-    GrantLease {
-        /// Id chosen by the proposer.
-        id: LeaseId,
-        /// The client.
-        client: ClientId,
-        /// The node that serves it.
-        node: NodeId,
-        /// When the lease lapses, in group-clock milliseconds.
-        expires_at_ms: u64,
-    },
-    /// Extend a live lease.
-    RenewLease {
-        /// The lease.
-        id: LeaseId,
-        /// The new expiry, in group-clock milliseconds.
-        expires_at_ms: u64,
-    },
-    /// End a lease now.
-    RevokeLease {
-        /// The lease.
-        id: LeaseId,
-    },
     /// Declare a member up, down or leaving. Down → Up starts a new epoch.
     SetMemberState {
         /// The member.
@@ -194,7 +171,7 @@ pub enum Update {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     /// The proposer's clock in milliseconds. The group clock is the largest of these seen,
-    /// so it never goes backwards; reservations and leases expire against it.
+    /// so it never goes backwards; reservations expire against it.
     pub now_ms: u64,
     /// The updates, at most [`limits::BATCH_UPDATES_MAX`].
     pub updates: Vec<Update>,
@@ -239,7 +216,7 @@ pub enum MembershipChange {
         /// The learner.
         node: NodeId,
     },
-    /// A member leaves the group; its records, reservations and leases are dropped.
+    /// A member leaves the group; its records and reservations are dropped.
     /// The leader cannot remove itself: transfer leadership first.
     Remove {
         /// The member.

@@ -24,14 +24,6 @@ impl fmt::Display for Epoch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ReservationId(pub u64);
 
-/// A client lease, chosen by the proposer, unique among live leases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct LeaseId(pub u64);
-
-/// A client process (one training rank) of the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct ClientId(pub u64);
-
 /// A proposal of one node, handed back by `propose` and named again in its
 /// [`crate::Completion`]. Unique per proposer for the life of the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -5,7 +5,7 @@
 //!   snapshot and its configuration), so a node restarts from its directory;
 //! - [`state`]: the replicated state machine ([`MetaState`]): members with their epochs,
 //!   the directory of pages that left their home node (extents → holder, epoch,
-//!   version), capacity reservations, client leases; deterministic, with its invariants
+//!   version) and capacity reservations; deterministic, with its invariants
 //!   written down and checkable;
 //! - [`command`]: what a proposal carries ([`Batch`] of [`Update`]s, or a
 //!   [`MembershipChange`]), encoded with `bincode` 2 under a decode limit;
@@ -18,8 +18,14 @@
 //!
 //! What the node daemon adds: a timer calling `tick` every
 //! [`limits::TICK_MS_RECOMMENDED`] ms, authenticated connections carrying
-//! `poll_messages` output to peers, forwarding proposals to the leader, and failure
-//! detection that proposes [`Update::SetMemberState`].
+//! `poll_messages` output to peers, and forwarding proposals to the leader.
+//!
+//! Kept for the node-failure work, not proposed by any node yet: [`Update::SetMemberState`]
+//! (with the epochs it bumps, which fence placements) is applied and tested here, but no
+//! failure detector proposes it today; the node's sans-IO brain (`spillway-node`'s
+//! `placement`) already leaves down members out of placements, so the detector lands
+//! there. Client leases were cut (nothing granted or read them); a snapshot of the
+//! earlier format (1, with a lease table) is refused (format 2 now).
 
 pub mod command;
 mod directory;
@@ -37,11 +43,11 @@ pub use command::{
     Batch, Extent, InitialCluster, MemberInfo, MemberState, MembershipChange, Update,
 };
 pub use directory::Holder;
-pub use ids::{ClientId, Epoch, LeaseId, NodeId, ReservationId, Ticket};
+pub use ids::{Epoch, NodeId, ReservationId, Ticket};
 pub use node::{
     Applied, Completion, ConfigError, MetaConfig, MetaCounters, MetaError, MetaNode, MetaStatus,
     PeerProgress, ProposalFailed, ProposeError, Role,
 };
 /// raft-rs's message type, as [`MetaNode::step`] takes and [`MetaNode::poll_messages`] gives.
 pub use raft::eraftpb::Message as RaftMessage;
-pub use state::{Lease, Member, MetaState, RaftRole, Rejection, Reservation, Usage};
+pub use state::{Member, MetaState, RaftRole, Rejection, Reservation, Usage};

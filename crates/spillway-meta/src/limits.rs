@@ -31,8 +31,6 @@ pub const ADDRESSES_PER_MEMBER_MAX: usize = 8;
 pub const ADDRESS_BYTES_MAX: usize = 256;
 /// Most live capacity reservations in the pool: 2^16 (each ~48 bytes: 3 MiB).
 pub const RESERVATIONS_MAX: usize = 1 << 16;
-/// Most live client leases in the pool: 2^16 (each ~48 bytes: 3 MiB).
-pub const LEASES_MAX: usize = 1 << 16;
 
 /// Default number of applied entries between two state-machine snapshots: 4096. A snapshot
 /// costs one encode of the whole state (about 30 bytes per extent) plus one synced write;

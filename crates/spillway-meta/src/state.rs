@@ -1,4 +1,4 @@
-//! The replicated state machine: members, the directory, reservations, leases.
+//! The replicated state machine: members, the directory, reservations.
 //!
 //! Every node applies the same committed entries in the same order to a [`MetaState`],
 //! so every change here is deterministic: ordered maps only, no clock (the group clock is
@@ -27,7 +27,7 @@ use crate::command::{
     Update,
 };
 use crate::directory::{Cut, Directory, Holder};
-use crate::ids::{ClientId, Epoch, LeaseId, NodeId, ReservationId};
+use crate::ids::{Epoch, NodeId, ReservationId};
 use crate::limits;
 
 /// A member's part in the Raft group.
@@ -74,19 +74,6 @@ pub struct Reservation {
     pub node: NodeId,
     /// Bytes still reserved (placements paid by it take from this).
     pub bytes: u64,
-    /// When it lapses, in group-clock milliseconds.
-    pub expires_at_ms: u64,
-}
-
-/// A client's lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
-    /// Its id.
-    pub id: LeaseId,
-    /// The client.
-    pub client: ClientId,
-    /// The node serving the client.
-    pub node: NodeId,
     /// When it lapses, in group-clock milliseconds.
     pub expires_at_ms: u64,
 }
@@ -178,18 +165,6 @@ pub enum Rejection {
         /// The reservation.
         id: ReservationId,
     },
-    /// A lease with this id is live.
-    #[error("lease {id:?} already exists")]
-    DuplicateLease {
-        /// The lease.
-        id: LeaseId,
-    },
-    /// No live lease with this id.
-    #[error("lease {id:?} is unknown or expired")]
-    UnknownLease {
-        /// The lease.
-        id: LeaseId,
-    },
     /// The expiry is not after the group clock.
     #[error("expiry {expires_at_ms} ms is not after the group clock ({clock_ms} ms)")]
     AlreadyExpired {
@@ -235,7 +210,8 @@ pub enum SnapshotError {
     },
 }
 
-const SNAPSHOT_FORMAT: u32 = 1;
+/// The snapshot's format: 2 (1 had a table of client leases, cut since).
+const SNAPSHOT_FORMAT: u32 = 2;
 
 /// What a snapshot stores: only the facts, never derived accounting (rebuilt and checked
 /// on load).
@@ -247,7 +223,6 @@ struct SnapshotData {
     members: Vec<Member>,
     extents: Vec<(Extent, Holder)>,
     reservations: Vec<Reservation>,
-    leases: Vec<Lease>,
 }
 
 /// The replicated state, as applied up to [`MetaState::applied_index`].
@@ -260,7 +235,6 @@ pub struct MetaState {
     usage: BTreeMap<NodeId, Usage>,
     directory: Directory,
     reservations: BTreeMap<ReservationId, Reservation>,
-    leases: BTreeMap<LeaseId, Lease>,
 }
 
 impl MetaState {
@@ -344,16 +318,6 @@ impl MetaState {
         self.reservations.values()
     }
 
-    /// One live lease.
-    pub fn lease(&self, id: LeaseId) -> Option<&Lease> {
-        self.leases.get(&id)
-    }
-
-    /// All live leases.
-    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
-        self.leases.values()
-    }
-
     // ---- apply ----
 
     pub(crate) fn set_applied_index(&mut self, index: u64) {
@@ -382,7 +346,6 @@ impl MetaState {
             }
             live
         });
-        self.leases.retain(|_, l| l.expires_at_ms > now_ms);
     }
 
     fn apply_update(&mut self, update: &Update) -> Result<(), Rejection> {
@@ -415,48 +378,6 @@ impl MetaState {
                 self.usage_mut(r.node).reserved_bytes -= r.bytes;
                 Ok(())
             }
-            Update::GrantLease {
-                id,
-                client,
-                node,
-                expires_at_ms,
-            } => {
-                self.up_member(node)?;
-                self.check_expiry(expires_at_ms)?;
-                if self.leases.contains_key(&id) {
-                    return Err(Rejection::DuplicateLease { id });
-                }
-                if self.leases.len() >= limits::LEASES_MAX {
-                    return Err(Rejection::TableFull {
-                        table: "lease",
-                        max: limits::LEASES_MAX,
-                    });
-                }
-                self.leases.insert(
-                    id,
-                    Lease {
-                        id,
-                        client,
-                        node,
-                        expires_at_ms,
-                    },
-                );
-                Ok(())
-            }
-            Update::RenewLease { id, expires_at_ms } => {
-                self.check_expiry(expires_at_ms)?;
-                let l = self
-                    .leases
-                    .get_mut(&id)
-                    .ok_or(Rejection::UnknownLease { id })?;
-                l.expires_at_ms = l.expires_at_ms.max(expires_at_ms);
-                Ok(())
-            }
-            Update::RevokeLease { id } => self
-                .leases
-                .remove(&id)
-                .map(|_| ())
-                .ok_or(Rejection::UnknownLease { id }),
             Update::SetMemberState { node, state } => self.set_member_state(node, state),
             Update::SetCapacity {
                 node,
@@ -714,7 +635,6 @@ impl MetaState {
         }
         self.directory.drop_where(node, |_| true);
         self.reservations.retain(|_, r| r.node != node);
-        self.leases.retain(|_, l| l.node != node);
         self.usage.remove(&node);
     }
 
@@ -776,7 +696,6 @@ impl MetaState {
             members: self.members.values().cloned().collect(),
             extents: self.directory.iter().collect(),
             reservations: self.reservations.values().copied().collect(),
-            leases: self.leases.values().copied().collect(),
         })
     }
 
@@ -791,7 +710,6 @@ impl MetaState {
         if data.members.len() > limits::MEMBERS_MAX
             || data.extents.len() > limits::DIRECTORY_EXTENTS_MAX
             || data.reservations.len() > limits::RESERVATIONS_MAX
-            || data.leases.len() > limits::LEASES_MAX
         {
             return Err(inconsistent("a table is over its bound".into()));
         }
@@ -805,7 +723,6 @@ impl MetaState {
             usage: BTreeMap::new(),
             directory,
             reservations: data.reservations.into_iter().map(|r| (r.id, r)).collect(),
-            leases: data.leases.into_iter().map(|l| (l.id, l)).collect(),
         };
         s.usage = s.recount().map_err(inconsistent)?;
         s.check_invariants().map_err(inconsistent)?;
@@ -1086,32 +1003,8 @@ mod tests {
     }
 
     #[test]
-    fn leases_and_capacity_changes() {
+    fn capacity_never_goes_below_use() {
         let mut s = state(&[4 * PAGE]);
-        let grant = Update::GrantLease {
-            id: LeaseId(1),
-            client: ClientId(9),
-            node: NodeId(1),
-            expires_at_ms: 50,
-        };
-        assert_eq!(apply(&mut s, 1, vec![grant.clone()]), vec![Ok(())]);
-        assert!(matches!(
-            apply(&mut s, 2, vec![grant])[0],
-            Err(Rejection::DuplicateLease { .. })
-        ));
-        apply(
-            &mut s,
-            3,
-            vec![Update::RenewLease {
-                id: LeaseId(1),
-                expires_at_ms: 80,
-            }],
-        );
-        apply(&mut s, 60, vec![]);
-        assert!(s.lease(LeaseId(1)).is_some());
-        apply(&mut s, 80, vec![]);
-        assert!(s.lease(LeaseId(1)).is_none());
-
         apply(&mut s, 81, vec![place(1, 0, 3, 1, 1, 1)]);
         assert!(matches!(
             apply(
