@@ -8,6 +8,7 @@
 //! - `spillway cluster init|up|down|failover-bench`: a pool of node processes on this
 //!   machine;
 //! - `spillway status`: every node's `/status`;
+//! - `spillway launch -- CMD`: one node per host of a multi-host job, then CMD;
 //! - `spillway bench remote`: page throughput over QUIC against raw TCP, same run.
 //!
 //! Output to a reader that went away (`spillway status | head -1`) ends the command the
@@ -27,6 +28,7 @@
 mod bench_remote;
 mod cluster_cmd;
 mod demo;
+mod launch;
 mod local_pool;
 mod node_cmd;
 mod record;
@@ -65,6 +67,9 @@ enum Command {
     Cluster(cluster_cmd::ClusterCommand),
     /// Members, leader, term, commit index and tier use of every node of a pool.
     Status(status::StatusArgs),
+    /// Start one node per host of a multi-host job (Slurm, torchrun, LeaderWorkerSet or
+    /// --hosts), wait for the pool, run CMD with SPILLWAY_SOCKET set.
+    Launch(launch::LaunchArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -109,6 +114,11 @@ fn main() -> ExitCode {
 }
 
 fn run(command: Command) -> Result<()> {
+    let command = match command {
+        // The job's exit status is launch's.
+        Command::Launch(args) => std::process::exit(launch::run_launch(args)?),
+        other => other,
+    };
     match command {
         Command::Demo(args) => demo::run_demo(args),
         Command::Bench(BenchCommand::Local(b)) => demo::run_bench(b),
@@ -117,6 +127,7 @@ fn run(command: Command) -> Result<()> {
         Command::Node(args) => node_cmd::run_node(args),
         Command::Cluster(cmd) => cluster_cmd::run(cmd),
         Command::Status(args) => status::run_status(args),
+        Command::Launch(_) => Ok(()),
     }
 }
 

@@ -1,0 +1,122 @@
+//! `spillway launch [OPTIONS] -- CMD ARGS...`: one node per host of a multi-host job,
+//! then the job's command with `SPILLWAY_SOCKET` set.
+//!
+//! Safe to run on every rank: [`env::detect`] finds the host and the local rank. Local
+//! rank 0 writes the host's node config (its address and ports, every host a member;
+//! certificates from the pool directory `spillway cluster init` laid out, which the job's
+//! host 0 lays out itself when it is missing), starts `spillway node`, waits until every
+//! host's node answers `/status`, they agree on a leader and every member's capacity is
+//! committed, then marks the host ready; the host's other ranks wait for that mark. Each
+//! rank runs the command with SIGINT and SIGTERM forwarded, and exits with its status.
+//! Local rank 0 stops the node once every rank of its host has exited and every host's
+//! job has ended (a barrier in the pool directory: a node holds other hosts' pages, so
+//! none leaves before the others are done).
+//!
+//! Under torchrun and LeaderWorkerSet only host 0's address is known: each host writes
+//! its address (the one that routes to host 0) into the job's rendezvous directory in the
+//! pool directory, and reads everyone's. So the pool directory must be shared between the
+//! hosts (Slurm's usual home directory, a Kubernetes volume); joining with a token and no
+//! shared disk is not built yet.
+//!
+//! Voters: the plan names the first 3 (5 from 5 hosts on) as Raft voters; the node
+//! bootstraps every configured member as a voter today (learners at start-up need the
+//! node's membership changes, not driven yet), so every host votes.
+
+pub mod env;
+pub mod plan;
+mod run;
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+use self::env::Explicit;
+use self::plan::Plan;
+
+/// Default peer port of every host's node (its `/status` port is the next one).
+pub const PEER_PORT_DEFAULT: u16 = 7700;
+
+/// Arguments of `spillway launch`.
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// The job's hosts, comma-separated, Slurm hostlist syntax allowed (`gpu[01-04]`);
+    /// with --host-index, replaces what the environment says.
+    #[arg(long, value_name = "LIST")]
+    hosts: Option<String>,
+    /// This host's index in --hosts (from 0).
+    #[arg(long, value_name = "I")]
+    host_index: Option<usize>,
+    /// This process's rank among the ranks of its host, with --hosts (default 0).
+    #[arg(long, value_name = "R")]
+    local_rank: Option<u32>,
+    /// Ranks on this host, with --hosts (default 1).
+    #[arg(long, value_name = "N")]
+    local_world_size: Option<u32>,
+    /// A name of this run, the same on every rank (default: from the environment, e.g.
+    /// slurm-JOB.STEP).
+    #[arg(long, value_name = "KEY")]
+    job_key: Option<String>,
+    /// The pool directory, shared by the hosts: certificates from `spillway cluster init`
+    /// (host 0 lays it out when missing) [default: $SPILLWAY_DIR, else ~/.spillway/pool].
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Where each host keeps its node's config, log, data and socket [default: $TMPDIR or
+    /// /tmp].
+    #[arg(long, value_name = "DIR")]
+    run_base: Option<PathBuf>,
+    /// Peer port of every node (UDP); /status on the next (TCP).
+    #[arg(long, value_name = "P", default_value_t = PEER_PORT_DEFAULT)]
+    port: u16,
+    /// Host tier of each node, e.g. 4GiB.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB",
+          value_parser = crate::size::size_in(0..=crate::size::BUDGET_BYTES_MAX))]
+    host_budget: u64,
+    /// Seconds to wait for the pool (and, on other ranks, for the host's node).
+    #[arg(long, default_value_t = 120)]
+    timeout_s: u64,
+    /// The nodes' log filter (their SPILLWAY_LOG).
+    #[arg(long, default_value = "info")]
+    log: String,
+    /// Print the plan and exit.
+    #[arg(long)]
+    dry_run: bool,
+    /// The job's command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Runs `spillway launch`.
+pub fn run_launch(args: LaunchArgs) -> Result<i32> {
+    let explicit = Explicit {
+        hosts: args.hosts.clone(),
+        host_index: args.host_index,
+        local_rank: args.local_rank,
+        local_world_size: args.local_world_size,
+        job_key: args.job_key.clone(),
+    };
+    let placement = env::detect(&explicit, &|k| {
+        std::env::var(k).ok().filter(|v| !v.is_empty())
+    })?;
+    let pool_dir = match (&args.dir, std::env::var_os("SPILLWAY_DIR")) {
+        (Some(d), _) => d.clone(),
+        (None, Some(d)) if !d.is_empty() => PathBuf::from(d),
+        _ => match std::env::var_os("HOME") {
+            Some(home) => PathBuf::from(home).join(".spillway").join("pool"),
+            None => bail!("--dir: no pool directory given and HOME is not set"),
+        },
+    };
+    let run_base = args.run_base.clone().unwrap_or_else(std::env::temp_dir);
+    let plan = Plan::new(
+        placement,
+        &pool_dir,
+        &run_base,
+        args.port,
+        args.command.clone(),
+    );
+    if args.dry_run {
+        print!("{}", plan.describe());
+        return Ok(0);
+    }
+    run::run(&plan, &args)
+}
