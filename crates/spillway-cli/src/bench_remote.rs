@@ -87,6 +87,17 @@ pub fn run_remote(mut args: RemoteArgs) -> Result<()> {
         config.connections_per_peer = c;
     }
     config.validate().context("--quic")?;
+    // Progress on stderr (the rounds take seconds each; stdout keeps the result).
+    eprintln!(
+        "bench remote: TCP (1 and 8 connections), QUIC{}, {} rounds of {} each...",
+        if args.transport == Transport::Ucx {
+            " and UCX"
+        } else {
+            ""
+        },
+        remote::ROUNDS,
+        spillway_client::fmt_bytes(args.total_bytes)
+    );
     let report = remote::run(&RemoteConfig {
         transport: match args.transport {
             Transport::Quic => RemoteTransport::Quic,

@@ -377,6 +377,11 @@ fn bench_remote_draws_one_unit_and_records_markdown_with_its_json() {
         "--record",
         record.to_str().unwrap(),
     ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bench remote: TCP (1 and 8 connections), QUIC, 3 rounds of 16.0 MiB each"),
+        "{stderr}"
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_terminal_table(&stdout);
     assert!(stdout.contains("throughput GiB/s"), "{stdout}");
