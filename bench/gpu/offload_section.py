@@ -62,7 +62,7 @@ def section(out, command):
         "bandwidth at that page size); compute = `resident`'s step. Section written by "
         "`bench/gpu/offload_section.py` from the run's JSON.")
     lines.append("")
-    lines.append(f"Run: `{os.path.basename(os.path.normpath(out))}`; command: `{command}`, "
+    lines.append(f"Run: `{os.path.normpath(out)}`; command: `{command}`, "
                  "binaries from `bench/gpu/build-dist.sh`.")
     lines.append("")
     lines.append(f"Machine: {r0['machine']}. GPU: {gpu}. The pool's default page size: "
@@ -135,7 +135,6 @@ def section(out, command):
         + "".join(f"; {p} MiB x {bt}: {o:.3f} / " + (f"{s:.3f}" if s is not None else "-")
                   for p, bt, o, s in cells if o > OWN_FLOOR_MAX or (s is not None and s > 1.0))
         + ".")
-    lines.append("")
     summary = (f"{verdict}: learned / own floor <= {worst_own:.3f}, learned / PyTorch prefetch <= "
                + (f"{worst_vs:.3f}" if worst_vs is not None else "n/a")
                + f" at {', '.join(str(r['page_bytes'] >> 20) for r in runs)} MiB pages")

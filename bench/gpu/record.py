@@ -42,14 +42,14 @@ def main():
             if l.strip():
                 d = json.loads(l)
                 torch[d["batch"]] = d
-    for name in ["gpu-offload-8mib", "gpu-offload-2mib"]:
+    for name in ["gpu-offload-2mib", "gpu-offload-8mib", "gpu-offload-64mib"]:
         if not os.path.exists(p(name + ".out")) or not load(p(name + ".out")).strip():
             continue
         r = json.loads(load(p(name + ".out")))
         print(f"#### Offload: {r['layers']} layers x {r['hidden']}x{r['hidden']} bf16, GPU budget {r['slots']} layers, "
               f"page {r['page_bytes'] >> 20} MiB ({r['device']}; {r['machine']})\n")
         print(f"Pages verified in learned's first step: {r['verified_pages']}, corrupt: {r['corrupt_pages']}.\n")
-        print("| batch | variant | step s | ratio to floor | hit rate | stall s/step | page remaps/step | remap s/step | learned / PyTorch prefetch |")
+        print("| batch | variant | step s | ratio to own floor | hit rate | stall s/step | page remaps/step | remap s/step | learned / PyTorch prefetch |")
         print("|---|---|---|---|---|---|---|---|---|")
         for b in r["batches"]:
             t = torch.get(b["batch"])
@@ -57,7 +57,7 @@ def main():
                 vs = ""
                 if v["name"] == "learned" and t:
                     vs = f"{v['step_s'] / t['prefetch_s']:.3f}"
-                print(f"| {b['batch']} | {v['name']} | {v['step_s']:.4f} | {v['ratio_to_floor']:.3f} | "
+                print(f"| {b['batch']} | {v['name']} | {v['step_s']:.4f} | {v.get('ratio_to_own_floor', v.get('ratio_to_floor', 0)):.3f} | "
                       f"{v['hit_rate']:.3f} | {v['stall_s']:.4f} | {v.get('remaps_per_step', 0):.0f} | "
                       f"{v.get('remap_s_per_step', 0):.4f} | {vs} |")
             if t:
