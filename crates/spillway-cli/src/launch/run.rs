@@ -142,22 +142,26 @@ async fn run_async(plan: &Plan, args: &LaunchArgs) -> Result<i32> {
         &format!("{}\n", std::process::id()),
     )?;
 
-    let node = if plan.starts_node() {
+    let (node, status_addr) = if plan.starts_node() {
         for stale in ["ready".to_string()]
             .into_iter()
             .chain((0..p.local_world_size).map(|r| format!("done-{r}")))
         {
             let _ = fs::remove_file(plan.run_dir.join(stale));
         }
-        let guard = start_node(plan, args, timeout, &mut signals).await?;
+        let (guard, status_addr) = start_node(plan, args, timeout, &mut signals).await?;
         write_atomic(
             &ready_file,
-            &format!("{} {}\n", guard.child.id(), std::process::id()),
+            &format!(
+                "{} {} {status_addr}\n",
+                guard.child.id(),
+                std::process::id()
+            ),
         )?;
-        Some(guard)
+        (Some(guard), status_addr.to_string())
     } else {
         let socket = plan.client_socket();
-        wait_for(
+        let status_addr = wait_for(
             "waiting for local rank 0's node",
             Some(timeout),
             &mut signals,
@@ -165,18 +169,20 @@ async fn run_async(plan: &Plan, args: &LaunchArgs) -> Result<i32> {
                 let Some(text) = read_marker(&ready_file) else {
                     return Ok(None);
                 };
-                let alive = text
-                    .split_whitespace()
+                // "<node pid> <launch pid> <status address>"
+                let words: Vec<&str> = text.split_whitespace().collect();
+                let alive = words
+                    .iter()
                     .filter_map(|w| w.parse::<u32>().ok())
                     .all(pid_alive);
-                Ok((alive && socket.exists()).then_some(()))
+                Ok((alive && words.len() == 3 && socket.exists()).then(|| words[2].to_string()))
             },
         )
         .await?;
-        None
+        (None, status_addr)
     };
 
-    let status = run_job(plan, &mut signals).await?;
+    let status = run_job(plan, &status_addr, &mut signals).await?;
     write_atomic(&plan.run_dir.join(format!("done-{lr}")), "done\n")?;
     if let Some(guard) = node {
         end_of_job(plan, &mut signals).await?;
@@ -223,7 +229,7 @@ async fn start_node(
     args: &LaunchArgs,
     timeout: Duration,
     signals: &mut Signals,
-) -> Result<NodeGuard> {
+) -> Result<(NodeGuard, SocketAddr)> {
     let p = &plan.placement;
     let hosts = p.hosts.len();
     let spec = pool_spec(plan, args, timeout, signals).await?;
@@ -342,7 +348,7 @@ async fn start_node(
             r.leader.unwrap_or(0)
         )
     })?;
-    Ok(guard)
+    Ok((guard, config.metrics_addr))
 }
 
 /// The pool in the pool directory; host 0 lays it out if it is missing, the others wait
@@ -463,15 +469,17 @@ fn route_to(to: IpAddr, port: u16) -> Result<IpAddr> {
     Ok(s.local_addr()?.ip())
 }
 
-/// Runs the job's command with `SPILLWAY_SOCKET` set, forwarding SIGINT and SIGTERM;
+/// Runs the job's command with `SPILLWAY_SOCKET` (and `SPILLWAY_STATUS_ADDR`, the node's
+/// `/status` and `/metrics`, `SPILLWAY_NODE_ID`, `SPILLWAY_HOST_INDEX`, `SPILLWAY_HOSTS`) set, forwarding SIGINT and SIGTERM;
 /// returns its exit status (128 + signal when a signal ended it).
-async fn run_job(plan: &Plan, signals: &mut Signals) -> Result<i32> {
+async fn run_job(plan: &Plan, status_addr: &str, signals: &mut Signals) -> Result<i32> {
     use std::os::unix::process::ExitStatusExt;
     let (program, rest) = plan.command.split_first().context("no command to run")?;
     let p = &plan.placement;
     let mut child = Command::new(program)
         .args(rest)
         .env("SPILLWAY_SOCKET", plan.client_socket())
+        .env("SPILLWAY_STATUS_ADDR", status_addr)
         .env("SPILLWAY_NODE_ID", plan.node_id.to_string())
         .env("SPILLWAY_HOST_INDEX", p.host_index.to_string())
         .env("SPILLWAY_HOSTS", p.hosts.len().to_string())

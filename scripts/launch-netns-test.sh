@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# `spillway launch` across 4 hosts: 4 network namespaces on a bridge (10.77.0.1-4/24 only,
+# in a namespace of their own, so nothing touches this machine's interfaces), one
+# `spillway launch` per host with a Slurm-style environment (2 ranks per host), then a
+# torchrun-style one (1 rank per host, addresses by rendezvous). The job is the demo
+# client (`demo --connect "$SPILLWAY_SOCKET"`); each host's demo must verify every page,
+# and each host's node must have moved pages to at least one other host.
+# Needs root (ip netns). Namespaces are removed on every way out.
+#
+#   scripts/launch-netns-test.sh [path/to/spillway]     (default target/release/spillway)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exe=$(realpath "${1:-target/release/spillway}")
+hosts=4
+tag="spw$$"
+tmp=$(mktemp -d /tmp/spillway-netns.XXXXXX)
+
+cleanup() {
+    for i in $(seq 1 "$hosts"); do
+        ip netns pids "$tag-h$i" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns del "$tag-h$i" 2>/dev/null || true
+    done
+    ip netns del "$tag-br" 2>/dev/null || true
+    if [ "${KEEP_TMP:-0}" = 1 ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+
+ip netns add "$tag-br"
+ip -n "$tag-br" link add br0 type bridge
+ip -n "$tag-br" link set br0 up
+for i in $(seq 1 "$hosts"); do
+    ns="$tag-h$i"
+    ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link add eth0 type veth peer name "p$i" netns "$tag-br"
+    ip -n "$ns" addr add "10.77.0.$i/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$tag-br" link set "p$i" master br0
+    ip -n "$tag-br" link set "p$i" up
+done
+
+# The job of every rank: the demo client against the host's node, its JSON kept, then the
+# node's /metrics (the pages it moved per peer).
+job='set -e
+out="$OUT_DIR/$PHASE-h$SPILLWAY_HOST_INDEX-r${RANK_ON_HOST:-0}"
+"$EXE" demo --connect "$SPILLWAY_SOCKET" --layers 8 --weight-mib 2 --act-mib 1 --steps 2 \
+    --host-budget 8MiB --json --out "$out.d" > "$out.json"
+python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(\"http://$SPILLWAY_STATUS_ADDR/metrics\", timeout=5).read().decode())" > "$out.metrics"'
+
+check() { # phase, ranks per host
+    OUT_DIR="$tmp" PHASE="$1" RANKS="$2" HOSTS="$hosts" python3 - <<'PY'
+import json, os, re, glob
+tmp, phase, ranks, hosts = os.environ["OUT_DIR"], os.environ["PHASE"], int(os.environ["RANKS"]), int(os.environ["HOSTS"])
+for h in range(hosts):
+    for r in range(ranks):
+        base = f"{tmp}/{phase}-h{h}-r{r}"
+        d = json.load(open(base + ".json"))
+        assert d["corrupt_pages"] == 0, (base, d["corrupt_pages"])
+        need = d["working_set_bytes"] * len(d["steps"])
+        assert d["verified_bytes"] >= need, (base, d["verified_bytes"], need)
+        out = sum(s["remote_bytes_out"] for s in d["steps"])
+        assert out > 0, (base, "no page left the host")
+        # Pages of this node's clients went to other hosts' nodes (node ids are host + 1).
+        peers = {}
+        for line in open(base + ".metrics"):
+            m = re.match(r'spillway_remote_bytes_total\{peer="(\d+)",direction="spilled"\} (\d+)', line)
+            if m:
+                peers[int(m.group(1))] = peers.get(int(m.group(1)), 0) + int(m.group(2))
+        crossed = {p: b for p, b in peers.items() if b > 0 and p != h + 1}
+        assert crossed, (base, "no spilled bytes to another host", peers)
+        print(f"{phase} host {h} rank {r}: verified {d['verified_bytes']} B, 0 corrupt, "
+              f"remote out {out} B, spilled to nodes {sorted(crossed)}")
+PY
+}
+
+echo "== slurm-style: SLURM_JOB_NODELIST=10.77.0.[1-$hosts], 2 ranks per host"
+pids=()
+for i in $(seq 1 "$hosts"); do
+    for r in 0 1; do
+        ip netns exec "$tag-h$i" env -i PATH="$PATH" HOME="$tmp" EXE="$exe" OUT_DIR="$tmp" \
+            PHASE=slurm RANK_ON_HOST=$r \
+            SLURM_JOB_NODELIST="10.77.0.[1-$hosts]" SLURM_NNODES=$hosts \
+            SLURM_NODEID=$((i - 1)) SLURM_LOCALID=$r SLURM_PROCID=$((2 * (i - 1) + r)) \
+            SLURM_STEP_TASKS_PER_NODE="2(x$hosts)" SLURM_JOB_ID="$$" SLURM_STEP_ID=0 \
+            "$exe" launch --dir "$tmp/pool" --run-base "$tmp/run" --host-budget 256MiB \
+            --timeout-s 90 -- sh -c "$job" > "$tmp/slurm-h$i-r$r.log" 2>&1 &
+        pids+=($!)
+    done
+done
+fail=0
+for p in "${pids[@]}"; do wait "$p" || fail=1; done
+if [ "$fail" != 0 ]; then tail -n 30 "$tmp"/slurm-*.log; exit 1; fi
+check slurm 2
+
+echo "== torchrun-style: MASTER_ADDR=10.77.0.1, RANK/WORLD_SIZE/GROUP_RANK, addresses by rendezvous"
+pids=()
+for i in $(seq 1 "$hosts"); do
+    ip netns exec "$tag-h$i" env -i PATH="$PATH" HOME="$tmp" EXE="$exe" OUT_DIR="$tmp" \
+        PHASE=torch MASTER_ADDR=10.77.0.1 MASTER_PORT=29500 WORLD_SIZE=$hosts \
+        RANK=$((i - 1)) GROUP_RANK=$((i - 1)) LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+        "$exe" launch --dir "$tmp/pool" --run-base "$tmp/run" --host-budget 256MiB \
+        --job-key "torch-$$" --timeout-s 90 -- sh -c "$job" > "$tmp/torch-h$i.log" 2>&1 &
+    pids+=($!)
+done
+fail=0
+for p in "${pids[@]}"; do wait "$p" || fail=1; done
+if [ "$fail" != 0 ]; then tail -n 30 "$tmp"/torch-*.log; exit 1; fi
+check torch 1
+echo "launch across $hosts network namespaces: slurm-style and torchrun-style passed"
