@@ -25,7 +25,7 @@ use spillway_client::{
 };
 
 use crate::trace::Trace;
-use crate::workload::{RunReport, StepReport, write_pattern};
+use crate::workload::{RunReport, StepOverhead, StepReport, write_pattern};
 
 /// How to replay.
 #[derive(Debug, Clone)]
@@ -339,7 +339,8 @@ pub fn replay_with(
     let mut sink = 0u64;
     let mut held_peak = 0u64;
     for (ordinal, (_, accesses)) in trace.accesses_by_step().enumerate() {
-        let before = pool.stats().core;
+        let before_all = pool.stats();
+        let before = before_all.core;
         let step_started = Instant::now();
         let mut s = StepReport::new(ordinal + 1, false);
         for a in accesses {
@@ -373,7 +374,9 @@ pub fn replay_with(
             }
         }
         pool.step();
-        let after = pool.stats().core;
+        let after_all = pool.stats();
+        let after = after_all.core;
+        s.overhead = StepOverhead::between(&before_all, &after_all);
         s.wall_s = step_started.elapsed().as_secs_f64();
         s.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
         s.d2h_bytes = after.d2h_bytes - before.d2h_bytes;

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use spillway_client::{Buffer, DeviceChoice, Guard, PageSize, Policy, Pool, PoolBuilder, pattern};
+use spillway_client::{
+    Buffer, DeviceChoice, Guard, PageSize, Policy, Pool, PoolBuilder, PoolStats, pattern,
+};
 
 /// The shape of the training-like loop.
 #[derive(Debug, Clone)]
@@ -126,6 +128,43 @@ pub struct StepReport {
     pub remote_bytes_in: u64,
     /// Bytes spilled to the remote tier (peers).
     pub remote_bytes_out: u64,
+    /// The pool's own time in the step, besides the stall.
+    pub overhead: StepOverhead,
+}
+
+/// The pool's own time in one step, seconds (issue 12): what the caller's thread spent
+/// planning, waiting for the pool's lock and on views (mapping pages, when a buffer's
+/// frames are not consecutive), and what the device's threads spent handling
+/// completions and waiting for the lock beside it.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct StepOverhead {
+    /// Planning on the caller's thread (acquires, `step`).
+    pub planning_s: f64,
+    /// Waiting for the pool's lock on the caller's thread.
+    pub lock_wait_s: f64,
+    /// Views of acquired buffers on the caller's thread (mapping included).
+    pub view_s: f64,
+    /// Handling completions and fenced releases on the device's threads.
+    pub device_planning_s: f64,
+    /// Waiting for the pool's lock on the device's threads.
+    pub device_lock_wait_s: f64,
+    /// Pages mapped into a buffer range (0 when every acquire was in place).
+    pub remaps: u64,
+}
+
+impl StepOverhead {
+    /// The overhead between two readings of the pool's counters.
+    pub fn between(before: &PoolStats, after: &PoolStats) -> StepOverhead {
+        let (a, b) = (&after.timings, &before.timings);
+        StepOverhead {
+            planning_s: (a.planning - b.planning).as_secs_f64(),
+            lock_wait_s: (a.lock_wait - b.lock_wait).as_secs_f64(),
+            view_s: (a.view - b.view).as_secs_f64(),
+            device_planning_s: (a.device_planning - b.device_planning).as_secs_f64(),
+            device_lock_wait_s: (a.device_lock_wait - b.device_lock_wait).as_secs_f64(),
+            remaps: after.device.pages_remapped - before.device.pages_remapped,
+        }
+    }
 }
 
 impl StepReport {
@@ -144,6 +183,7 @@ impl StepReport {
             diverged,
             remote_bytes_in: 0,
             remote_bytes_out: 0,
+            overhead: StepOverhead::default(),
         }
     }
 
@@ -376,7 +416,8 @@ impl Training {
         self.step += 1;
         let step = self.step;
         let diverged = self.cfg.diverge_steps.contains(&step);
-        let before = self.pool.stats().core;
+        let before_all = self.pool.stats();
+        let before = before_all.core;
         let started = Instant::now();
         let mut c = StepReport::new(step, diverged);
         let mut sink = 0;
@@ -411,7 +452,9 @@ impl Training {
         if self.cfg.mark_steps {
             self.pool.step();
         }
-        let after = self.pool.stats().core;
+        let after_all = self.pool.stats();
+        let after = after_all.core;
+        c.overhead = StepOverhead::between(&before_all, &after_all);
         c.wall_s = started.elapsed().as_secs_f64();
         c.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
         c.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
