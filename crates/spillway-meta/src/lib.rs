@@ -50,4 +50,4 @@ pub use node::{
 };
 /// raft-rs's message type, as [`MetaNode::step`] takes and [`MetaNode::poll_messages`] gives.
 pub use raft::eraftpb::Message as RaftMessage;
-pub use state::{Member, MetaState, RaftRole, Rejection, Reservation, Usage};
+pub use state::{InvariantError, Member, MetaState, RaftRole, Rejection, Reservation, Usage};

@@ -36,6 +36,7 @@ use crate::node::{
     Applied, Completion, MetaConfig, MetaError, MetaNode, ProposalFailed, ProposeError,
 };
 use crate::rng::SimRng;
+use crate::state::InvariantError;
 use crate::wire;
 
 /// Environment variable that overrides the seed of tests that honour it.
@@ -778,18 +779,22 @@ impl SimCluster {
 
     /// Checks every running node's invariants, and that nodes that applied the same
     /// index hold the same state.
-    pub fn check_consistency(&self) -> Result<(), String> {
+    pub fn check_consistency(&self) -> Result<(), InvariantError> {
         let mut by_index: BTreeMap<u64, NodeId> = BTreeMap::new();
         for id in self.live_nodes() {
             let node = self.node(id);
             let s = node.state();
-            s.check_invariants().map_err(|e| format!("{id}: {e}"))?;
+            s.check_invariants().map_err(|e| InvariantError {
+                reason: format!("{id}: {}", e.reason),
+            })?;
             match by_index.get(&s.applied_index()) {
                 Some(&other) if self.node(other).state() != s => {
-                    return Err(format!(
-                        "{id} and {other} applied up to {} but differ",
-                        s.applied_index()
-                    ));
+                    return Err(InvariantError {
+                        reason: format!(
+                            "{id} and {other} applied up to {} but differ",
+                            s.applied_index()
+                        ),
+                    });
                 }
                 Some(_) => {}
                 None => {

@@ -216,7 +216,7 @@ impl UcxTransport {
             .get()
             .cloned()
             .ok_or_else(|| reject("this node does not serve UCX yet".into()))?;
-        let (client_conn, address) = decode_intro(offer).map_err(reject)?;
+        let (client_conn, address) = decode_intro(offer).map_err(|e| reject(e.to_string()))?;
         let ep = self
             .worker
             .connect(address)
@@ -235,7 +235,7 @@ impl UcxTransport {
         answer: &[u8],
     ) -> Result<UcxConnection, NetError> {
         let lost = |reason: String| NetError::ConnectionLost { peer, reason };
-        let (server_conn, address) = decode_intro(answer).map_err(lost)?;
+        let (server_conn, address) = decode_intro(answer).map_err(|e| lost(e.to_string()))?;
         let ep = self
             .worker
             .connect(address)
@@ -282,12 +282,16 @@ fn encode_intro(conn: u32, address: &[u8]) -> Bytes {
     b.freeze()
 }
 
-fn decode_intro(bytes: &[u8]) -> Result<(u32, &[u8]), String> {
+/// A UCX introduction that is not one.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "a UCX introduction of {0} bytes is not one (4 bytes of connection id, then an address of at most {ADDRESS_BYTES_MAX} bytes)"
+)]
+struct BadIntro(usize);
+
+fn decode_intro(bytes: &[u8]) -> Result<(u32, &[u8]), BadIntro> {
     if bytes.len() < 5 || bytes.len() as u64 > u64::from(ADDRESS_BYTES_MAX) + 4 {
-        return Err(format!(
-            "a UCX introduction of {} bytes is not one (4 bytes of connection id, then an address of at most {ADDRESS_BYTES_MAX} bytes)",
-            bytes.len()
-        ));
+        return Err(BadIntro(bytes.len()));
     }
     let conn = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) % CONN_IDS;
     Ok((conn, &bytes[4..]))
