@@ -2,12 +2,15 @@
 //!
 //! A node keeps a host tier (pages in its RAM, within a byte budget) and serves it to the
 //! pool's other nodes over QUIC with mutual TLS (`spillway-net`): peers put, get and delete
-//! pages; every page carries its checksum, checked on arrival and again on every read.
+//! pages; every page carries its checksum, checked on arrival and again on every read. The
+//! same node runs over any `spillway_net::Transport` ([`Node::start_over`]; the simulated
+//! transport in the whole-node tests).
 //!
 //! Parts:
 //! - [`config`]: [`NodeConfig`], read from TOML and validated; every error names the file
 //!   and the field.
 //! - [`store`]: [`HostStore`], the host tier, and its peer [`Handler`](spillway_net::Handler).
+//! - [`peers`]: the connection cache for all peer traffic, over an erased transport.
 //! - [`meta`]: the node's member of the metadata group (spillway-meta's Raft node on its
 //!   own thread, messages and forwarded proposals over the peer connections).
 //! - [`service`]: the peer [`Handler`](spillway_net::Handler): pages to the host tier,
@@ -18,7 +21,8 @@
 //!   batching, fetch routing and deletes; `ledger`, the sans-IO record of the
 //!   reservations it holds on peers and spends; `tier`, their shared ids, limits, errors.
 //! - [`http`]: `/metrics` (Prometheus) and `/status` (JSON) on `metrics_addr`.
-//! - [`local`]: the Unix socket for this machine's clients.
+//! - [`local`]: the Unix socket for this machine's clients, and the `ClientPages` seam
+//!   behind it (with its in-memory twin, `MemClientPages`).
 //! - [`node`]: [`Node::start`] and the [`NodeHandle`] with the counters and the graceful
 //!   shutdown.
 //! - `ucx_pages` (feature `ucx`): page requests over UCX (`transport = "ucx"`), each UCX
