@@ -78,6 +78,10 @@ pub struct LaunchArgs {
     /// The nodes' log filter (their SPILLWAY_LOG).
     #[arg(long, default_value = "info")]
     log: String,
+    /// Stop this host's node when its own ranks have exited, without waiting for the
+    /// other hosts (a node run as a service, e.g. a DaemonSet; no shared directory needed).
+    #[arg(long)]
+    no_barrier: bool,
     /// Print the plan and exit.
     #[arg(long)]
     dry_run: bool,

@@ -185,7 +185,7 @@ async fn run_async(plan: &Plan, args: &LaunchArgs) -> Result<i32> {
     let status = run_job(plan, &status_addr, &mut signals).await?;
     write_atomic(&plan.run_dir.join(format!("done-{lr}")), "done\n")?;
     if let Some(guard) = node {
-        end_of_job(plan, &mut signals).await?;
+        end_of_job(plan, args.no_barrier, &mut signals).await?;
         drop(guard);
         let _ = fs::remove_file(&ready_file);
         eprintln!(
@@ -198,7 +198,7 @@ async fn run_async(plan: &Plan, args: &LaunchArgs) -> Result<i32> {
 
 /// Waits until every rank of this host has exited (its done marker, or its process gone),
 /// then until every host's rank 0 got there too.
-async fn end_of_job(plan: &Plan, signals: &mut Signals) -> Result<()> {
+async fn end_of_job(plan: &Plan, no_barrier: bool, signals: &mut Signals) -> Result<()> {
     let p = &plan.placement;
     wait_for("waiting for this host's other ranks", None, signals, || {
         Ok((1..p.local_world_size)
@@ -211,6 +211,9 @@ async fn end_of_job(plan: &Plan, signals: &mut Signals) -> Result<()> {
             .then_some(()))
     })
     .await?;
+    if no_barrier {
+        return Ok(());
+    }
     let dir = &plan.rendezvous_dir;
     write_atomic(&dir.join(format!("done-{}", p.host_index)), "done\n")?;
     let hosts = p.hosts.len();
@@ -233,16 +236,26 @@ async fn start_node(
     let p = &plan.placement;
     let hosts = p.hosts.len();
     let spec = pool_spec(plan, args, timeout, signals).await?;
-    let me = spec
+    // The node's certificates by the layout's convention (`node-K/pool` in the pool
+    // directory), not cluster.json's absolute paths: the directory may be mounted
+    // elsewhere on this host than where it was laid out.
+    let mut me = spec
         .nodes
         .get(p.host_index)
         .with_context(|| format!("the pool in {} has {} nodes, the job {hosts} hosts; lay out another with `spillway cluster init --force --nodes {hosts}`",
             spec.dir.display(), spec.nodes.len()))?
         .clone();
-    fs::create_dir_all(&plan.rendezvous_dir)
-        .with_context(|| format!("creating {}", plan.rendezvous_dir.display()))?;
+    me.pool_dir = plan
+        .pool_dir
+        .join(format!("node-{}", plan.node_id))
+        .join(spec::CERTS_DIR);
+    let needs_rendezvous = !args.no_barrier || matches!(p.hosts, Hosts::Count { .. });
+    if needs_rendezvous {
+        fs::create_dir_all(&plan.rendezvous_dir)
+            .with_context(|| format!("creating {}", plan.rendezvous_dir.display()))?;
+    }
     let done_marker = plan.rendezvous_dir.join(format!("done-{}", p.host_index));
-    if done_marker.exists() {
+    if needs_rendezvous && done_marker.exists() {
         bail!(
             "job key {:?} was used by a finished run ({} exists): pass another --job-key, or remove {}",
             p.job_key,
