@@ -43,7 +43,7 @@ done
 # node's /metrics (the pages it moved per peer).
 job='set -e
 out="$OUT_DIR/$PHASE-h$SPILLWAY_HOST_INDEX-r${RANK_ON_HOST:-0}"
-"$EXE" demo --connect "$SPILLWAY_SOCKET" --layers 8 --weight-mib 2 --act-mib 1 --steps 2 \
+"$EXE" demo --layers 8 --weight-mib 2 --act-mib 1 --steps 2 \
     --host-budget 8MiB --json --out "$out.d" > "$out.json"
 python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen(\"http://$SPILLWAY_STATUS_ADDR/metrics\", timeout=5).read().decode())" > "$out.metrics"'
 

@@ -161,7 +161,8 @@ pub struct DemoArgs {
     /// Run against the node daemon listening on this Unix socket (`spillway cluster up`
     /// prints each node's, and the command to try) instead of a pool in this process: the
     /// host tier lives in memory shared with the node, the remote tier is the node's peers.
-    #[arg(long, value_name = "SOCKET")]
+    /// Defaults to $SPILLWAY_SOCKET, which `spillway launch` sets for its job.
+    #[arg(long, value_name = "SOCKET", env = "SPILLWAY_SOCKET")]
     connect: Option<PathBuf>,
     /// Host tier budget with a remote tier, e.g. 1GiB, at most 16TiB (default: a sixth of
     /// the working set; the GPU budget then defaults to a twelfth).
