@@ -473,8 +473,9 @@ fn every_command_spells_the_shared_flags_the_same() {
                 ]
                 .contains(w)
             });
-            // Flags that name an action, not a size: `replay --find-budget`.
-            let action = ["--find-budget"].contains(&flag);
+            // Flags whose words match but that are no size: an action (`replay
+            // --find-budget`) and a count of processes (`launch --local-world-size`).
+            let action = ["--find-budget", "--local-world-size"].contains(&flag);
             assert!(
                 !related || action || shared.contains(&flag),
                 "`{command} --help` has {flag}, not one of {shared:?}"
