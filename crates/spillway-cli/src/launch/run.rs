@@ -20,7 +20,7 @@ use spillway_types::NodeId;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::LaunchArgs;
-use super::env::Hosts;
+use super::env::{Hosts, Source};
 use super::plan::Plan;
 
 /// Interval between two checks of a condition being waited for.
@@ -413,7 +413,15 @@ async fn host_addrs(plan: &Plan, timeout: Duration, signals: &mut Signals) -> Re
     match &p.hosts {
         Hosts::Named(names) => names
             .iter()
-            .map(|n| resolve(n, plan.peer_port, names.len()))
+            .map(|n| {
+                resolve(n, plan.peer_port, names.len()).or_else(|e| {
+                    // A Slurm node name need not be a DNS name: Slurm knows its address.
+                    (p.source == Source::Slurm)
+                        .then(|| slurm_node_addr(n))
+                        .flatten()
+                        .ok_or(e)
+                })
+            })
             .collect(),
         Hosts::Count { count, first } => {
             let first_ip = resolve(first, plan.peer_port, *count)?;
@@ -467,6 +475,19 @@ fn resolve(name: &str, port: u16, hosts: usize) -> Result<IpAddr> {
         Err(_) if hosts == 1 => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         Err(e) => Err(e).with_context(|| format!("resolving host {name:?}")),
     }
+}
+
+/// A Slurm node's `NodeAddr`, from `scontrol show node NAME` (`None` if scontrol fails or
+/// the address is not an IP).
+fn slurm_node_addr(name: &str) -> Option<IpAddr> {
+    let out = Command::new("scontrol")
+        .args(["show", "node", name, "--oneliner"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("NodeAddr="))
+        .and_then(|a| a.parse().ok())
 }
 
 /// This host's address on the route to `to` (a connected UDP socket; nothing is sent).
