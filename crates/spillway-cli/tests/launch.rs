@@ -1,0 +1,245 @@
+//! `spillway launch` as a black box on one host (loopback): the plan under a Slurm
+//! environment, the job's environment and exit status, SIGTERM forwarded to the job, two
+//! ranks of one host sharing one node, and the node stopped after the host's last rank.
+//! The 4-host runs are scripts/launch-netns-test.sh (root, network namespaces).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest any wait of these tests may take.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn launch(dir: &Path, port: u16, extra: &[&str], job: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_spillway"));
+    c.arg("launch")
+        .arg("--dir")
+        .arg(dir.join("pool"))
+        .arg("--run-base")
+        .arg(dir.join("run"))
+        .args(["--port", &port.to_string(), "--host-budget", "64MiB"])
+        .args(["--timeout-s", "60"])
+        .args(extra)
+        .args(["--", "sh", "-c", job])
+        // Nothing of the test's own environment picks a launcher.
+        .env_remove("SLURM_JOB_NODELIST")
+        .env_remove("MASTER_ADDR")
+        .env_remove("LWS_LEADER_ADDRESS")
+        .env("SPILLWAY_LOG", "warn");
+    c
+}
+
+/// Polls `f` until it holds; panics after [`DEADLINE`].
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_output(child: Child) -> Output {
+    child.wait_with_output().expect("launch runs")
+}
+
+fn pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").split_whitespace().next();
+            !matches!(state, Some("Z" | "X") | None)
+        })
+        .unwrap_or(false)
+}
+
+/// The node pid launch recorded in its run directory.
+fn node_pid(run: &Path) -> u32 {
+    let dir = std::fs::read_dir(run)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("node.pid").exists())
+        .expect("a run directory with node.pid");
+    std::fs::read_to_string(dir.join("node.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn dry_run_prints_the_slurm_plan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = launch(tmp.path(), 18100, &["--dry-run"], "true")
+        .env("SLURM_JOB_NODELIST", "gpu[01-04,07]")
+        .env("SLURM_NNODES", "5")
+        .env("SLURM_NODEID", "3")
+        .env("SLURM_LOCALID", "1")
+        .env("SLURM_PROCID", "7")
+        .env("SLURM_STEP_TASKS_PER_NODE", "2(x5)")
+        .env("SLURM_JOB_ID", "77")
+        .env("SLURM_STEP_ID", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("environment:   slurm\n"), "{text}");
+    assert!(text.contains("gpu01,gpu02,gpu03,gpu04,gpu07"), "{text}");
+    assert!(
+        text.contains("index 3 (node 4), local rank 1 of 2"),
+        "{text}"
+    );
+    assert!(text.contains("host indices 0,1,2,3,4\n"), "{text}");
+    assert!(text.contains("spillway-slurm-77.1-node4"), "{text}");
+    // Nothing was started or written.
+    assert!(!tmp.path().join("pool").exists());
+}
+
+#[test]
+fn inconsistent_environment_is_refused_with_the_variable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = launch(tmp.path(), 18110, &["--dry-run"], "true")
+        .env("MASTER_ADDR", "10.0.0.1")
+        .env("MASTER_PORT", "29500")
+        .env("WORLD_SIZE", "7")
+        .env("RANK", "1")
+        .env("LOCAL_RANK", "1")
+        .env("LOCAL_WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("WORLD_SIZE=7 is not a multiple of LOCAL_WORLD_SIZE=2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_job_gets_the_socket_and_its_exit_status_is_launchs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let seen = tmp.path().join("seen");
+    let job = format!(
+        "test -S \"$SPILLWAY_SOCKET\" && echo \"$SPILLWAY_SOCKET $SPILLWAY_NODE_ID $SPILLWAY_HOSTS $SPILLWAY_STATUS_ADDR\" > {} && exit 7",
+        seen.display()
+    );
+    let out = launch(
+        tmp.path(),
+        18120,
+        &[
+            "--hosts",
+            "127.0.0.1",
+            "--host-index",
+            "0",
+            "--job-key",
+            "t",
+        ],
+        &job,
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    let text = std::fs::read_to_string(&seen).unwrap();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let socket = tmp.path().join("run/spillway-t-node1/client.sock");
+    assert_eq!(
+        words,
+        [socket.to_str().unwrap(), "1", "1", "127.0.0.1:18121"]
+    );
+    // The node is gone once launch has returned.
+    assert!(!pid_alive(node_pid(&tmp.path().join("run"))));
+}
+
+#[test]
+fn sigterm_is_forwarded_to_the_job_and_the_node_stops() {
+    let tmp = tempfile::tempdir().unwrap();
+    let started = tmp.path().join("started");
+    let job = format!(
+        "trap 'exit 42' TERM; touch {}; while :; do sleep 0.05; done",
+        started.display()
+    );
+    let child = launch(
+        tmp.path(),
+        18130,
+        &[
+            "--hosts",
+            "127.0.0.1",
+            "--host-index",
+            "0",
+            "--job-key",
+            "sig",
+        ],
+        &job,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    wait_until("the job to start", || started.exists());
+    let node = node_pid(&tmp.path().join("run"));
+    assert!(pid_alive(node));
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = wait_output(child);
+    assert_eq!(out.status.code(), Some(42), "{out:?}");
+    assert!(!pid_alive(node));
+}
+
+#[test]
+fn two_ranks_share_one_node_that_outlives_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (go, r0, r1) = (
+        tmp.path().join("go"),
+        tmp.path().join("r0"),
+        tmp.path().join("r1"),
+    );
+    let rank = |r: u32, job: String| {
+        launch(
+            tmp.path(),
+            18140,
+            &[
+                "--hosts",
+                "127.0.0.1",
+                "--host-index",
+                "0",
+                "--job-key",
+                "two",
+                "--local-rank",
+                &r.to_string(),
+                "--local-world-size",
+                "2",
+            ],
+            &job,
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    // Rank 1 first: it must wait for rank 0's node, not fail.
+    let one = rank(
+        1,
+        format!(
+            "echo \"$SPILLWAY_SOCKET\" > {}; while [ ! -e {} ]; do sleep 0.05; done",
+            r1.display(),
+            go.display()
+        ),
+    );
+    let zero = rank(0, format!("echo \"$SPILLWAY_SOCKET\" > {}", r0.display()));
+    wait_until("both ranks' jobs", || r0.exists() && r1.exists());
+    assert_eq!(
+        std::fs::read_to_string(&r0).unwrap(),
+        std::fs::read_to_string(&r1).unwrap()
+    );
+    let node = node_pid(&tmp.path().join("run"));
+    // Rank 0's job has ended; its launch keeps the node while rank 1 runs.
+    let run_dir: PathBuf = tmp.path().join("run/spillway-two-node1");
+    wait_until("rank 0's done marker", || run_dir.join("done-0").exists());
+    assert!(pid_alive(node), "the node stopped while rank 1 ran");
+    std::fs::write(&go, "").unwrap();
+    let (o1, o0) = (wait_output(one), wait_output(zero));
+    assert!(o1.status.success(), "{o1:?}");
+    assert!(o0.status.success(), "{o0:?}");
+    assert!(!pid_alive(node));
+}
