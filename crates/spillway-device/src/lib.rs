@@ -352,3 +352,39 @@ pub(crate) fn check_range(offset: u64, len: u64, page_bytes: u64) -> Result<(), 
         }),
     }
 }
+
+/// Copies `data` into the page at `page` from `offset`, once [`check_range`] passes.
+///
+/// # Safety
+/// `page` is valid for writes of `page_bytes` bytes, and nobody else touches those bytes
+/// during the call (the caller holds the slot or frame: the pool's contract).
+pub(crate) unsafe fn write_page(
+    page: *mut u8,
+    page_bytes: u64,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), DeviceError> {
+    check_range(offset, data.len() as u64, page_bytes)?;
+    // SAFETY: `offset + data.len()` fits in the page (checked); the rest is the caller's.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), page.add(offset as usize), data.len()) };
+    Ok(())
+}
+
+/// Copies `out.len()` bytes of the page at `page` from `offset` into `out`, once
+/// [`check_range`] passes.
+///
+/// # Safety
+/// As [`write_page`], for reads.
+pub(crate) unsafe fn read_page(
+    page: *const u8,
+    page_bytes: u64,
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), DeviceError> {
+    check_range(offset, out.len() as u64, page_bytes)?;
+    // SAFETY: as in `write_page`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(page.add(offset as usize), out.as_mut_ptr(), out.len())
+    };
+    Ok(())
+}

@@ -23,7 +23,7 @@ use spillway_types::{BufferId, Direction, FrameId, HostSlot, pattern};
 
 use crate::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
-    HostMemory, check_range,
+    HostMemory, check_range, read_page, write_page,
 };
 
 /// Alignment of both regions: one 4 KiB OS page.
@@ -256,55 +256,51 @@ impl Device for SimDevice {
     }
 
     fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
-        check_range(offset, data.len() as u64, self.memory.config.page_bytes)?;
-        // SAFETY: inside the slot (checked); the caller holds the slot (pool contract).
+        // SAFETY: the slot is `page_bytes` of the arena; the caller holds it (pool contract).
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.memory.slot(slot).add(offset as usize),
-                data.len(),
+            write_page(
+                self.memory.slot(slot),
+                self.memory.config.page_bytes,
+                offset,
+                data,
             )
-        };
-        Ok(())
+        }
     }
 
     fn read_host(&self, slot: HostSlot, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
-        check_range(offset, out.len() as u64, self.memory.config.page_bytes)?;
         // SAFETY: as in `write_host`.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.memory.slot(slot).add(offset as usize),
-                out.as_mut_ptr(),
-                out.len(),
+            read_page(
+                self.memory.slot(slot),
+                self.memory.config.page_bytes,
+                offset,
+                out,
             )
-        };
-        Ok(())
+        }
     }
 
     fn write_frame(&self, frame: FrameId, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
-        check_range(offset, data.len() as u64, self.memory.config.page_bytes)?;
         // SAFETY: as in `write_host`, for the frame.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.memory.frame(frame).add(offset as usize),
-                data.len(),
+            write_page(
+                self.memory.frame(frame),
+                self.memory.config.page_bytes,
+                offset,
+                data,
             )
-        };
-        Ok(())
+        }
     }
 
     fn read_frame(&self, frame: FrameId, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
-        check_range(offset, out.len() as u64, self.memory.config.page_bytes)?;
         // SAFETY: as in `write_frame`.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.memory.frame(frame).add(offset as usize),
-                out.as_mut_ptr(),
-                out.len(),
+            read_page(
+                self.memory.frame(frame),
+                self.memory.config.page_bytes,
+                offset,
+                out,
             )
-        };
-        Ok(())
+        }
     }
 
     fn frame_ptr(&self, frame: FrameId) -> DevicePtr {

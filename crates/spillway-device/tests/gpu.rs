@@ -105,6 +105,28 @@ fn copy(id: u64, direction: Direction, frame: u32, slot: u32, bytes: u64) -> Cop
     }
 }
 
+/// Submits `ops` all at once, then checks that each completes, successfully, in submission
+/// order.
+fn submit_in_order(
+    d: &CudaDevice,
+    rx: &mpsc::Receiver<Completion>,
+    ops: impl IntoIterator<Item = CopyOp>,
+) {
+    let ops: Vec<CopyOp> = ops.into_iter().collect();
+    for op in &ops {
+        d.submit(*op);
+    }
+    for op in &ops {
+        let c = next(rx);
+        assert_eq!(
+            c.id, op.id,
+            "{:?} completions in submission order",
+            op.direction
+        );
+        c.result.unwrap();
+    }
+}
+
 #[test]
 fn copies_round_trip_random_data_through_every_frame() {
     let Some(_gpu) = gpu("round trip") else {
@@ -138,25 +160,12 @@ fn copies_round_trip_random_data_through_every_frame() {
             d.write_host(HostSlot(frames + f), 0, &zeros).unwrap();
         }
         // Up: slot f -> frame f, all in flight at once; completions in order.
-        for f in 0..frames {
-            let op = copy(
-                u64::from(f),
-                Direction::HostToDevice,
-                f,
-                f,
-                data[f as usize].len() as u64,
-            );
-            d.submit(op);
-        }
-        for f in 0..frames {
-            let c = next(&rx);
-            assert_eq!(
-                c.id,
-                TransferId(u64::from(f)),
-                "H2D completions in submission order"
-            );
-            c.result.unwrap();
-        }
+        let len = |f: u32| data[f as usize].len() as u64;
+        submit_in_order(
+            &d,
+            &rx,
+            (0..frames).map(|f| copy(u64::from(f), Direction::HostToDevice, f, f, len(f))),
+        );
         for f in 0..frames {
             let want = pattern::checksum(&data[f as usize]);
             let got = d
@@ -165,25 +174,14 @@ fn copies_round_trip_random_data_through_every_frame() {
             assert_eq!(got, want, "page {page}: checksum of frame {f}");
         }
         // Down: frame f -> slot frames+f.
-        for f in 0..frames {
-            let op = copy(
-                100 + u64::from(f),
-                Direction::DeviceToHost,
-                f,
-                frames + f,
-                data[f as usize].len() as u64,
-            );
-            d.submit(op);
-        }
-        for f in 0..frames {
-            let c = next(&rx);
-            assert_eq!(
-                c.id,
-                TransferId(100 + u64::from(f)),
-                "D2H completions in submission order"
-            );
-            c.result.unwrap();
-        }
+        submit_in_order(
+            &d,
+            &rx,
+            (0..frames).map(|f| {
+                let id = 100 + u64::from(f);
+                copy(id, Direction::DeviceToHost, f, frames + f, len(f))
+            }),
+        );
         let mut back = vec![0u8; page as usize];
         for f in 0..frames {
             let want = &data[f as usize];

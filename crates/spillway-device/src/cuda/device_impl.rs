@@ -19,6 +19,7 @@ use super::mapper::{consecutive, record};
 use super::ranges::BufferRange;
 use crate::{
     CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr, DeviceTimings, check_range,
+    read_page, write_page,
 };
 
 impl Device for CudaDevice {
@@ -77,29 +78,14 @@ impl Device for CudaDevice {
     }
 
     fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
-        check_range(offset, data.len() as u64, self.config.page_bytes)?;
-        // SAFETY: inside the slot (checked); the caller holds the slot (pool contract).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.host.ptr(slot).add(offset as usize),
-                data.len(),
-            )
-        };
-        Ok(())
+        // SAFETY: the slot is `page_bytes` of pinned host memory; the caller holds it (pool
+        // contract).
+        unsafe { write_page(self.host.ptr(slot), self.config.page_bytes, offset, data) }
     }
 
     fn read_host(&self, slot: HostSlot, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
-        check_range(offset, out.len() as u64, self.config.page_bytes)?;
         // SAFETY: as in `write_host`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.host.ptr(slot).add(offset as usize),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
-        Ok(())
+        unsafe { read_page(self.host.ptr(slot), self.config.page_bytes, offset, out) }
     }
 
     fn write_frame(&self, frame: FrameId, offset: u64, data: &[u8]) -> Result<(), DeviceError> {

@@ -52,6 +52,18 @@ fn host_available_bytes() -> u64 {
 }
 
 impl HostSlots {
+    /// `slots` slots with no memory behind them yet (null `ptr`): the constructors' start,
+    /// and the whole result when there are no bytes to hold.
+    fn unbacked(ctx: &Arc<Context>, slots: u32, page_bytes: u64) -> HostSlots {
+        HostSlots {
+            ctx: ctx.clone(),
+            ptr: std::ptr::null_mut(),
+            slots,
+            page_bytes,
+            external: None,
+        }
+    }
+
     /// `memory`, registered with the driver as pinned, as `slots` slots.
     pub(crate) fn register(
         ctx: &Arc<Context>,
@@ -67,13 +79,7 @@ impl HostSlots {
                 available_bytes: memory.len(),
             });
         }
-        let mut out = HostSlots {
-            ctx: ctx.clone(),
-            ptr: std::ptr::null_mut(),
-            slots,
-            page_bytes,
-            external: None,
-        };
+        let mut out = HostSlots::unbacked(ctx, slots, page_bytes);
         if bytes == 0 {
             return Ok(out);
         }
@@ -100,13 +106,7 @@ impl HostSlots {
         page_bytes: u64,
     ) -> Result<HostSlots, DeviceError> {
         let bytes = u64::from(slots) * page_bytes;
-        let mut out = HostSlots {
-            ctx: ctx.clone(),
-            ptr: std::ptr::null_mut(),
-            slots,
-            page_bytes,
-            external: None,
-        };
+        let mut out = HostSlots::unbacked(ctx, slots, page_bytes);
         if bytes == 0 {
             return Ok(out);
         }
