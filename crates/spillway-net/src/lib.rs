@@ -8,8 +8,13 @@
 //!   sides must hold a certificate of the pool's CA ([`certs`]), which names their node,
 //!   tuned as `FACTS.md` measured ([`QuicConfig`]); `tls` builds both sides' TLS and
 //!   reads the node a peer's certificate names.
-//! - [`sim`]: the in-memory twin for tests, with the same trait and the same frame checks.
+//! - `exchange`: the one request round trip every transport runs (encode, size and
+//!   in-flight budgets, decode with the wire limits, id and kind check; the server's
+//!   decode, budget and answer); a transport supplies only its `Carrier`, how bytes move.
+//! - [`sim`]: the in-memory twin for tests, the same round trip over function calls, seeded
+//!   delivery and a delivery log.
 //! - [`mem_store`]: a handler that keeps pages in memory (tests, bench, a first host tier).
+//!
 //! Page throughput over QUIC against raw TCP (`spillway bench remote`) is measured in the
 //! `spillway-bench` crate (`bench/src/remote.rs`).
 //!
