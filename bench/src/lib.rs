@@ -7,6 +7,7 @@ pub mod plot;
 pub mod remote;
 mod remote_ucx;
 pub mod replay;
+pub mod replay_compare;
 pub mod report;
 pub mod trace;
 pub mod workload;

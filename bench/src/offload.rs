@@ -170,7 +170,7 @@ fn run_delay_s(schedstat: &str) -> Option<f64> {
 }
 
 /// This thread's run delay so far (0 where unknown).
-fn my_run_delay_s() -> f64 {
+pub(crate) fn my_run_delay_s() -> f64 {
     run_delay_s("/proc/thread-self/schedstat").unwrap_or(0.0)
 }
 

@@ -342,6 +342,7 @@ pub fn replay_with(
         let before_all = pool.stats();
         let before = before_all.core;
         let step_started = Instant::now();
+        let delay_before = crate::offload::my_run_delay_s();
         let mut s = StepReport::new(ordinal + 1, false);
         for a in accesses {
             let b = bufs
@@ -378,6 +379,7 @@ pub fn replay_with(
         let after = after_all.core;
         s.overhead = StepOverhead::between(&before_all, &after_all);
         s.wall_s = step_started.elapsed().as_secs_f64();
+        s.run_delay_s = (crate::offload::my_run_delay_s() - delay_before).max(0.0);
         s.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
         s.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
         on_step(&s);

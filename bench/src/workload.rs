@@ -130,6 +130,12 @@ pub struct StepReport {
     pub remote_bytes_out: u64,
     /// The pool's own time in the step, besides the stall.
     pub overhead: StepOverhead,
+    /// Time spent checking checksums ([`StepReport::verify`]), inside `wall_s`: the
+    /// harness's check, not the job's work.
+    pub verify_s: f64,
+    /// Time the stepping thread waited for a core in the step (its run delay,
+    /// `/proc/thread-self/schedstat`; 0 where not measured or unknown), inside `wall_s`.
+    pub run_delay_s: f64,
 }
 
 /// The pool's own time in one step, seconds (issue 12): what the caller's thread spent
@@ -184,7 +190,15 @@ impl StepReport {
             remote_bytes_in: 0,
             remote_bytes_out: 0,
             overhead: StepOverhead::default(),
+            verify_s: 0.0,
+            run_delay_s: 0.0,
         }
+    }
+
+    /// The step's time as the job would see it: wall time less the checksum checks and
+    /// less the time the thread waited for a core, seconds.
+    pub fn step_s(&self) -> f64 {
+        (self.wall_s - self.verify_s - self.run_delay_s).max(0.0)
     }
 
     /// Counts an acquire: whether it hit and how long it waited.
@@ -197,6 +211,7 @@ impl StepReport {
     /// Checks every page of `g` against the pattern of `seed` (see [`write_pattern`]),
     /// on the device, counting verified bytes and corrupt pages.
     pub fn verify(&mut self, g: &Guard<'_>, seed: u64) -> Result<()> {
+        let started = std::time::Instant::now();
         for k in 0..g.pages() {
             let len = g.page_len(k);
             if g.checksum(k)?
@@ -206,6 +221,7 @@ impl StepReport {
             }
             self.verified_bytes += len;
         }
+        self.verify_s += started.elapsed().as_secs_f64();
         Ok(())
     }
 

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use serde::Serialize;
 use spillway_bench::find_budget::{BudgetSearch, find_budget};
 use spillway_bench::replay::{
     ReplayConfig, ReplayRemote, ReplayReport, replay, replay_with, stall_from,
 };
+use spillway_bench::replay_compare::{self as compare, VARIANTS, compare};
 use spillway_bench::report::{
     ByteUnit, Progress, StepTable, Table, bold, default_out_dir, machine_description, now_rfc3339,
     step_message, verdict, write_json,
@@ -50,9 +50,16 @@ pub struct ReplayArgs {
     /// Policy: learned, clock or on_demand.
     #[arg(long, default_value = "learned")]
     policy: Policy,
-    /// Run all three policies and print them side by side.
+    /// Run all three policies and a resident replay (the floor: every page on the GPU)
+    /// side by side, interleaved over --repeats.
     #[arg(long)]
     compare: bool,
+    /// With --compare: repeats of the whole set, interleaved (each policy reports the
+    /// median and min-max of its step time and its ratio to each repeat's floor).
+    #[arg(long, default_value_t = spillway_bench::offload::REPEATS_DEFAULT,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(1..=spillway_bench::offload::REPEATS_MAX as u64))]
+    repeats: usize,
     /// GPU backend: auto, sim or cuda.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
@@ -168,11 +175,6 @@ fn budget_table(b: &BudgetSearch) -> (Table, String) {
         );
     }
     (t, answer)
-}
-
-#[derive(Serialize)]
-struct Compared<'a> {
-    runs: &'a [ReplayReport],
 }
 
 /// [`replay`] over `cfg.nodes` in-process nodes (the remote tier), started for this run
@@ -299,66 +301,50 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let policies: Vec<Policy> = if args.compare {
-        Policy::ALL.to_vec()
-    } else {
-        vec![args.policy]
-    };
-    let mut runs = Vec::new();
-    for policy in policies {
-        let cfg = ReplayConfig {
-            policy,
-            ..base.clone()
-        };
-        let progress = Progress::new(
-            trace.steps.len() as u64,
-            "steps",
-            &format!("replay {}", policy.name()),
-        );
-        let mut table = StepTable::new(!args.json && !args.compare, trace.buffer_bytes_total() * 2);
-        let on_step = |s: &_| {
-            progress.suspend(|| table.row(s));
-            progress.inc(&step_message(s));
-        };
-        let r = if args.nodes > 1 {
-            replay_over_nodes(&trace, &name, &cfg, on_step)?
-        } else {
-            replay(&trace, &name, &cfg, on_step)?
-        };
-        progress.finish();
-        table.summary(&r.run);
-        if !args.json && !args.compare {
-            println!(
-                "the trace holds at most {} on the GPU at once; the pool used {} ({}): \
-                 `--find-budget` searches the budget the job needs",
-                fmt_bytes(r.gpu_bytes_held_peak),
-                fmt_bytes(r.run.gpu_bytes_peak),
-                if r.run.gpu_bytes_peak >= r.run.gpu_budget_bytes {
-                    "the whole budget: this policy keeps pages until it needs the room"
-                } else {
-                    "less than the budget"
-                }
-            );
-        }
-        runs.push(r);
+    if args.compare {
+        return run_compare(&args, &trace, &name, &base, &out_dir);
     }
+    let cfg = ReplayConfig {
+        policy: args.policy,
+        ..base.clone()
+    };
+    let progress = Progress::new(
+        trace.steps.len() as u64,
+        "steps",
+        &format!("replay {}", args.policy.name()),
+    );
+    let mut table = StepTable::new(!args.json, trace.buffer_bytes_total() * 2);
+    let on_step = |s: &_| {
+        progress.suspend(|| table.row(s));
+        progress.inc(&step_message(s));
+    };
+    let r = if args.nodes > 1 {
+        replay_over_nodes(&trace, &name, &cfg, on_step)?
+    } else {
+        replay(&trace, &name, &cfg, on_step)?
+    };
+    progress.finish();
+    table.summary(&r.run);
+    if !args.json {
+        println!(
+            "the trace holds at most {} on the GPU at once; the pool used {} ({}): \
+             `--find-budget` searches the budget the job needs",
+            fmt_bytes(r.gpu_bytes_held_peak),
+            fmt_bytes(r.run.gpu_bytes_peak),
+            if r.run.gpu_bytes_peak >= r.run.gpu_budget_bytes {
+                "the whole budget: this policy keeps pages until it needs the room"
+            } else {
+                "less than the budget"
+            }
+        );
+    }
+    let runs = vec![r];
     if args.json {
         let mut out = std::io::stdout().lock();
-        if args.compare {
-            serde_json::to_writer(&mut out, &Compared { runs: &runs })?;
-        } else {
-            serde_json::to_writer(&mut out, &runs[0])?;
-        }
+        serde_json::to_writer(&mut out, &runs[0])?;
         writeln!(out)?;
-    } else if args.compare {
-        println!("{}", compare_title(&runs));
-        print!("{}", compare_table(&runs).terminal());
     }
-    let json = if args.compare {
-        write_json(&out_dir, "replay.json", &Compared { runs: &runs })?
-    } else {
-        write_json(&out_dir, "replay.json", &runs[0])?
-    };
+    let json = write_json(&out_dir, "replay.json", &runs[0])?;
     let reports: Vec<_> = runs.iter().map(|r| &r.run).collect();
     spillway_bench::plot::policies(&reports, &out_dir.join("replay.svg"))?;
     eprintln!(
@@ -386,6 +372,88 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
         )?;
     }
     let corrupt: u64 = runs.iter().map(|r| r.run.corrupt_pages).sum();
+    if corrupt > 0 {
+        bail!("{corrupt} pages were corrupt");
+    }
+    Ok(())
+}
+
+/// `--compare`: resident and the three policies, interleaved over `--repeats`; prints the
+/// table (or the JSON), writes `replay.json` and the plot, appends to `--record`.
+fn run_compare(
+    args: &ReplayArgs,
+    trace: &spillway_bench::trace::Trace,
+    name: &str,
+    base: &ReplayConfig,
+    out_dir: &std::path::Path,
+) -> Result<()> {
+    let progress = Progress::new(
+        (args.repeats * VARIANTS.len()) as u64,
+        "replays",
+        "replay --compare",
+    );
+    let result = compare(
+        trace,
+        name,
+        base,
+        args.repeats,
+        |cfg| {
+            if args.nodes > 1 {
+                replay_over_nodes(trace, name, cfg, |_| {})
+            } else {
+                replay(trace, name, cfg, |_| {})
+            }
+        },
+        |m| progress.inc(m),
+    )?;
+    progress.finish();
+    let table = compare::table(&result);
+    let notes = compare::notes(&result);
+    if args.json {
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &result)?;
+        writeln!(out)?;
+    } else {
+        println!("{}", compare_title(&result.runs));
+        print!("{}", table.terminal());
+        for n in &notes {
+            println!("{n}");
+        }
+    }
+    let json = write_json(out_dir, "replay.json", &result)?;
+    let reports: Vec<_> = result.runs.iter().map(|r| &r.run).collect();
+    spillway_bench::plot::policies(&reports, &out_dir.join("replay.svg"))?;
+    eprintln!(
+        "wrote {} and its plot replay.svg (step time and stall per step, by policy, last repeat)",
+        json.display()
+    );
+    if let Some(path) = &args.record {
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        writeln!(
+            f,
+            "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}\n\n{}\n{}",
+            now_rfc3339(),
+            machine_description(),
+            result.runs[0].run.device_description,
+            trace.accesses.len(),
+            trace.steps.len(),
+            trace.buffers.len(),
+            compare_title(&result.runs),
+            table.markdown(),
+            notes.iter().map(|n| format!("- {n}\n")).collect::<String>()
+        )?;
+    }
+    let corrupt: u64 = result
+        .policies
+        .iter()
+        .chain(std::iter::once(&result.resident))
+        .map(|p| p.corrupt_pages)
+        .sum();
     if corrupt > 0 {
         bail!("{corrupt} pages were corrupt");
     }
