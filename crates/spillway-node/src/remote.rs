@@ -34,8 +34,8 @@
 //! hence page ids. Every page's checksum is checked on
 //! arrival by the transport and again against the checksum recorded at spill time.
 //!
-//! In-memory twin: none here; the seam local clients see is `crate::local::ClientPages`,
-//! whose twin is `crate::local::MemClientPages`, and the whole service runs over the
+//! In-memory twin: none here; the seam local clients see is the local socket's
+//! `ClientPages`, whose twin is `MemClientPages`, and the whole service runs over the
 //! simulated transport (`Node::start_over`, test `sim_pool`).
 //!
 //! Rooms: the decisions (placement, reservation spending, batching, fetch routing, which
