@@ -156,6 +156,14 @@ pub(super) struct Access {
 }
 
 impl Access {
+    /// The plan of `tier`: loads ahead of use for the GPU, staging for the host.
+    pub(super) fn plan_mut(&mut self, tier: Tier) -> &mut TierPlan {
+        match tier {
+            Tier::Gpu => &mut self.gpu_plan,
+            Tier::Host => &mut self.host_plan,
+        }
+    }
+
     /// An access stream predicted by `predictor` when `learned` (else nothing is planned).
     pub(super) fn new(predictor: Box<dyn Predictor>, learned: bool) -> Access {
         Access {

@@ -106,15 +106,9 @@ impl PoolCore {
             let entry = match (tier, queue) {
                 (Tier::Host, Queue::Demand) => snapshot.get(i).map(|&p| (p, None)),
                 (Tier::Gpu, Queue::Demand) => self.access.demand.get(i).map(|&p| (p, None)),
-                (Tier::Gpu, Queue::Plan) => self
+                (_, Queue::Plan) => self
                     .access
-                    .gpu_plan
-                    .queue
-                    .get(i)
-                    .map(|&(p, n)| (p, Some(n))),
-                (Tier::Host, Queue::Plan) => self
-                    .access
-                    .host_plan
+                    .plan_mut(tier)
                     .queue
                     .get(i)
                     .map(|&(p, n)| (p, Some(n))),
@@ -218,8 +212,7 @@ impl PoolCore {
     fn remove_entry(&mut self, tier: Tier, queue: Queue, i: usize) -> bool {
         match (tier, queue) {
             (Tier::Gpu, Queue::Demand) => self.access.demand.remove(i).is_some(),
-            (Tier::Gpu, Queue::Plan) => self.access.gpu_plan.queue.remove(i).is_some(),
-            (Tier::Host, Queue::Plan) => self.access.host_plan.queue.remove(i).is_some(),
+            (_, Queue::Plan) => self.access.plan_mut(tier).queue.remove(i).is_some(),
             (Tier::Host, Queue::Demand) => false,
         }
     }
