@@ -1,6 +1,7 @@
 //! The embedded pool: [`PoolCore`] driven by a [`Device`] in one process.
 
 use std::collections::HashMap;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -781,13 +782,18 @@ impl Guard<'_> {
         Ok(self.pool.shared.device().frame_ptr(self.frame(index)?))
     }
 
-    /// Page `index` as bytes, on a device whose memory the host can see (`sim`).
-    pub fn page(&self, index: usize) -> Result<&[u8], PoolError> {
+    /// The host address of page `index`'s frame, on a host-visible device.
+    fn host_view(&self, index: usize) -> Result<NonNull<u8>, PoolError> {
         let frame = self.frame(index)?;
         let device = self.pool.shared.device();
-        let ptr = device
+        device
             .host_view(frame)
-            .ok_or(PoolError::NotHostVisible(device.kind().name()))?;
+            .ok_or(PoolError::NotHostVisible(device.kind().name()))
+    }
+
+    /// Page `index` as bytes, on a device whose memory the host can see (`sim`).
+    pub fn page(&self, index: usize) -> Result<&[u8], PoolError> {
+        let ptr = self.host_view(index)?;
         // SAFETY: the frame is pinned by this guard, so no copy writes it and it is not
         // reused; writers need an exclusive acquire (refused while this shared one is
         // held) or `&mut self` of an exclusive guard; the length is inside the frame.
@@ -799,11 +805,7 @@ impl Guard<'_> {
         if self.mode != AccessMode::Exclusive {
             return Err(PoolError::NotExclusive);
         }
-        let frame = self.frame(index)?;
-        let device = self.pool.shared.device();
-        let ptr = device
-            .host_view(frame)
-            .ok_or(PoolError::NotHostVisible(device.kind().name()))?;
+        let ptr = self.host_view(index)?;
         // SAFETY: as in `page`, and the acquire is exclusive and borrowed mutably.
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), self.page_len(index) as usize) })
     }
