@@ -839,35 +839,22 @@ mod tests {
 
     #[test]
     fn negative_sizes_and_steps() {
-        let e = parse_err(r#"{"step": 0, "buffer": "a", "bytes": -4, "phase": "fwd"}"#);
-        assert!(
-            matches!(&e, TraceError::Negative { line: 1, field: "bytes", value } if value == "-4"),
-            "{e}"
-        );
-        let e = parse_err(r#"{"step": 0, "buffer": "a", "bytes": -0.5, "phase": "fwd"}"#);
-        assert!(
-            matches!(
-                e,
-                TraceError::Negative {
-                    line: 1,
-                    field: "bytes",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        let e = parse_err(r#"{"step": -1, "buffer": "a", "bytes": 4, "phase": "fwd"}"#);
-        assert!(
-            matches!(
-                e,
-                TraceError::Negative {
-                    line: 1,
-                    field: "step",
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        // (step, bytes, the field named, the value quoted)
+        let cases = [
+            ("0", "-4", "bytes", "-4"),
+            ("0", "-0.5", "bytes", "-0.5"),
+            ("-1", "4", "step", "-1"),
+        ];
+        for (step, bytes, want_field, want_value) in cases {
+            let text =
+                format!(r#"{{"step": {step}, "buffer": "a", "bytes": {bytes}, "phase": "fwd"}}"#);
+            let e = parse_err(&text);
+            assert!(
+                matches!(&e, TraceError::Negative { line: 1, field, value }
+                    if *field == want_field && value == want_value),
+                "{text}: {e}"
+            );
+        }
     }
 
     #[test]
