@@ -2,12 +2,18 @@
 
 import os
 from types import TracebackType
-from typing import Any, Dict, Literal, Optional, Tuple, Type, Union
+from typing import Any, Dict, Literal, Optional, Protocol, Tuple, Type, Union
 
 Size = Union[int, str]
 """Bytes as an int, or a string with a unit: ``"8GiB"``, ``"512MiB"``, ``"64MB"``."""
 
 BytesLike = Union[bytes, bytearray, memoryview, Any]
+
+DeviceChoice = Literal["auto", "sim", "cuda"]
+"""``Pool``'s ``device`` argument."""
+
+PolicyName = Literal["learned", "clock", "on_demand"]
+"""``Pool``'s ``policy`` argument."""
 
 __version__: str
 
@@ -22,11 +28,10 @@ class Buffer:
     def id(self) -> int: ...
     def __len__(self) -> int: ...
 
-class PageView:
-    """Page ``index`` of a held view, exportable through DLPack."""
+class _DLPackExporter(Protocol):
+    """What ``PageView`` and ``View`` share: the DLPack export protocol (a name of these
+    stubs only; at run time each class defines the two methods itself)."""
 
-    @property
-    def index(self) -> int: ...
     def __dlpack__(
         self,
         *,
@@ -37,7 +42,13 @@ class PageView:
     ) -> Any: ...
     def __dlpack_device__(self) -> Tuple[int, int]: ...
 
-class View:
+class PageView(_DLPackExporter):
+    """Page ``index`` of a held view, exportable through DLPack."""
+
+    @property
+    def index(self) -> int: ...
+
+class View(_DLPackExporter):
     """An acquired buffer: its pages stay on the GPU until ``__exit__``/``release()``.
 
     ``numpy.from_dlpack(view)`` / ``torch.from_dlpack(view)`` give a zero-copy 1-D uint8
@@ -66,15 +77,6 @@ class View:
     def device(self) -> Literal["cpu", "cuda"]: ...
     def page(self, index: int) -> PageView: ...
     def release(self) -> None: ...
-    def __dlpack__(
-        self,
-        *,
-        stream: Optional[Any] = None,
-        max_version: Optional[Tuple[int, int]] = None,
-        dl_device: Optional[Tuple[int, int]] = None,
-        copy: Optional[bool] = None,
-    ) -> Any: ...
-    def __dlpack_device__(self) -> Tuple[int, int]: ...
     def __enter__(self) -> "View": ...
     def __exit__(
         self,
@@ -98,8 +100,8 @@ class Pool:
         gpu_budget: Size,
         host_budget: Size,
         page_size: Optional[Size] = None,
-        device: Literal["auto", "sim", "cuda"] = "auto",
-        policy: Literal["learned", "clock", "on_demand"] = "learned",
+        device: DeviceChoice = "auto",
+        policy: PolicyName = "learned",
     ) -> None: ...
     @staticmethod
     def connect(
@@ -107,8 +109,8 @@ class Pool:
         gpu_budget: Size,
         host_budget: Size,
         page_size: Optional[Size] = None,
-        device: Literal["auto", "sim", "cuda"] = "auto",
-        policy: Literal["learned", "clock", "on_demand"] = "learned",
+        device: DeviceChoice = "auto",
+        policy: PolicyName = "learned",
     ) -> "Pool":
         """Daemon mode: a pool whose host tier (``host_budget``, a whole number of pages)
         is memory shared with the node listening on ``socket`` (``spillway node``, or
