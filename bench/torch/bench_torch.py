@@ -54,6 +54,14 @@ def sync_time(fn):
     return time.perf_counter() - t0, out
 
 
+def forward_backward(m, x):
+    """One language-model step without the optimizer: the loss on `x` (its own labels),
+    backpropagated; returns the loss."""
+    loss = m(input_ids=x, labels=x).loss
+    loss.backward()
+    return loss
+
+
 def median_after_first(times):
     return statistics.median(times[1:]) if len(times) > 1 else times[0]
 
@@ -104,11 +112,7 @@ def train_resident(args, config, weights, data):
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=False)
     times, losses = [], []
     for i, x in enumerate(data):
-        def step():
-            loss = m(input_ids=x, labels=x).loss
-            loss.backward()
-            return loss
-        dt, loss = sync_time(step)
+        dt, loss = sync_time(lambda: forward_backward(m, x))
         losses.append(loss.item())
         if i == len(data) - 1:
             grads = {n: p.grad.detach().cpu() for n, p in m.named_parameters()}
@@ -160,12 +164,7 @@ def train_offload(args, config, weights, data, policy, ref=None):
         if i == 1:
             torch.cuda.synchronize()
             s0 = pool.stats()
-
-        def fwd_bwd():
-            loss = m(input_ids=x, labels=x).loss
-            loss.backward()
-            return loss
-        dt, loss = sync_time(fwd_bwd)
+        dt, loss = sync_time(lambda: forward_backward(m, x))
         losses.append(loss.item())
         if ref is not None and i == len(data) - 1:
             got = st.gradients(handle)
@@ -209,8 +208,7 @@ def train_fsdp2(args, config, weights, data):
     times = []
     for x in data:
         def step():
-            loss = m(input_ids=x, labels=x).loss
-            loss.backward()
+            forward_backward(m, x)
             opt.step()
             opt.zero_grad()
         dt, _ = sync_time(step)
