@@ -12,12 +12,15 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 fn launch(dir: &Path, port: u16, extra: &[&str], job: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_spillway"));
-    c.arg("launch")
-        .arg("--dir")
+    c.arg("launch");
+    if !extra.contains(&"--host-budget") {
+        c.args(["--host-budget", "64MiB"]);
+    }
+    c.arg("--dir")
         .arg(dir.join("pool"))
         .arg("--run-base")
         .arg(dir.join("run"))
-        .args(["--port", &port.to_string(), "--host-budget", "64MiB"])
+        .args(["--port", &port.to_string()])
         .args(["--timeout-s", "60"])
         .args(extra)
         .args(["--", "sh", "-c", job])
@@ -242,4 +245,36 @@ fn two_ranks_share_one_node_that_outlives_the_first() {
     assert!(o1.status.success(), "{o1:?}");
     assert!(o0.status.success(), "{o0:?}");
     assert!(!pid_alive(node));
+}
+
+#[test]
+fn host_budget_is_a_share_of_the_host_or_refused_above_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = |budget: &str| {
+        launch(
+            tmp.path(),
+            18150,
+            &["--dry-run", "--host-budget", budget],
+            "true",
+        )
+        .output()
+        .unwrap()
+    };
+    let out = plan("15TiB");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--host-budget asks for 16492674416640 bytes"),
+        "{err}"
+    );
+    let out = plan("50%");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bytes: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("host tier:"))
+        .and_then(|v| v.trim().strip_suffix(" bytes"))
+        .and_then(|v| v.parse().ok())
+        .expect("a host tier line");
+    assert!(bytes > 0 && bytes % (2 << 20) == 0, "{bytes}");
 }

@@ -25,6 +25,7 @@
 pub mod env;
 pub mod plan;
 mod run;
+pub mod sizing;
 
 use std::path::PathBuf;
 
@@ -68,10 +69,11 @@ pub struct LaunchArgs {
     /// Peer port of every node (UDP); /status on the next (TCP).
     #[arg(long, value_name = "P", default_value_t = PEER_PORT_DEFAULT)]
     port: u16,
-    /// Host tier of each node, e.g. 4GiB.
-    #[arg(long, value_name = "SIZE", default_value = "1GiB",
-          value_parser = crate::size::size_in(0..=crate::size::BUDGET_BYTES_MAX))]
-    host_budget: u64,
+    /// Host tier of each node: a size (64GiB) or a share of the memory this host may use
+    /// (50%: of the cgroup's memory limit, else of the machine's); refused above it.
+    #[arg(long, value_name = "SIZE|N%", default_value = "1GiB",
+          value_parser = sizing::parse_budget)]
+    host_budget: sizing::BudgetArg,
     /// Seconds to wait for the pool (and, on other ranks, for the host's node).
     #[arg(long, default_value_t = 120)]
     timeout_s: u64,
@@ -111,11 +113,13 @@ pub fn run_launch(args: LaunchArgs) -> Result<i32> {
         },
     };
     let run_base = args.run_base.clone().unwrap_or_else(std::env::temp_dir);
+    let host_budget = sizing::host_budget(args.host_budget, sizing::HostMemory::read())?;
     let plan = Plan::new(
         placement,
         &pool_dir,
         &run_base,
         args.port,
+        host_budget,
         args.command.clone(),
     );
     if args.dry_run {

@@ -31,6 +31,8 @@ pub struct Plan {
     pub run_dir: PathBuf,
     /// The job's rendezvous and end-of-job barrier, in the pool directory.
     pub rendezvous_dir: PathBuf,
+    /// The node's host tier in bytes.
+    pub host_budget: u64,
     /// The job's command.
     pub command: Vec<String>,
 }
@@ -65,6 +67,7 @@ impl Plan {
         pool_dir: &Path,
         run_base: &Path,
         peer_port: u16,
+        host_budget: u64,
         command: Vec<String>,
     ) -> Plan {
         let node_id = placement.host_index as u64 + 1;
@@ -77,6 +80,7 @@ impl Plan {
             node_id,
             peer_port,
             metrics_port: peer_port.saturating_add(1),
+            host_budget,
             placement,
             command,
         }
@@ -114,6 +118,7 @@ impl Plan {
              role:          {role}\n\
              raft voters:   host indices {}\n\
              ports:         peers {} (udp), /status {} (tcp)\n\
+             host tier:     {} bytes\n\
              pool dir:      {}\n\
              run dir:       {}\n\
              rendezvous:    {}\n\
@@ -126,6 +131,7 @@ impl Plan {
             voters.join(","),
             self.peer_port,
             self.metrics_port,
+            self.host_budget,
             self.pool_dir.display(),
             self.run_dir.display(),
             self.rendezvous_dir.display(),
@@ -167,6 +173,7 @@ mod tests {
             Path::new("/shared/pool"),
             Path::new("/tmp"),
             7700,
+            1 << 30,
             vec!["python".into(), "train.py".into()],
         );
         assert_eq!(plan.node_id, 3);
@@ -188,5 +195,6 @@ mod tests {
         );
         assert!(text.contains("host indices 0,1,2\n"), "{text}");
         assert!(text.contains("python train.py"), "{text}");
+        assert!(text.contains("host tier:     1073741824 bytes\n"), "{text}");
     }
 }

@@ -275,7 +275,7 @@ async fn start_node(
         NodeId(plan.node_id),
         me.pool_dir.clone(),
         data_dir.clone(),
-        args.host_budget,
+        plan.host_budget,
     );
     config.listen_addr = peer(addrs[p.host_index]);
     config.metrics_addr = metrics(addrs[p.host_index]);
@@ -385,7 +385,7 @@ async fn pool_spec(
             &InitOptions {
                 nodes: hosts,
                 base_port,
-                host_tier_bytes: args.host_budget,
+                host_tier_bytes: plan.host_budget,
                 force: false,
                 transport: PageTransport::Quic,
             },
