@@ -276,5 +276,5 @@ fn host_budget_is_a_share_of_the_host_or_refused_above_it() {
         .and_then(|v| v.trim().strip_suffix(" bytes"))
         .and_then(|v| v.parse().ok())
         .expect("a host tier line");
-    assert!(bytes > 0 && bytes % (2 << 20) == 0, "{bytes}");
+    assert!(bytes > 0 && bytes.is_multiple_of(2 << 20), "{bytes}");
 }

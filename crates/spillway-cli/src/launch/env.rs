@@ -294,7 +294,7 @@ fn from_torchrun(get: &dyn Fn(&str) -> Option<String>) -> Result<Placement, EnvE
             "RANK={rank} is not below WORLD_SIZE={world}"
         )));
     }
-    if local_world == 0 || world % local_world != 0 {
+    if local_world == 0 || !world.is_multiple_of(local_world) {
         return Err(EnvError::Inconsistent(format!(
             "WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}"
         )));
