@@ -38,24 +38,54 @@ pub(crate) struct PyPool {
     link: Option<DaemonLink>,
 }
 
-/// The arguments every pool takes: page size, device and policy, parsed.
-fn pool_args(
-    page_size: Option<&Bound<'_, PyAny>>,
-    device: &str,
-    policy: &str,
-) -> PyResult<(PageSize, DeviceChoice, Policy)> {
-    let page = match page_size {
-        None => PageSize::DEFAULT,
-        Some(p) => PageSize::new(size::size_arg("page_size", p)?)
-            .map_err(|e| PyValueError::new_err(format!("page_size: {e}")))?,
-    };
-    let device: DeviceChoice = device
-        .parse()
-        .map_err(|e| PyValueError::new_err(format!("device: {e}")))?;
-    let policy: Policy = policy
-        .parse()
-        .map_err(|e| PyValueError::new_err(format!("policy: {e}")))?;
-    Ok((page, device, policy))
+/// The arguments `Pool()` and `Pool.connect` share, checked: a bad one raises
+/// `ValueError` naming it.
+struct PoolArgs {
+    gpu: u64,
+    host: u64,
+    page: PageSize,
+    device: DeviceChoice,
+    policy: Policy,
+}
+
+impl PoolArgs {
+    fn parse(
+        gpu_budget: &Bound<'_, PyAny>,
+        host_budget: &Bound<'_, PyAny>,
+        page_size: Option<&Bound<'_, PyAny>>,
+        device: &str,
+        policy: &str,
+    ) -> PyResult<PoolArgs> {
+        let gpu = size::size_arg("gpu_budget", gpu_budget)?;
+        let host = size::size_arg("host_budget", host_budget)?;
+        let page = match page_size {
+            None => PageSize::DEFAULT,
+            Some(p) => PageSize::new(size::size_arg("page_size", p)?)
+                .map_err(|e| PyValueError::new_err(format!("page_size: {e}")))?,
+        };
+        let device: DeviceChoice = device
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("device: {e}")))?;
+        let policy: Policy = policy
+            .parse()
+            .map_err(|e| PyValueError::new_err(format!("policy: {e}")))?;
+        Ok(PoolArgs {
+            gpu,
+            host,
+            page,
+            device,
+            policy,
+        })
+    }
+
+    /// `builder` with the GPU budget, policy and device set; its host tier (budget and
+    /// page size) is the caller's.
+    fn gpu_side(&self, builder: PoolBuilder) -> PoolBuilder {
+        builder
+            .gpu_budget_bytes(self.gpu)
+            .policy(self.policy)
+            .device(self.device)
+    }
 }
 
 /// `spillway.Buffer`: a buffer of a pool; a handle, freed with `Pool.free`.
@@ -146,23 +176,18 @@ impl PyPool {
         device: &str,
         policy: &str,
     ) -> PyResult<Self> {
-        let gpu = size::size_arg("gpu_budget", gpu_budget)?;
-        let host = size::size_arg("host_budget", host_budget)?;
-        let (page, device, policy) = pool_args(page_size, device, policy)?;
+        let args = PoolArgs::parse(gpu_budget, host_budget, page_size, device, policy)?;
         let pool = py
             .detach(|| {
-                PoolBuilder::new()
-                    .gpu_budget_bytes(gpu)
-                    .host_budget_bytes(host)
-                    .page_size(page)
-                    .policy(policy)
-                    .device(device)
+                args.gpu_side(PoolBuilder::new())
+                    .host_budget_bytes(args.host)
+                    .page_size(args.page)
                     .build()
             })
             .py_err(py)?;
         Ok(PyPool {
             pool: Arc::new(pool),
-            page_bytes: page.bytes(),
+            page_bytes: args.page.bytes(),
             link: None,
         })
     }
@@ -181,18 +206,13 @@ impl PyPool {
         device: &str,
         policy: &str,
     ) -> PyResult<Self> {
-        let gpu = size::size_arg("gpu_budget", gpu_budget)?;
-        let host = size::size_arg("host_budget", host_budget)?;
-        let (page, device, policy) = pool_args(page_size, device, policy)?;
+        let args = PoolArgs::parse(gpu_budget, host_budget, page_size, device, policy)?;
         let (link, pool) = py
             .detach(|| {
-                let link = DaemonLink::connect(&socket, host, page)
+                let link = DaemonLink::connect(&socket, args.host, args.page)
                     .map_err(errors::ConnectError::Daemon)?;
-                let pool = link
-                    .pool_builder()
-                    .gpu_budget_bytes(gpu)
-                    .policy(policy)
-                    .device(device)
+                let pool = args
+                    .gpu_side(link.pool_builder())
                     .build()
                     .map_err(errors::ConnectError::Pool)?;
                 Ok::<_, errors::ConnectError>((link, pool))
@@ -200,7 +220,7 @@ impl PyPool {
             .map_err(|e| e.into_py(py))?;
         Ok(PyPool {
             pool: Arc::new(pool),
-            page_bytes: page.bytes(),
+            page_bytes: args.page.bytes(),
             link: Some(link),
         })
     }

@@ -56,10 +56,20 @@ pub(crate) struct View {
     held: Mutex<Option<Held>>,
     pool: Arc<Pool>,
     buffer_name: String,
+    /// Bytes of the buffer.
+    #[pyo3(get)]
     nbytes: u64,
+    /// Pages of the buffer.
+    #[pyo3(get)]
     pages: usize,
+    /// Whether the acquire is exclusive (`acquire_mut`): the view is writable.
+    #[pyo3(get)]
     exclusive: bool,
+    /// Whether every page was already on the GPU (no wait for a copy).
+    #[pyo3(get)]
     hit: bool,
+    /// Seconds the acquire waited for copies.
+    #[pyo3(get)]
     waited_s: f64,
     device: DLDevice,
     /// The address of the whole buffer when it is contiguous in device memory.
@@ -230,35 +240,10 @@ impl View {
     fn held(&self) -> bool {
         self.lock().is_some()
     }
-    /// Bytes of the buffer.
-    #[getter]
-    fn nbytes(&self) -> u64 {
-        self.nbytes
-    }
-    /// Pages of the buffer.
-    #[getter]
-    fn pages(&self) -> usize {
-        self.pages
-    }
     /// Whether the whole buffer exports as one tensor.
     #[getter]
     fn contiguous(&self) -> bool {
         self.base_ptr.is_some()
-    }
-    /// Whether the acquire is exclusive (`acquire_mut`): the view is writable.
-    #[getter]
-    fn exclusive(&self) -> bool {
-        self.exclusive
-    }
-    /// Whether every page was already on the GPU (no wait for a copy).
-    #[getter]
-    fn hit(&self) -> bool {
-        self.hit
-    }
-    /// Seconds the acquire waited for copies.
-    #[getter]
-    fn waited_s(&self) -> f64 {
-        self.waited_s
     }
     /// `"cpu"` or `"cuda"`: where the exported tensors live.
     #[getter]
@@ -296,6 +281,8 @@ impl View {
 #[pyclass(name = "PageView", module = "spillway._core", frozen)]
 pub(crate) struct PageView {
     view: Py<View>,
+    /// The page's index in its buffer.
+    #[pyo3(get)]
     index: usize,
 }
 
@@ -321,12 +308,6 @@ impl PageView {
     /// As `View.__dlpack_device__`.
     fn __dlpack_device__(&self) -> (u32, i32) {
         self.view.get().__dlpack_device__()
-    }
-
-    /// The page's index in its buffer.
-    #[getter]
-    fn index(&self) -> usize {
-        self.index
     }
 }
 
