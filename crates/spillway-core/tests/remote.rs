@@ -187,6 +187,18 @@ impl Model {
         self.collect();
     }
 
+    /// [`Model::acquire`], then release at once: every page checked, and given a new
+    /// version when `mode` is exclusive.
+    fn use_once(&mut self, b: BufferId, mode: AccessMode) {
+        let (h, _) = self.acquire(b, mode);
+        self.release(h);
+    }
+
+    /// `n` new buffers of one page each.
+    fn one_page_buffers(&mut self, n: usize) -> Vec<BufferId> {
+        (0..n).map(|_| self.core.alloc(PAGE).unwrap()).collect()
+    }
+
     /// Reads (and with `write`, writes) page 0 of `b` from the host; false if busy.
     fn host_access(&mut self, b: BufferId, write: bool) -> bool {
         let locs = loop {
@@ -274,10 +286,9 @@ fn alloc_is_bounded_by_host_plus_remote_less_headroom() {
 #[test]
 fn freeing_buffers_drops_their_remote_copies() {
     let mut m = Model::new(2, 4, 16, Policy::Clock);
-    let bufs: Vec<BufferId> = (0..8).map(|_| m.core.alloc(PAGE).unwrap()).collect();
+    let bufs = m.one_page_buffers(8);
     for &b in &bufs {
-        let (h, _) = m.acquire(b, AccessMode::Exclusive);
-        m.release(h);
+        m.use_once(b, AccessMode::Exclusive);
     }
     m.settle();
     assert!(!m.remote.is_empty(), "some pages went to the remote tier");
@@ -314,10 +325,9 @@ fn refuse_spills(m: &mut Model, now: Duration) -> usize {
 /// it began (the spill it needs is issued, not finished).
 fn an_acquire_that_needs_a_spill() -> (Model, AcquireId, Duration) {
     let mut m = Model::new(1, 2, 16, Policy::Clock);
-    let bufs: Vec<BufferId> = (0..6).map(|_| m.core.alloc(PAGE).unwrap()).collect();
+    let bufs = m.one_page_buffers(6);
     for &b in &bufs[..3] {
-        let (h, _) = m.acquire(b, AccessMode::Exclusive);
-        m.release(h);
+        m.use_once(b, AccessMode::Exclusive);
         while m.finish_gpu() {}
     }
     let start = m.t();
@@ -395,10 +405,9 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
     // Regression: one failed fetch set a sticky failure that every later acquire of every
     // buffer reported as "device copy failed".
     let mut m = Model::new(1, 2, 16, Policy::Clock);
-    let bufs: Vec<BufferId> = (0..6).map(|_| m.core.alloc(PAGE).unwrap()).collect();
+    let bufs = m.one_page_buffers(6);
     for &b in &bufs {
-        let (h, _) = m.acquire(b, AccessMode::Exclusive);
-        m.release(h);
+        m.use_once(b, AccessMode::Exclusive);
         m.settle();
     }
     assert!(m.remote.contains_key(&PageId {
@@ -446,8 +455,7 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
     assert!(!m.host_access(bufs[0], false));
     // ...while every other buffer still comes back with its newest bytes.
     for &b in &bufs[1..] {
-        let (h, _) = m.acquire(b, AccessMode::Shared);
-        m.release(h);
+        m.use_once(b, AccessMode::Shared);
         m.settle();
     }
     // And it can be freed: its slot and remote space come back.
@@ -520,8 +528,7 @@ fn a_zero_fill_that_fails_loses_its_buffer_only() {
     );
     m.core.release(h, now);
     m.collect();
-    let (h, _) = m.acquire(kept, AccessMode::Exclusive);
-    m.release(h);
+    m.use_once(kept, AccessMode::Exclusive);
     let now = m.t();
     m.core.free(lost, now).unwrap();
     m.settle();
@@ -585,8 +592,7 @@ proptest! {
                 Op::Acquire(i, excl) if !bufs.is_empty() => {
                     let b = bufs[i % bufs.len()];
                     let mode = if excl { AccessMode::Exclusive } else { AccessMode::Shared };
-                    let (h, _) = m.acquire(b, mode);
-                    m.release(h);
+                    m.use_once(b, mode);
                 }
                 Op::HostAccess(i, write) if !bufs.is_empty() => {
                     let b = bufs[i % bufs.len()];
