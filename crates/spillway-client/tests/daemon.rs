@@ -17,8 +17,7 @@ use spillway_client::remote::{
     RemoteCompletion, RemoteOp, RemoteOpKind, RemoteSetupError, RemoteSink, RemoteTier,
 };
 use spillway_client::{
-    Device, DeviceChoice, DeviceConfig, HostSlot, PageSize, Policy, TransferId, make_device_in,
-    pattern,
+    Device, DeviceChoice, DeviceConfig, HostSlot, PageSize, TransferId, make_device_in, pattern,
 };
 use spillway_node::RemoteError;
 use spillway_node::local::{
@@ -116,19 +115,8 @@ fn round_trip(device: DeviceChoice) {
     assert_eq!(link.remote_capacity_bytes(), 64 * PAGE);
     assert_eq!(link.host_memory().len(), 8 * PAGE);
     let client = link.client_id();
-    let pool = link
-        .pool_builder()
-        .gpu_budget_bytes(4 * PAGE)
-        .remote_budget_bytes(48 * PAGE)
-        .policy(Policy::Learned)
-        .device(device)
-        .build()
-        .unwrap();
     // 24 buffers of 2 pages: 48 pages through 4 frames and 8 slots.
-    let bufs: Vec<_> = (0..24)
-        .map(|i| pool.alloc(&format!("b{i}"), 2 * PAGE).unwrap())
-        .collect();
-    common::steps_with_checked_pages(&pool, &bufs, 3);
+    let (pool, bufs) = common::spill_through_link(&link, device, 24);
     let counters = node.server().counters();
     assert!(counters.spills > 0 && counters.fetches > 0, "{counters:?}");
     assert_eq!(counters.ops_failed, 0);
@@ -260,7 +248,12 @@ fn the_remote_tier_moves_slots_through_the_node() {
     tier.submit(op(20, RemoteOpKind::Fetch, 9, 0, PAGE));
     let c = rx.recv_timeout(WAIT).unwrap();
     assert_eq!(c.id, TransferId(20));
-    assert!(c.result.unwrap_err().to_string().contains("is not in the remote tier"));
+    assert!(
+        c.result
+            .unwrap_err()
+            .to_string()
+            .contains("is not in the remote tier")
+    );
     // Discarded pages are gone; a long list goes in several frames (pages 2 and 3 are
     // in the last one, past DISCARD_PAGES_MAX).
     let mut pages: Vec<PageId> = (100..2200)

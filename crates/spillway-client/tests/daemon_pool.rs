@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use spillway_client::daemon::DaemonLink;
-use spillway_client::{DeviceChoice, PageSize, Policy};
+use spillway_client::{DeviceChoice, PageSize};
 use spillway_meta::Role;
 use spillway_net::certs::init_pool_dir;
 use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle};
@@ -85,18 +85,7 @@ async fn a_client_pool_spills_through_its_node_to_the_peers() {
     let client = tokio::task::spawn_blocking(move || {
         let link = DaemonLink::connect(&socket, 8 * PAGE, PageSize::new(PAGE).unwrap()).unwrap();
         assert!(link.remote_capacity_bytes() >= 48 * PAGE, "{link:?}");
-        let pool = link
-            .pool_builder()
-            .gpu_budget_bytes(4 * PAGE)
-            .remote_budget_bytes(48 * PAGE)
-            .policy(Policy::Learned)
-            .device(DeviceChoice::Sim)
-            .build()
-            .unwrap();
-        let bufs: Vec<_> = (0..16)
-            .map(|i| pool.alloc(&format!("b{i}"), 2 * PAGE).unwrap())
-            .collect();
-        common::steps_with_checked_pages(&pool, &bufs, 3);
+        let (pool, _bufs) = common::spill_through_link(&link, DeviceChoice::Sim, 16);
         pool.quiesce();
         (link, pool)
     })
