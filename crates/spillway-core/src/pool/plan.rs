@@ -9,7 +9,9 @@ use std::time::Duration;
 use spillway_types::{BufferId, PageId};
 
 use super::pages::{Gpu, Host, Page, PageTable};
-use super::{JITTER_MARGIN, LEAD_FACTOR, MIN_LOOKAHEAD_ACCESSES, REMOTE_LEAD_FACTOR};
+use super::{
+    JITTER_MARGIN, LEAD_FACTOR, MIN_LOOKAHEAD_ACCESSES, REMOTE_LEAD_FACTOR, SPECULATION_WASTE_RATIO,
+};
 
 /// Upcoming accesses asked of the predictor at each access between whole plans: the
 /// plans need the nearest (a window that ends before the horizon is widened to the whole
@@ -76,7 +78,8 @@ impl TierPlan {
     }
 
     /// Plans the pages of `upcoming` accesses (after access `now`) not in the tier,
-    /// within the horizon at `bytes_per_s`.
+    /// within the horizon at `bytes_per_s`; a guess only within the speculation cap
+    /// ([`SPECULATION_WASTE_RATIO`]).
     /// Returns whether the horizon ended the plan (else the upcoming accesses ran out).
     fn replan(
         &mut self,
@@ -88,6 +91,8 @@ impl TierPlan {
         self.queue.clear();
         self.horizon = now;
         let mut queued_bytes = 0u64;
+        // Bytes of sure predictions to bring, and guesses' expected unused bytes.
+        let (mut sure_bytes, mut guess_waste) = (0f64, 0f64);
         for u in upcoming {
             if u.distance >= MIN_LOOKAHEAD_ACCESSES
                 && u.time_until.as_secs_f64()
@@ -99,6 +104,22 @@ impl TierPlan {
             let Some(b) = pages.live_buffer(u.buffer) else {
                 continue;
             };
+            // What the buffer needs of the tier, on its way included (a guess loading
+            // still counts against the cap).
+            let bring: u64 = (0..b.pages.len())
+                .filter(|&i| !matches!(self.tier.need(&b.pages[i]), Need::Nothing))
+                .map(|i| pages.page_len(b.bytes, i as u32))
+                .sum();
+            if u.probability < 1.0 {
+                let waste = (1.0 - u.probability) * bring as f64;
+                let cap = SPECULATION_WASTE_RATIO * (sure_bytes + pages.page_bytes() as f64);
+                if guess_waste + waste > cap {
+                    continue;
+                }
+                guess_waste += waste;
+            } else {
+                sure_bytes += bring as f64;
+            }
             let next = now + 1 + u.distance;
             self.horizon = self.horizon.max(next);
             for (index, p) in b.pages.iter().enumerate() {
@@ -381,5 +402,61 @@ mod tests {
         plan.replan(&ups, 5, 1e3, &pages);
         assert_eq!(plan.queue[0], (page(a, 1), 6));
         assert_eq!(plan.queue.len(), 3);
+    }
+
+    #[test]
+    fn a_guess_is_planned_only_within_the_speculation_cap() {
+        // Pages of 100 bytes; a sure buffer of 4 pages, then guesses of 2 pages each.
+        let mut pages = PageTable::new(100);
+        let sure = pages.insert(400, (0..4).map(|_| Page::new(None)).collect());
+        let guesses: Vec<BufferId> = (0..4)
+            .map(|_| pages.insert(200, vec![Page::new(None), Page::new(None)]))
+            .collect();
+        let guess = |b: BufferId, d: u64, p: f64| Upcoming {
+            buffer: b,
+            distance: d,
+            time_until: Duration::from_millis(d),
+            probability: p,
+        };
+        // Probability 0.5: each guess's expected unused bytes are 100. The cap is
+        // 0.25 x (400 sure + one page of 100) = 125: one guess fits, not two.
+        let mut ups = vec![upcoming(sure.0, 0, 0)];
+        ups.extend(
+            guesses
+                .iter()
+                .enumerate()
+                .map(|(i, &g)| guess(g, 1 + i as u64, 0.5)),
+        );
+        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
+        plan.replan(&ups, 0, 1.0, &pages);
+        let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
+        assert_eq!(planned, [sure, sure, sure, sure, guesses[0], guesses[0]]);
+        let waste: f64 = 0.5 * 200.0;
+        assert!(waste <= SPECULATION_WASTE_RATIO * 500.0);
+        // A guess already loading counts against the cap: the next one does not fit.
+        pages
+            .page_mut(PageId {
+                buffer: guesses[0],
+                index: 0,
+            })
+            .gpu = Gpu::Loading {
+            frame: spillway_types::FrameId(0),
+            prefetch: true,
+        };
+        plan.replan(&ups, 0, 1.0, &pages);
+        let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
+        assert_eq!(planned, [sure, sure, sure, sure, guesses[0]]);
+        // Sure predictions are never capped; nearly sure guesses (0.95) fit five times
+        // more: all four (expected unused 4 x 10 = 40 <= 125).
+        let ups: Vec<Upcoming> = std::iter::once(upcoming(sure.0, 0, 0))
+            .chain(
+                guesses
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &g)| guess(g, 1 + i as u64, 0.95)),
+            )
+            .collect();
+        plan.replan(&ups, 0, 1.0, &pages);
+        assert_eq!(plan.queue.len(), 4 + 1 + 3 * 2);
     }
 }

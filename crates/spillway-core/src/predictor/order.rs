@@ -29,11 +29,22 @@
 //!    use, loads a guess only after the pages surely needed sooner, and never evicts a
 //!    page for it that is surely needed before the guess's weighted distance. Demand
 //!    fetches go before any prediction in the pool.
+//! 4. **Speculation capped by its measured precision.** The weighting orders guesses;
+//!    it does not bound how many are moved when the horizon is long (much compute per
+//!    access), and on divergent steps (MoE at batch 1) guesses that never come are bytes
+//!    moved for nothing (issue 12: 86-88 MiB per step on `moe.jsonl`, more than clock
+//!    moved in all). So the guesses returned (predictions of probability below 1) are
+//!    counted, and the share of them used before their step ended is measured
+//!    ([`OrderPredictor::guess_precision`], with a prior of one hit and one miss); once
+//!    16 guesses are measured, a guess's probability is at most that precision. The planner caps the bytes of
+//!    guesses it loads by it (`pool::plan`, [`crate::pool::SPECULATION_WASTE_RATIO`]):
+//!    their expected unused bytes stay within a share of the sure bytes planned.
 //!
 //! State beyond the [`TracePredictor`]: per earlier step, the buffers aligned to each of
 //! its positions in the current step (at most one entry per access of the step), and the
 //! set of buffers used in the step, both cleared at every step's end.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -47,6 +58,10 @@ const PROBABILITY_MIN: f64 = 1.0 / 64.0;
 /// Prior of the skipped-entries probability: as if this many of them had come back and as
 /// many had not.
 const PENDING_PRIOR: f64 = 1.0;
+/// Prior of the guess precision: as if this many guesses had been used and as many not.
+const GUESS_PRIOR: f64 = 1.0;
+/// Guesses measured before their precision bounds a guess's probability.
+const GUESS_SAMPLES_MIN: f64 = 16.0;
 
 /// What one earlier step knows of the current step (see the module docs).
 #[derive(Debug, Default, Clone)]
@@ -72,6 +87,12 @@ pub struct OrderPredictor {
     pending_misses: f64,
     /// `inner`'s step count when `aligned` was last reset.
     steps_seen: u64,
+    /// Guesses returned in this step not yet used (filled by [`Predictor::upcoming`],
+    /// which takes `&self`; at most one entry per buffer).
+    guessed: RefCell<HashSet<BufferId>>,
+    /// Guesses used before their step ended, and not.
+    guess_hits: f64,
+    guess_misses: f64,
 }
 
 impl OrderPredictor {
@@ -84,7 +105,16 @@ impl OrderPredictor {
             pending_hits: 0.0,
             pending_misses: 0.0,
             steps_seen: 0,
+            guessed: RefCell::new(HashSet::new()),
+            guess_hits: 0.0,
+            guess_misses: 0.0,
         }
+    }
+
+    /// The share of the guesses returned that were used before their step ended (with
+    /// a prior of one used and one not).
+    pub fn guess_precision(&self) -> f64 {
+        (self.guess_hits + GUESS_PRIOR) / (self.guess_hits + self.guess_misses + 2.0 * GUESS_PRIOR)
     }
 
     /// The probability measured for entries the cursor skipped.
@@ -96,6 +126,9 @@ impl OrderPredictor {
     /// A new step began in `inner` (marked or detected): alignments start over.
     fn on_new_step(&mut self) {
         self.pending_misses += self.inner.pending.len() as f64;
+        let guessed = self.guessed.get_mut();
+        self.guess_misses += guessed.len() as f64;
+        guessed.clear();
         self.aligned = vec![Alignment::default(); self.inner.history.len()];
         self.used.clear();
         self.steps_seen = self.inner.stats().steps;
@@ -119,6 +152,9 @@ impl Predictor for OrderPredictor {
             } else if expires <= count {
                 self.pending_misses += 1.0;
             }
+        }
+        if self.guessed.get_mut().remove(&buffer) {
+            self.guess_hits += 1.0;
         }
         let before: Vec<usize> = self.inner.history.iter().map(|(_, c)| c.pos).collect();
         self.inner.on_access(buffer, now);
@@ -245,6 +281,18 @@ impl Predictor for OrderPredictor {
         }
         out.sort_by_key(|u| (u.distance, u.time_until, u.buffer));
         out.truncate(limit);
+        // A guess is no likelier than guesses have measured to be (module docs, 4).
+        let q = if self.guess_hits + self.guess_misses >= GUESS_SAMPLES_MIN {
+            self.guess_precision()
+        } else {
+            1.0
+        };
+        for u in out.iter_mut().filter(|u| u.probability < 1.0) {
+            u.probability = u.probability.min(q).max(PROBABILITY_MIN);
+        }
+        self.guessed
+            .borrow_mut()
+            .extend(out.iter().filter(|u| u.probability < 1.0).map(|u| u.buffer));
         out
     }
 
@@ -412,5 +460,43 @@ mod tests {
             t1 += 10;
             t2 += 10;
         }
+    }
+
+    #[test]
+    fn a_guess_is_no_likelier_than_guesses_measured_to_be() {
+        // MoE at batch 1: one expert of 16 per layer, chosen at random each step, so a
+        // guess of the forward pass's expert is right about one time in 16.
+        let (layers, experts, k, window) = (8, 16, 1, 64);
+        let mut p = OrderPredictor::new(4);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut t = 0u64;
+        let mut answers = 0;
+        for step in 0..10 {
+            let (seq, _) = moe_step(&mut rng, layers, experts, k);
+            for &x in &seq {
+                let up = p.upcoming(window);
+                if step >= 4 {
+                    // No guess is likelier than guesses measured to be.
+                    let q = p.guess_precision();
+                    for u in up.iter().filter(|u| u.probability < 1.0) {
+                        assert!(u.probability <= q.max(PROBABILITY_MIN), "{u:?} at {q}");
+                        answers += 1;
+                    }
+                }
+                p.on_access(b(x), Duration::from_micros(t));
+                t += 10;
+            }
+            p.end_step(Duration::from_micros(t));
+        }
+        assert!(answers > 0);
+        // The forward pass's guesses are mostly wrong, and measured so.
+        let q = p.guess_precision();
+        assert!(q < 0.5, "precision {q}");
+        assert!(
+            p.guess_hits + p.guess_misses > 20.0,
+            "{} {}",
+            p.guess_hits,
+            p.guess_misses
+        );
     }
 }
