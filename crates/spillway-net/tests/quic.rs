@@ -44,6 +44,20 @@ impl Pool {
         QuicTransport::bind(loopback(), self.identity(node), QuicConfig::default()).unwrap()
     }
 
+    /// `node` with one lane per peer, so that the lane a server closes is the whole
+    /// connection: the broken peer of the bad-frame tests.
+    fn one_lane_transport(&self, node: u64) -> QuicTransport {
+        QuicTransport::bind(
+            loopback(),
+            self.identity(node),
+            QuicConfig {
+                connections_per_peer: 1,
+                ..QuicConfig::default()
+            },
+        )
+        .unwrap()
+    }
+
     /// Node 1 serving a `MemStore`.
     fn server(&self) -> (QuicTransport, Server, Arc<MemStore>) {
         let t = self.transport(1);
@@ -286,18 +300,12 @@ async fn a_server_whose_hello_names_another_node_is_refused_by_the_client() {
 
 /// Sends `bytes` on a new stream of `conn`, as a broken peer would, and waits until the
 /// server closes the connection for a bad frame.
-async fn send_raw_and_expect_close(conn: &QuicConnection, bytes: &[u8]) {
-    let (mut send, _recv) = conn.quinn().open_bi().await.unwrap();
+async fn send_raw_and_expect_close(conn: &quinn::Connection, bytes: &[u8]) {
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
     // The server may close before it read everything: a failed write is fine.
     let _ = send.write_all(bytes).await;
     let _ = send.finish();
-    match within(
-        "the server to close the connection",
-        WAIT,
-        conn.quinn().closed(),
-    )
-    .await
-    {
+    match within("the server to close the connection", WAIT, conn.closed()).await {
         ConnectionError::ApplicationClosed(close) => {
             assert_eq!(
                 close.error_code,
@@ -309,6 +317,30 @@ async fn send_raw_and_expect_close(conn: &QuicConnection, bytes: &[u8]) {
     }
 }
 
+/// Frames rejected from `node` so far, as `server` counts them.
+fn rejected(server: &QuicTransport, node: u64) -> u64 {
+    server
+        .stats()
+        .peer(NodeId(node))
+        .map_or(0, |c| c.frames_rejected)
+}
+
+/// `bad_node` connects to `server` afresh and sends `bytes`; the server closes that
+/// connection for a bad frame and counts it as the `nth` frame rejected from node 3.
+/// Returns the closed connection.
+async fn send_bad_frame(
+    bad_node: &QuicTransport,
+    server: &QuicTransport,
+    bytes: &[u8],
+    what: &str,
+    nth: u64,
+) -> QuicConnection {
+    let bad = bad_node.connect(server.local_addr()).await.unwrap();
+    send_raw_and_expect_close(bad.quinn(), bytes).await;
+    wait_for(what, WAIT, || rejected(server, 3) == nth).await;
+    bad
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_and_oversized_frames_close_their_connection_and_are_counted() {
     let pool = Pool::new("bad-frames");
@@ -317,57 +349,41 @@ async fn malformed_and_oversized_frames_close_their_connection_and_are_counted()
     let good = good_node.connect(server.local_addr()).await.unwrap();
     assert_eq!(good.put_pages(vec![page(1, 0, 1 << 20)]).await.unwrap(), 1);
 
-    // One lane, so that the lane the server closes is the whole connection.
-    let bad_node = QuicTransport::bind(
-        loopback(),
-        pool.identity(3),
-        QuicConfig {
-            connections_per_peer: 1,
-            ..QuicConfig::default()
-        },
-    )
-    .unwrap();
-    let rejected = || {
-        server
-            .stats()
-            .peer(NodeId(3))
-            .map_or(0, |c| c.frames_rejected)
-    };
+    let bad_node = pool.one_lane_transport(3);
 
     // 1. Garbage: bad magic.
-    let bad = bad_node.connect(server.local_addr()).await.unwrap();
-    send_raw_and_expect_close(&bad, b"this is not a spillway frame, only garbage bytes").await;
-    wait_for("the garbage frame to be counted", WAIT, || rejected() == 1).await;
+    let bad = send_bad_frame(
+        &bad_node,
+        &server,
+        b"this is not a spillway frame, only garbage bytes",
+        "the garbage frame to be counted",
+        1,
+    )
+    .await;
     let err = bad.put_pages(vec![page(3, 0, 10)]).await.unwrap_err();
     assert!(matches!(err, NetError::ConnectionLost { .. }), "{err}");
 
     // 2. A body larger than FRAME_BODY_BYTES_MAX, refused from the header alone.
-    let bad = bad_node.connect(server.local_addr()).await.unwrap();
     let header = FrameHeader {
         kind: Kind::GetPages,
         request_id: 1,
         body_bytes: wire::FRAME_BODY_BYTES_MAX + 1,
         payload_bytes: 0,
     };
-    send_raw_and_expect_close(&bad, &header.encode()).await;
-    wait_for("the oversized body to be counted", WAIT, || rejected() == 2).await;
+    let body = "the oversized body to be counted";
+    send_bad_frame(&bad_node, &server, &header.encode(), body, 2).await;
 
     // 3. A payload larger than FRAME_PAYLOAD_BYTES_MAX.
-    let bad = bad_node.connect(server.local_addr()).await.unwrap();
     let header = FrameHeader {
         kind: Kind::PutPages,
         request_id: 1,
         body_bytes: 1,
         payload_bytes: wire::FRAME_PAYLOAD_BYTES_MAX + 1,
     };
-    send_raw_and_expect_close(&bad, &header.encode()).await;
-    wait_for("the oversized payload to be counted", WAIT, || {
-        rejected() == 3
-    })
-    .await;
+    let payload = "the oversized payload to be counted";
+    send_bad_frame(&bad_node, &server, &header.encode(), payload, 3).await;
 
     // 4. A page whose bytes do not match its checksum.
-    let bad = bad_node.connect(server.local_addr()).await.unwrap();
     let p = page(3, 1, 4096);
     let mut desc = wire::PageDesc::for_page(p.id, &p.data);
     desc.checksum ^= 1;
@@ -377,14 +393,10 @@ async fn malformed_and_oversized_frames_close_their_connection_and_are_counted()
     )
     .unwrap();
     frame.extend_from_slice(&p.data);
-    send_raw_and_expect_close(&bad, &frame).await;
-    wait_for("the checksum mismatch to be counted", WAIT, || {
-        rejected() == 4
-    })
-    .await;
+    let mismatch = "the checksum mismatch to be counted";
+    send_bad_frame(&bad_node, &server, &frame, mismatch, 4).await;
 
     // 5. A good frame with bytes after it: its lengths lied.
-    let bad = bad_node.connect(server.local_addr()).await.unwrap();
     let mut frame = wire::encode_frame(
         1,
         &wire::Message::GetPages(wire::GetPages {
@@ -393,8 +405,8 @@ async fn malformed_and_oversized_frames_close_their_connection_and_are_counted()
     )
     .unwrap();
     frame.extend_from_slice(b"trailing");
-    send_raw_and_expect_close(&bad, &frame).await;
-    wait_for("the trailing bytes to be counted", WAIT, || rejected() == 5).await;
+    let trailing = "the trailing bytes to be counted";
+    send_bad_frame(&bad_node, &server, &frame, trailing, 5).await;
 
     // The good client was never disturbed and still works; nothing was counted against it.
     assert_eq!(good.put_pages(vec![page(1, 1, 1 << 20)]).await.unwrap(), 1);
@@ -418,21 +430,7 @@ async fn garbage_instead_of_a_hello_is_counted_as_unidentified() {
     let client = pool.transport(2);
     // TLS with a valid pool certificate, then garbage where the hello should be.
     let conn = client.connect_tls_only(server.local_addr()).await.unwrap();
-    let (mut send, _recv) = conn.open_bi().await.unwrap();
-    let _ = send
-        .write_all(b"hello? no: garbage bytes instead of a hello frame")
-        .await;
-    let _ = send.finish();
-    match within("the server to close the connection", WAIT, conn.closed()).await {
-        ConnectionError::ApplicationClosed(close) => {
-            assert_eq!(
-                close.error_code,
-                VarInt::from_u32(CLOSE_BAD_FRAME),
-                "{close}"
-            );
-        }
-        other => panic!("closed for another reason: {other}"),
-    }
+    send_raw_and_expect_close(&conn, b"hello? no: garbage bytes instead of a hello frame").await;
     wait_for("the bad hello to be counted", WAIT, || {
         server.stats().unidentified().frames_rejected == 1
             && server.stats().handshakes_refused() == 1
@@ -535,56 +533,30 @@ async fn raft_and_proposal_blobs_round_trip_and_bad_ones_close_the_connection() 
         .unwrap_err();
     assert!(matches!(err, NetError::Encode { .. }), "{err}");
 
-    let bad_node = QuicTransport::bind(
-        loopback(),
-        pool.identity(3),
-        QuicConfig {
-            connections_per_peer: 1,
-            ..QuicConfig::default()
-        },
-    )
-    .unwrap();
-    let rejected = || {
-        server
-            .stats()
-            .peer(NodeId(3))
-            .map_or(0, |c| c.frames_rejected)
-    };
+    let bad_node = pool.one_lane_transport(3);
     // 1. A Raft message claiming more than RAFT_PAYLOAD_BYTES_MAX.
-    let bad = bad_node.connect(server.local_addr()).await.unwrap();
     let header = FrameHeader {
         kind: Kind::RaftMessage,
         request_id: 1,
         body_bytes: 1,
         payload_bytes: wire::RAFT_PAYLOAD_BYTES_MAX + 1,
     };
-    send_raw_and_expect_close(&bad, &header.encode()).await;
-    wait_for("the oversized Raft message to be counted", WAIT, || {
-        rejected() == 1
-    })
-    .await;
+    let oversized = "the oversized Raft message to be counted";
+    send_bad_frame(&bad_node, &server, &header.encode(), oversized, 1).await;
     // 2. A proposal whose bytes do not match their checksum.
-    let bad = bad_node.connect(server.local_addr()).await.unwrap();
     let data = vec![7u8; 100];
     let mut blob = wire::Blob::describe(&data);
     blob.chunks[0].checksum ^= 1;
     let mut frame = wire::encode_frame(1, &wire::Message::Propose(blob)).unwrap();
     frame.extend_from_slice(&data);
-    send_raw_and_expect_close(&bad, &frame).await;
-    wait_for("the corrupt proposal to be counted", WAIT, || {
-        rejected() == 2
-    })
-    .await;
+    let corrupt = "the corrupt proposal to be counted";
+    send_bad_frame(&bad_node, &server, &frame, corrupt, 2).await;
     // 3. A Raft message whose body lies about its length.
-    let bad = bad_node.connect(server.local_addr()).await.unwrap();
     let mut frame =
         wire::encode_frame(1, &wire::Message::RaftMessage(wire::Blob::describe(&data))).unwrap();
     frame.extend_from_slice(&data[..50]);
-    send_raw_and_expect_close(&bad, &frame).await;
-    wait_for("the truncated Raft message to be counted", WAIT, || {
-        rejected() == 3
-    })
-    .await;
+    let truncated = "the truncated Raft message to be counted";
+    send_bad_frame(&bad_node, &server, &frame, truncated, 3).await;
     // The good peer is still served.
     let reply = conn
         .request(Request::Raft {
