@@ -154,23 +154,30 @@ async fn assert_refused(pool: &Pool, identity: NodeIdentity) -> NetError {
     err
 }
 
+/// Node 9, trusting the pool's CA (so it would accept the server) but presenting
+/// `cert_pem` and `key_pem`, which the pool's CA did not sign: its connect must fail with
+/// `NetError::Connect`, and node 1 must count the refusal.
+async fn assert_stranger_refused(pool: &Pool, cert_pem: &str, key_pem: &str, origin: &str) {
+    let identity = NodeIdentity::from_pem(
+        POOL,
+        NodeId(9),
+        pool.ca.cert_pem(),
+        cert_pem,
+        key_pem,
+        Path::new(origin),
+    )
+    .unwrap();
+    let err = assert_refused(pool, identity).await;
+    assert!(matches!(err, NetError::Connect { .. }), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_self_signed_peer_is_refused() {
     let pool = Pool::new("self-signed");
     let rcgen::CertifiedKey { cert, signing_key } =
         rcgen::generate_simple_self_signed(vec![SERVER_NAME.to_string()]).unwrap();
-    // It trusts the pool's CA (so it would accept the server) but has no certificate of it.
-    let identity = NodeIdentity::from_pem(
-        POOL,
-        NodeId(9),
-        pool.ca.cert_pem(),
-        &cert.pem(),
-        &signing_key.serialize_pem(),
-        Path::new("self-signed"),
-    )
-    .unwrap();
-    let err = assert_refused(&pool, identity).await;
-    assert!(matches!(err, NetError::Connect { .. }), "{err}");
+    let key = signing_key.serialize_pem();
+    assert_stranger_refused(&pool, &cert.pem(), &key, "self-signed").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,17 +187,7 @@ async fn a_peer_signed_by_another_ca_is_refused() {
     let other = PoolCa::generate(POOL).unwrap();
     let foreign = other.issue_node(NodeId(9)).unwrap();
     // Trusting our CA, presenting the other's certificate: the server refuses it.
-    let identity = NodeIdentity::from_pem(
-        POOL,
-        NodeId(9),
-        pool.ca.cert_pem(),
-        foreign.cert_pem(),
-        foreign.key_pem(),
-        Path::new("other-ca"),
-    )
-    .unwrap();
-    let err = assert_refused(&pool, identity).await;
-    assert!(matches!(err, NetError::Connect { .. }), "{err}");
+    assert_stranger_refused(&pool, foreign.cert_pem(), foreign.key_pem(), "other-ca").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
