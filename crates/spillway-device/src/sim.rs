@@ -256,51 +256,27 @@ impl Device for SimDevice {
     }
 
     fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        let m = &self.memory;
         // SAFETY: the slot is `page_bytes` of the arena; the caller holds it (pool contract).
-        unsafe {
-            write_page(
-                self.memory.slot(slot),
-                self.memory.config.page_bytes,
-                offset,
-                data,
-            )
-        }
+        unsafe { write_page(m.slot(slot), m.config.page_bytes, offset, data) }
     }
 
     fn read_host(&self, slot: HostSlot, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        let m = &self.memory;
         // SAFETY: as in `write_host`.
-        unsafe {
-            read_page(
-                self.memory.slot(slot),
-                self.memory.config.page_bytes,
-                offset,
-                out,
-            )
-        }
+        unsafe { read_page(m.slot(slot), m.config.page_bytes, offset, out) }
     }
 
     fn write_frame(&self, frame: FrameId, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        let m = &self.memory;
         // SAFETY: as in `write_host`, for the frame.
-        unsafe {
-            write_page(
-                self.memory.frame(frame),
-                self.memory.config.page_bytes,
-                offset,
-                data,
-            )
-        }
+        unsafe { write_page(m.frame(frame), m.config.page_bytes, offset, data) }
     }
 
     fn read_frame(&self, frame: FrameId, offset: u64, out: &mut [u8]) -> Result<(), DeviceError> {
+        let m = &self.memory;
         // SAFETY: as in `write_frame`.
-        unsafe {
-            read_page(
-                self.memory.frame(frame),
-                self.memory.config.page_bytes,
-                offset,
-                out,
-            )
-        }
+        unsafe { read_page(m.frame(frame), m.config.page_bytes, offset, out) }
     }
 
     fn frame_ptr(&self, frame: FrameId) -> DevicePtr {
