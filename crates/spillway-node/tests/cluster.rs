@@ -220,22 +220,7 @@ async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
     let killed = nodes[li].take().unwrap();
     let t0 = Instant::now();
     within("shutdown the leader", killed.shutdown()).await;
-    let new_leader = wait_for("a new leader", Duration::from_secs(5), || {
-        let live: Vec<&NodeHandle> = nodes.iter().flatten().collect();
-        let l = live
-            .iter()
-            .find(|n| n.role() == Role::Leader && n.term() > term)?;
-        live.iter()
-            .all(|n| n.leader() == Some(l.node_id()))
-            .then_some(l.node_id())
-    })
-    .await;
-    let elected = t0.elapsed();
-    println!(
-        "new leader {new_leader} elected {} ms after the leader was shut down",
-        elected.as_millis()
-    );
-    assert_ne!(new_leader, leader);
+    let elected = new_leader_elected(&nodes, leader, term, t0, "was shut down").await;
     assert!(
         elected < Duration::from_secs(1),
         "election took {elected:?}"
@@ -670,22 +655,7 @@ async fn a_crashed_leader_is_replaced_after_an_election_timeout() {
     // the missing heartbeats (election timeout 5..8 ticks of 100 ms).
     let t0 = Instant::now();
     drop(nodes[li].take());
-    let new_leader = wait_for("a new leader", Duration::from_secs(5), || {
-        let live: Vec<&NodeHandle> = nodes.iter().flatten().collect();
-        let l = live
-            .iter()
-            .find(|n| n.role() == Role::Leader && n.term() > term)?;
-        live.iter()
-            .all(|n| n.leader() == Some(l.node_id()))
-            .then_some(l.node_id())
-    })
-    .await;
-    let elected = t0.elapsed();
-    println!(
-        "new leader {new_leader} elected {} ms after the leader crashed",
-        elected.as_millis()
-    );
-    assert_ne!(new_leader, leader);
+    let elected = new_leader_elected(&nodes, leader, term, t0, "crashed").await;
     // 0.5-0.8 s of election timeout, plus a second round when the first vote splits.
     assert!(
         elected < Duration::from_secs(2),

@@ -4,6 +4,8 @@
 //! loses nothing; shutdown completes; `/status` answers at once while slow clients hold
 //! hundreds of connections open.
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -14,37 +16,15 @@ use spillway_net::quic::CLOSE_BAD_FRAME;
 use spillway_net::{Connection, NetError, Page};
 use spillway_node::{Node, NodeConfig, NodeHandle};
 use spillway_types::wire::{self, ErrorCode};
-use spillway_types::{BufferId, NodeId, PageId, PageSize, PoolId, pattern};
+use spillway_types::{NodeId, PageSize, PoolId, pattern};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use common::{TempDir, page_id};
 
 const POOL: PoolId = PoolId(0x05b1_10de);
 const PAGE: u64 = 64 << 10;
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A fresh directory unique to this test, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "spillway-node-{name}-{}-{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A pool directory with nodes 1 to 3 of pool `pool`.
 fn pool_dir(root: &TempDir, pool: PoolId) -> PathBuf {
@@ -69,13 +49,6 @@ fn config(root: &TempDir, pool_dir: &std::path::Path, node: u64, tier_pages: u64
 
 async fn start(c: NodeConfig) -> NodeHandle {
     within("node start", Node::start(c)).await.unwrap()
-}
-
-fn page_id(buffer: u64, index: u32) -> PageId {
-    PageId {
-        buffer: BufferId(buffer),
-        index,
-    }
 }
 
 /// A page filled with the pattern for its id.

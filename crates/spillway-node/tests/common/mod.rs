@@ -188,6 +188,34 @@ pub async fn settled(nodes: &[Option<NodeHandle>]) -> NodeId {
     .await
 }
 
+/// Waits (up to 5 s) until the live nodes agree on a leader of a term after `term`, other
+/// than `old`, which stopped (`how`) at `since`; prints and returns how long that took.
+pub async fn new_leader_elected(
+    nodes: &[Option<NodeHandle>],
+    old: NodeId,
+    term: u64,
+    since: Instant,
+    how: &str,
+) -> Duration {
+    let new_leader = wait_for("a new leader", Duration::from_secs(5), || {
+        let live: Vec<&NodeHandle> = nodes.iter().flatten().collect();
+        let l = live
+            .iter()
+            .find(|n| n.role() == Role::Leader && n.term() > term)?;
+        live.iter()
+            .all(|n| n.leader() == Some(l.node_id()))
+            .then_some(l.node_id())
+    })
+    .await;
+    let elected = since.elapsed();
+    println!(
+        "new leader {new_leader} elected {} ms after the leader {how}",
+        elected.as_millis()
+    );
+    assert_ne!(new_leader, old);
+    elected
+}
+
 pub fn page_id(buffer: u64, index: u32) -> PageId {
     PageId {
         buffer: BufferId(buffer),
