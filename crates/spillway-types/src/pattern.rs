@@ -29,6 +29,13 @@ pub fn fill(seed: u64, out: &mut [u8]) {
     rest.copy_from_slice(&w[..n]);
 }
 
+/// `len` bytes of the pattern for `seed`: [`fill`] into a new vector.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill(seed, &mut v);
+    v
+}
+
 #[inline]
 fn mix(w: u64, i: u64) -> u64 {
     (w ^ i.wrapping_mul(0xD6E8_FEB8_6659_FD93))
@@ -82,8 +89,8 @@ mod tests {
     #[test]
     fn expected_matches_filled_for_odd_lengths() {
         for len in [0usize, 1, 7, 8, 9, 4095, 4096, 65_543] {
-            let mut buf = vec![0u8; len];
-            fill(42, &mut buf);
+            let buf = bytes(42, len);
+            assert_eq!(buf.len(), len);
             assert_eq!(checksum(&buf), expected_checksum(42, len), "len {len}");
         }
     }

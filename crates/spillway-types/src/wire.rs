@@ -1038,11 +1038,7 @@ mod tests {
     /// A put frame of `n` pages of `len` bytes each, with the payload appended.
     fn put_frame(n: u32, len: usize) -> (Vec<u8>, Message) {
         let datas: Vec<Vec<u8>> = (0..n)
-            .map(|i| {
-                let mut d = vec![0u8; len];
-                crate::pattern::fill(u64::from(i), &mut d);
-                d
-            })
+            .map(|i| crate::pattern::bytes(u64::from(i), len))
             .collect();
         let message = Message::PutPages(PutPages {
             pages: datas
