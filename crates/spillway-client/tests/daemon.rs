@@ -175,12 +175,6 @@ fn op(id: u64, kind: RemoteOpKind, page: u32, slot: u32, bytes: u64) -> RemoteOp
     }
 }
 
-fn bytes_of(seed: u64, len: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len as usize];
-    pattern::fill(seed, &mut v);
-    v
-}
-
 #[test]
 fn the_remote_tier_moves_slots_through_the_node() {
     let node = node(16);
@@ -194,7 +188,11 @@ fn the_remote_tier_moves_slots_through_the_node() {
     );
     for slot in 0..4u32 {
         device
-            .write_host(HostSlot(slot), 0, &bytes_of(u64::from(slot), PAGE))
+            .write_host(
+                HostSlot(slot),
+                0,
+                &pattern::bytes(u64::from(slot), PAGE as usize),
+            )
             .unwrap();
         tier.submit(op(u64::from(slot), RemoteOpKind::Spill, slot, slot, PAGE));
     }
@@ -218,7 +216,7 @@ fn the_remote_tier_moves_slots_through_the_node() {
             },
         )
         .unwrap();
-    assert_eq!(held, Bytes::from(bytes_of(2, PAGE)));
+    assert_eq!(held, Bytes::from(pattern::bytes(2, PAGE as usize)));
     // Zero the slots, then fetch each page into the slot of the next.
     for slot in 0..4u32 {
         device
@@ -242,7 +240,10 @@ fn the_remote_tier_moves_slots_through_the_node() {
         device
             .read_host(HostSlot((page + 1) % 4), 0, &mut out)
             .unwrap();
-        assert!(out == bytes_of(u64::from(page), PAGE), "page {page}");
+        assert!(
+            out == pattern::bytes(u64::from(page), PAGE as usize),
+            "page {page}"
+        );
     }
     // A page the node does not hold fails with the node's reason.
     tier.submit(op(20, RemoteOpKind::Fetch, 9, 0, PAGE));

@@ -19,12 +19,6 @@ fn pool(gpu_pages: u64, host_pages: u64, policy: Policy) -> Pool {
         .unwrap()
 }
 
-fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    pattern::fill(seed, &mut v);
-    v
-}
-
 #[test]
 fn budgets_are_required() {
     let e = PoolBuilder::new()
@@ -76,16 +70,17 @@ fn data_survives_eviction_and_reload() {
         .map(|i| p.alloc(&format!("b{i}"), 3 * PAGE - 17).unwrap())
         .collect();
     for (i, b) in bufs.iter().enumerate() {
-        p.write(b, 0, &data(i as u64, b.bytes() as usize)).unwrap();
+        p.write(b, 0, &pattern::bytes(i as u64, b.bytes() as usize))
+            .unwrap();
     }
     for round in 0..3u64 {
         for (i, b) in bufs.iter().enumerate() {
             let mut g = p.acquire_mut(b).unwrap();
-            let expect = data(round * 10 + i as u64, b.bytes() as usize);
+            let expect = pattern::bytes(round * 10 + i as u64, b.bytes() as usize);
             let prev = if round == 0 {
-                data(i as u64, b.bytes() as usize)
+                pattern::bytes(i as u64, b.bytes() as usize)
             } else {
-                data((round - 1) * 10 + i as u64, b.bytes() as usize)
+                pattern::bytes((round - 1) * 10 + i as u64, b.bytes() as usize)
             };
             for page in 0..g.pages() {
                 let at = page * PAGE as usize;
@@ -104,7 +99,7 @@ fn data_survives_eviction_and_reload() {
     for (i, b) in bufs.iter().enumerate() {
         let mut out = vec![0u8; b.bytes() as usize];
         p.read(b, 0, &mut out).unwrap();
-        assert_eq!(out, data(20 + i as u64, b.bytes() as usize));
+        assert_eq!(out, pattern::bytes(20 + i as u64, b.bytes() as usize));
     }
     let s = p.stats().core;
     assert!(s.evictions_dirty > 0 && s.d2h_bytes > 0, "{s:?}");
@@ -115,7 +110,7 @@ fn data_survives_eviction_and_reload() {
 fn unaligned_reads_and_writes_cross_pages() {
     let p = pool(4, 16, Policy::Learned);
     let b = p.alloc("x", 3 * PAGE).unwrap();
-    let d = data(3, 100_000);
+    let d = pattern::bytes(3, 100_000);
     p.write(&b, PAGE - 5, &d).unwrap();
     let mut out = vec![0u8; 100_000];
     p.read(&b, PAGE - 5, &mut out).unwrap();
@@ -265,7 +260,7 @@ proptest! {
                     let i = i % live.len();
                     let size = live[i].0.bytes();
                     let (off, len) = (off % size, len.min(size - off % size));
-                    let d = data(seed, len as usize);
+                    let d = pattern::bytes(seed, len as usize);
                     match p.write(&live[i].0, off, &d) {
                         Ok(()) => live[i].1[off as usize..(off + len) as usize].copy_from_slice(&d),
                         Err(PoolError::Pool(CoreError::BufferBusy { .. })) => prop_assert!(held.iter().any(|(j, _)| *j == i)),
@@ -286,7 +281,7 @@ proptest! {
                             if let Some(s) = seed {
                                 for k in 0..g.pages() {
                                     let len = g.page_len(k) as usize;
-                                    let d = data(s ^ k as u64, len);
+                                    let d = pattern::bytes(s ^ k as u64, len);
                                     g.page_mut(k).unwrap().copy_from_slice(&d);
                                     live[i].1[k * page..k * page + len].copy_from_slice(&d);
                                 }
