@@ -7,9 +7,11 @@
 //! would, with blocking std sockets, and reads and writes the shared memory through the
 //! memfd (`pread`/`pwrite` reach the same pages as the node's mapping).
 
+#[path = "common/client_socket.rs"]
+mod client_socket;
+
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::Write;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -20,10 +22,12 @@ use spillway_node::local::{
     LocalCounters, LocalServer, LocalServerConfig, LocalServerError, MemClientPages,
 };
 use spillway_types::local::{
-    self, ClientMessage, Discard, Done, FRAME_BODY_BYTES_MAX, FrameHeader, HEADER_BYTES, Hello,
-    NodeMessage, OpErrorCode, PageOp, Refused, RefusedCode, Welcome,
+    self, ClientMessage, Discard, Done, FRAME_BODY_BYTES_MAX, FrameHeader, Hello, NodeMessage,
+    OpErrorCode, PageOp, Refused, RefusedCode, Welcome,
 };
 use spillway_types::{BufferId, PageId, PageSize, pattern};
+
+use client_socket::{read_frame, send};
 
 const PAGE: u64 = 64 << 10;
 const HOST_BYTES: u64 = 16 * PAGE;
@@ -99,43 +103,6 @@ fn hello(host_bytes: u64) -> Hello {
         page_bytes: PAGE,
         host_bytes,
     }
-}
-
-fn send(stream: &mut UnixStream, message: &ClientMessage) {
-    stream
-        .write_all(&local::encode_frame(message).unwrap())
-        .unwrap();
-}
-
-/// Reads one frame; the fds that came with it are returned too.
-fn read_frame(stream: &mut UnixStream) -> Option<(FrameHeader, NodeMessage, Vec<OwnedFd>)> {
-    let mut header = [0u8; HEADER_BYTES];
-    let mut got = 0;
-    let mut fds = Vec::new();
-    while got < HEADER_BYTES {
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-        let r = rustix::net::recvmsg(
-            stream.as_fd(),
-            &mut [std::io::IoSliceMut::new(&mut header[got..])],
-            &mut control,
-            rustix::net::RecvFlags::CMSG_CLOEXEC,
-        )
-        .ok()?;
-        for m in control.drain() {
-            if let rustix::net::RecvAncillaryMessage::ScmRights(received) = m {
-                fds.extend(received);
-            }
-        }
-        if r.bytes == 0 {
-            return None;
-        }
-        got += r.bytes;
-    }
-    let header = FrameHeader::decode(&header).unwrap();
-    let mut body = vec![0u8; header.body_bytes as usize];
-    stream.read_exact(&mut body).unwrap();
-    Some((header, local::decode_body(&body).unwrap(), fds))
 }
 
 /// Says hello; the welcome and the shared memory, or the refusal.
@@ -429,7 +396,11 @@ fn bad_ops_get_typed_errors_and_the_connection_stays() {
     assert_eq!(empty.result.unwrap_err().code, OpErrorCode::BadRequest);
     let missing = c.op(fetch(4, page(4, 9), 0, PAGE)).result.unwrap_err();
     assert_eq!(missing.code, OpErrorCode::Remote);
-    assert!(missing.message.contains("is not in the remote tier"), "{}", missing.message);
+    assert!(
+        missing.message.contains("is not in the remote tier"),
+        "{}",
+        missing.message
+    );
     // Spilled short, fetched long: the lengths disagree.
     c.write_slot(1, &pattern_bytes(PAGE, 1));
     assert_eq!(c.op(spill(5, page(4, 1), 1, PAGE / 2)).result, Ok(()));

@@ -3,8 +3,9 @@
 //! node's gauge, its ops are answered by the node's remote tier, and shutdown removes the
 //! socket.
 
-use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+#[path = "common/client_socket.rs"]
+mod client_socket;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -12,44 +13,13 @@ use std::time::Duration;
 
 use spillway_net::certs::init_pool_dir;
 use spillway_node::{Node, NodeConfig};
-use spillway_types::local::{
-    self, ClientMessage, FrameHeader, HEADER_BYTES, Hello, NodeMessage, PageOp,
-};
+use spillway_types::local::{self, ClientMessage, Hello, NodeMessage, PageOp};
 use spillway_types::{BufferId, NodeId, PageId, PageSize, PoolId};
+
+use client_socket::{read_frame, send};
 
 const PAGE: u64 = 64 << 10;
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Reads one frame and the fds that came with it; `None` at the end of the stream.
-fn read_frame(stream: &mut UnixStream) -> Option<(NodeMessage, Vec<OwnedFd>)> {
-    let mut header = [0u8; HEADER_BYTES];
-    let mut got = 0;
-    let mut fds = Vec::new();
-    while got < HEADER_BYTES {
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
-        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-        let r = rustix::net::recvmsg(
-            stream.as_fd(),
-            &mut [std::io::IoSliceMut::new(&mut header[got..])],
-            &mut control,
-            rustix::net::RecvFlags::CMSG_CLOEXEC,
-        )
-        .ok()?;
-        for m in control.drain() {
-            if let rustix::net::RecvAncillaryMessage::ScmRights(received) = m {
-                fds.extend(received);
-            }
-        }
-        if r.bytes == 0 {
-            return None;
-        }
-        got += r.bytes;
-    }
-    let header = FrameHeader::decode(&header).unwrap();
-    let mut body = vec![0u8; header.body_bytes as usize];
-    stream.read_exact(&mut body).unwrap();
-    Some((local::decode_body(&body).unwrap(), fds))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_serves_its_client_socket() {
@@ -79,10 +49,8 @@ async fn a_node_serves_its_client_socket() {
             page_bytes: PAGE,
             host_bytes: 4 * PAGE,
         });
-        stream
-            .write_all(&local::encode_frame(&hello).unwrap())
-            .unwrap();
-        let (welcome, fds) = read_frame(&mut stream).unwrap();
+        send(&mut stream, &hello);
+        let (_, welcome, fds) = read_frame(&mut stream).unwrap();
         let NodeMessage::Welcome(welcome) = welcome else {
             panic!("unexpected {welcome:?}");
         };
@@ -99,10 +67,8 @@ async fn a_node_serves_its_client_socket() {
             slot: 1,
             bytes: PAGE,
         });
-        stream
-            .write_all(&local::encode_frame(&spill).unwrap())
-            .unwrap();
-        match read_frame(&mut stream).unwrap().0 {
+        send(&mut stream, &spill);
+        match read_frame(&mut stream).unwrap().1 {
             NodeMessage::Done(d) => assert_eq!(d.id, 42),
             other => panic!("unexpected {other:?}"),
         }
