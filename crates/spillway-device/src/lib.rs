@@ -27,6 +27,7 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod sim;
+mod uncached;
 
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -2,9 +2,11 @@
 //!
 //! Frames and host slots are two page-aligned regions allocated and pre-faulted at
 //! creation, so the budget is real memory and no copy pays for first-touch page faults.
-//! Copies are real `memcpy` on two threads, one per direction (the "streams"), so they
+//! Copies are real CPU copies on two threads, one per direction (the "streams"), so they
 //! overlap with the caller's compute exactly as DMA engines would; a copy completes in
-//! submission order within its direction. Kernels run on the calling thread.
+//! submission order within its direction. Like a DMA copy they leave the destination out
+//! of the CPU caches (module `uncached`), so a page copied just before a kernel reads
+//! it computes no faster than a resident one. Kernels run on the calling thread.
 //!
 //! An acquired buffer whose pages sit in consecutive frames (the core places a buffer's
 //! pages that way when it can) is one array at its first frame's address
@@ -21,6 +23,7 @@ use std::thread::JoinHandle;
 
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, pattern};
 
+use crate::uncached::copy_uncached;
 use crate::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr,
     HostMemory, check_range, read_page, write_page,
@@ -196,7 +199,9 @@ fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<CopyOp>, sink: &CompletionSi
             // SAFETY: both ranges are inside their regions (checked above) and, by the
             // pool's contract, nobody else touches this frame or slot during the copy.
             // A frame and a slot live in different regions, so they never overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, op.bytes as usize) };
+            // Uncached, so the copied page is not hotter for the next kernel than a page
+            // copied earlier or resident: a GPU copy leaves nothing in the CPU cache.
+            unsafe { copy_uncached(src, dst, op.bytes as usize) };
         });
         sink(Completion {
             id: op.id,
