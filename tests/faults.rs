@@ -14,26 +14,15 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use support::{Pool, poll, up};
+use support::{DEMO_MODEL, Pool, poll, up};
 
 /// The demo in daemon mode against node 1, as a child process printing its JSON report.
 fn demo(pool: &Pool, steps: usize) -> Child {
     let socket = pool.spec().nodes[0].client_socket.clone();
     Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args([
-            "demo",
-            "--connect",
-            socket.to_str().unwrap(),
-            "--layers",
-            "12",
-            "--weight-mib",
-            "4",
-            "--act-mib",
-            "2",
-            "--steps",
-            &steps.to_string(),
-            "--json",
-        ])
+        .args(["demo", "--connect", socket.to_str().unwrap()])
+        .args(DEMO_MODEL)
+        .args(["--steps", &steps.to_string(), "--json"])
         .env("SPILLWAY_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use spillway_cluster::{NodeStatus, fetch_status};
-use support::{Pool, base_port, poll, read, spillway, spillway_ok};
+use support::{DEMO_MODEL, Pool, init, poll, read, spillway, spillway_ok};
 
 /// The tmpfs's size: 1 MiB, below raft-engine's 2 MiB preallocation, so its log takes
 /// real pages as it writes and a full filesystem fails its next write, not one 2 MiB
@@ -64,16 +64,8 @@ fn demo(socket: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_spillway"))
         .args(["demo", "--connect"])
         .arg(socket)
-        .args([
-            "--layers",
-            "12",
-            "--weight-mib",
-            "4",
-            "--act-mib",
-            "2",
-            "--steps",
-            "20",
-        ])
+        .args(DEMO_MODEL)
+        .args(["--steps", "20"])
         .env("SPILLWAY_LOG", "error")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -102,19 +94,7 @@ fn a_full_raft_disk_makes_a_node_process_unhealthy_and_it_recovers_when_space_re
         return;
     }
     let pool = Pool::new();
-    let port = base_port(8).to_string();
-    spillway_ok(&[
-        "cluster",
-        "init",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "3",
-        "--base-port",
-        &port,
-        "--host-budget",
-        "64MiB",
-    ]);
+    init(&pool, 3, 8, &["--host-budget", "64MiB"]);
     let spec = pool.spec();
     let node3 = spec.nodes[2].clone();
     let raft_dir = node3.data_dir.join("raft");

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use support::{Pool, base_port, poll, read, spillway, spillway_ok};
+use support::{Pool, base_port, init, poll, read, spillway, spillway_ok};
 
 #[test]
 fn node_help_lists_every_config_field_with_its_default() {
@@ -31,30 +31,31 @@ fn node_help_lists_every_config_field_with_its_default() {
     assert!(help.contains("[default 127.0.0.1:7701]"), "{help}");
 }
 
+/// Writes `config` to `path` and runs `spillway node` on it: it must exit with 1; its
+/// stderr.
+fn node_config_error(path: &std::path::Path, config: &str) -> String {
+    std::fs::write(path, config).unwrap();
+    let out = spillway(&["node", "--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_bad_node_config_exits_nonzero_naming_the_file_and_field() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("node.toml");
-    std::fs::write(
+    let err = node_config_error(
         &path,
         "node_id = 1\npool_dir = \"/p\"\ndata_dir = \"/d\"\nhost_budget = \"4KiB\"\n",
-    )
-    .unwrap();
-    let out = spillway(&["node", "--config", path.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(err.contains("`host_budget`"), "{err}");
     assert!(err.contains(path.to_str().unwrap()), "{err}");
 
     // The old key is read (the same range error), with a note naming the new one.
-    std::fs::write(
+    let err = node_config_error(
         &path,
         "node_id = 1\npool_dir = \"/p\"\ndata_dir = \"/d\"\nhost_tier_bytes = 4096\n",
-    )
-    .unwrap();
-    let out = spillway(&["node", "--config", path.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(err.contains("`host_tier_bytes` is deprecated"), "{err}");
     assert!(err.contains("write `host_budget`"), "{err}");
     assert!(
@@ -62,26 +63,15 @@ fn a_bad_node_config_exits_nonzero_naming_the_file_and_field() {
         "{err}"
     );
 
-    std::fs::write(&path, "node_id = 1\nhost_tier_gib = 4\n").unwrap();
-    let out = spillway(&["node", "--config", path.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("host_tier_gib"));
+    let err = node_config_error(&path, "node_id = 1\nhost_tier_gib = 4\n");
+    assert!(err.contains("host_tier_gib"), "{err}");
 }
 
 #[test]
 fn cluster_init_lays_out_a_pool_and_refuses_to_overwrite_it() {
     let pool = Pool::new();
     let port = base_port(1).to_string();
-    let out = spillway_ok(&[
-        "cluster",
-        "init",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "3",
-        "--base-port",
-        &port,
-    ]);
+    let out = init(&pool, 3, 1, &[]);
     assert!(out.contains("3 nodes"), "{out}");
     let spec: Value =
         serde_json::from_str(&read(&pool.dir.join("cluster.json"))).expect("cluster.json");
@@ -174,17 +164,7 @@ fn contains_file(dir: &std::path::Path, name: &str) -> bool {
 #[test]
 fn a_node_runs_until_sigterm_and_shuts_down_gracefully() {
     let pool = Pool::new();
-    let port = base_port(2).to_string();
-    spillway_ok(&[
-        "cluster",
-        "init",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "1",
-        "--base-port",
-        &port,
-    ]);
+    init(&pool, 1, 2, &[]);
     let spec = pool.spec();
     let node = &spec.nodes[0];
     let log = pool.tmp.path().join("node.log");

@@ -10,13 +10,27 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use support::{Pool, base_port, poll, read, spillway, spillway_ok, test_transport, up};
+use support::{DEMO_MODEL, Pool, init, poll, read, spillway, spillway_ok, test_transport, up};
 
 fn leader_of(status: &Value) -> Option<u64> {
     status["leader_agreed"]
         .as_bool()
         .filter(|&agreed| agreed)
         .and_then(|_| status["leader"].as_u64())
+}
+
+/// `cluster up` of the three nodes `pool`'s directory already lays out.
+fn up_again(pool: &Pool) -> [&str; 8] {
+    [
+        "cluster",
+        "up",
+        "--dir",
+        pool.dir_str(),
+        "--nodes",
+        "3",
+        "--timeout-s",
+        "20",
+    ]
 }
 
 #[test]
@@ -38,16 +52,7 @@ fn three_nodes_up_report_one_leader_and_down_leaves_no_process() {
 
     // A second `up` finds every node running and starts none; `init --force` refuses to
     // replace a running pool.
-    let again = spillway_ok(&[
-        "cluster",
-        "up",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "3",
-        "--timeout-s",
-        "20",
-    ]);
+    let again = spillway_ok(&up_again(&pool));
     assert!(again.contains("0 started now"), "{again}");
     let forced = spillway(&["cluster", "init", "--dir", pool.dir_str(), "--force"]);
     assert!(!forced.status.success());
@@ -149,32 +154,11 @@ fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
 #[test]
 fn up_fails_with_the_log_of_a_node_that_cannot_start_and_leaves_no_process() {
     let pool = Pool::new();
-    let port = base_port(5).to_string();
-    spillway_ok(&[
-        "cluster",
-        "init",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "3",
-        "--base-port",
-        &port,
-        "--host-budget",
-        "64MiB",
-    ]);
+    init(&pool, 3, 5, &["--host-budget", "64MiB"]);
     // Node 2's status port is taken.
     let spec = pool.spec();
     let _taken = std::net::TcpListener::bind(spec.nodes[1].metrics_addr).unwrap();
-    let out = spillway(&[
-        "cluster",
-        "up",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "3",
-        "--timeout-s",
-        "20",
-    ]);
+    let out = spillway(&up_again(&pool));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("node 2"), "{err}");
@@ -207,20 +191,10 @@ fn a_client_process_runs_the_demo_over_the_pool_with_every_page_verified() {
     // help says so).
     let command = format!("spillway demo --connect {}", socket.display());
     assert!(printed.contains(&command), "{printed}");
-    let out = spillway_ok(&[
-        "demo",
-        "--connect",
-        socket.to_str().unwrap(),
-        "--layers",
-        "12",
-        "--weight-mib",
-        "4",
-        "--act-mib",
-        "2",
-        "--steps",
-        "3",
-        "--json",
-    ]);
+    let mut args = vec!["demo", "--connect", socket.to_str().unwrap()];
+    args.extend(DEMO_MODEL);
+    args.extend(["--steps", "3", "--json"]);
+    let out = spillway_ok(&args);
     let report: Value = serde_json::from_str(out.trim()).expect("one JSON report");
     assert_eq!(report["corrupt_pages"], 0, "{report}");
     let ws = report["working_set_bytes"].as_u64().unwrap();

@@ -106,6 +106,29 @@ pub fn test_transport() -> String {
     t
 }
 
+/// The model the process tests' demos run: 12 layers, 4 MiB of weights and 2 MiB of
+/// activations each.
+pub const DEMO_MODEL: [&str; 6] = ["--layers", "12", "--weight-mib", "4", "--act-mib", "2"];
+
+/// `cluster init` of a pool of `nodes` nodes from the base port of test `slot`, with
+/// `extra` arguments after; its stdout.
+pub fn init(pool: &Pool, nodes: u16, slot: u16, extra: &[&str]) -> String {
+    let nodes = nodes.to_string();
+    let port = base_port(slot).to_string();
+    let mut args = vec![
+        "cluster",
+        "init",
+        "--dir",
+        pool.dir_str(),
+        "--nodes",
+        &nodes,
+        "--base-port",
+        &port,
+    ];
+    args.extend_from_slice(extra);
+    spillway_ok(&args)
+}
+
 /// `cluster up` of a pool of three nodes; its stdout.
 pub fn up(pool: &Pool, slot: u16) -> String {
     let port = base_port(slot).to_string();
