@@ -470,3 +470,37 @@ fn a_page_returns_to_its_last_frame_when_it_can() {
     assert_ne!(x, y);
     assert_eq!(c.frames_of(h)[0], x);
 }
+
+#[test]
+fn a_discard_acquire_loads_nothing_and_its_pages_are_written_back() {
+    let mut c = pool(2, 8, Policy::Learned);
+    let a = c.alloc(2 * PAGE).unwrap();
+    let r = c.alloc(2 * PAGE).unwrap();
+    let (h, hit) = c.begin_acquire_discard(a, t(0)).unwrap();
+    assert!(hit, "no page needs a load");
+    assert!(c.is_ready(h).unwrap(), "frames were free: ready at once");
+    assert!(settle(&mut c, t(1)).is_empty(), "no copy");
+    c.release(h, t(2));
+    let s = c.stats();
+    assert_eq!((s.h2d_bytes, s.overwrites, s.demand_loads), (0, 2, 0));
+    // Both frames hold a's pages, dirty: loading r writes them back first.
+    let (h, _) = c.begin_acquire(r, AccessMode::Shared, t(3)).unwrap();
+    let done = settle(&mut c, t(4));
+    let d2h = done
+        .iter()
+        .filter(|t| t.direction == Direction::DeviceToHost)
+        .count();
+    assert_eq!(d2h, 2, "the overwritten pages are written back");
+    assert!(c.is_ready(h).unwrap());
+    c.release(h, t(5));
+    // Discarding a again (now off the GPU, in slots) still loads nothing; a shared
+    // acquire of it loads both pages (its slot holds the written-back bytes).
+    let h2d = c.stats().h2d_bytes;
+    let (h, _) = c.begin_acquire_discard(a, t(6)).unwrap();
+    let done = settle(&mut c, t(7));
+    assert!(c.is_ready(h).unwrap());
+    assert!(done.iter().all(|t| t.direction == Direction::DeviceToHost));
+    assert_eq!(c.stats().h2d_bytes, h2d);
+    c.release(h, t(8));
+    c.check_invariants();
+}

@@ -181,6 +181,32 @@ impl Model {
         (h, hit)
     }
 
+    /// Acquires `b` discarding its contents, waits for it, and writes a new version of
+    /// every page (the old one is not read: the frames' bytes are undefined).
+    fn discard_once(&mut self, b: BufferId) -> bool {
+        let now = self.t();
+        let (h, hit) = self.core.begin_acquire_discard(b, now).unwrap();
+        self.collect();
+        while !self.core.is_ready(h).unwrap() {
+            assert!(
+                self.finish_gpu() | self.finish_net(),
+                "a discard acquire waits with nothing in flight\n{}",
+                self.core.describe_pages()
+            );
+        }
+        for (index, frame) in self.core.frames_of(h).into_iter().enumerate() {
+            let pid = PageId {
+                buffer: b,
+                index: index as u32,
+            };
+            let next = self.latest.get(&pid).copied().unwrap_or(0) + 1;
+            self.latest.insert(pid, next);
+            self.frames.insert(frame, (pid, next));
+        }
+        self.release(h);
+        hit
+    }
+
     fn release(&mut self, h: AcquireId) {
         let now = self.t();
         self.core.release(h, now);
@@ -300,6 +326,55 @@ fn freeing_buffers_drops_their_remote_copies() {
     }
     assert!(m.remote.is_empty(), "remote copies left: {:?}", m.remote);
     assert_eq!(m.core.stats().remote_pages, 0);
+}
+
+#[test]
+fn a_discard_acquire_fetches_nothing_and_drops_the_stale_remote_copy() {
+    // 1 GPU frame, 2 host slots: of 4 one-page buffers written once, some live only in
+    // the remote tier.
+    let mut m = Model::new(1, 2, 16, Policy::Clock);
+    let bufs = m.one_page_buffers(4);
+    for &b in &bufs {
+        m.use_once(b, AccessMode::Exclusive);
+    }
+    m.settle();
+    let remote_only = *bufs
+        .iter()
+        .find(|b| {
+            let pid = PageId {
+                buffer: **b,
+                index: 0,
+            };
+            m.remote.contains_key(&pid) && !m.slots.values().any(|v| v.0 == pid)
+        })
+        .expect("a page only the remote tier holds");
+    let pid = PageId {
+        buffer: remote_only,
+        index: 0,
+    };
+    let before = m.core.stats();
+    m.discard_once(remote_only);
+    let after = m.core.stats();
+    assert_eq!(after.remote_bytes_in, before.remote_bytes_in, "no fetch");
+    assert_eq!(after.h2d_bytes, before.h2d_bytes, "no load");
+    assert_eq!(after.overwrites, before.overwrites + 1);
+    assert!(
+        !m.remote.contains_key(&pid),
+        "the stale remote copy is dropped"
+    );
+    // Another buffer takes the frame: the overwritten page is written back, and reads
+    // back as its new version.
+    m.use_once(
+        bufs[(bufs.iter().position(|&b| b == remote_only).unwrap() + 1) % 4],
+        AccessMode::Shared,
+    );
+    m.settle();
+    assert!(
+        m.core.stats().d2h_bytes > before.d2h_bytes,
+        "the dirty page is written back"
+    );
+    assert!(m.host_access(remote_only, false));
+    m.use_once(remote_only, AccessMode::Shared);
 }
 
 /// Refuses every spill the core has issued (as a tier with no room does); returns how many.
@@ -557,6 +632,7 @@ enum Op {
     Acquire(usize, bool),
     HostAccess(usize, bool),
     Free(usize),
+    Discard(usize),
     FinishGpu(usize),
     FinishNet(usize),
     Step,
@@ -568,6 +644,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::Acquire(i, x)),
         (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::HostAccess(i, x)),
         (0usize..16).prop_map(Op::Free),
+        (0usize..16).prop_map(Op::Discard),
         (0usize..4).prop_map(Op::FinishGpu),
         (0usize..4).prop_map(Op::FinishNet),
         Just(Op::Step),
@@ -603,6 +680,10 @@ proptest! {
                     let now = m.t();
                     m.core.free(b, now).unwrap();
                     m.collect();
+                }
+                Op::Discard(i) if !bufs.is_empty() => {
+                    let b = bufs[i % bufs.len()];
+                    m.discard_once(b);
                 }
                 Op::FinishGpu(n) => for _ in 0..n { m.finish_gpu(); },
                 Op::FinishNet(n) => for _ in 0..n { m.finish_net(); },

@@ -85,6 +85,9 @@ impl PoolCore {
                 );
                 match (p.gpu, p.host) {
                     (Gpu::Absent, _) | (_, Host::Slot { .. }) => {}
+                    // Overwritten on the GPU before it was ever written: no copy
+                    // anywhere else; it gets a slot when it is written back.
+                    (Gpu::Resident { dirty: true, .. }, Host::Zero) => {}
                     (Gpu::Resident { .. }, Host::Remote) => assert!(
                         p.remote_space,
                         "a page on the GPU without a slot has its bytes in the remote tier"

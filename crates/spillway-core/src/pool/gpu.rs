@@ -277,6 +277,31 @@ impl PoolCore {
         self.stats.on_load(prefetch, self.gpu.in_use());
     }
 
+    /// Gives `pid`, whose contents an acquire discards, `frame` without a load: it is
+    /// resident and dirty at once (its frame's bytes are undefined until the holder
+    /// writes them). Its host and remote copies are stale: a clean slot becomes dirty
+    /// and the remote tier's copy is dropped (the page keeps its remote space).
+    pub(super) fn start_overwrite(&mut self, pid: PageId, frame: FrameId) {
+        self.gpu
+            .occupy(frame, pid, self.access.next_use(pid.buffer));
+        let page = self.pages.page_mut(pid);
+        page.overwrite = false;
+        page.gpu = Gpu::Resident {
+            frame,
+            dirty: true,
+            unused_prefetch: false,
+        };
+        if let Host::Slot { clean, .. } = &mut page.host {
+            *clean = false;
+        }
+        if page.remote_space {
+            self.remote.discard(pid);
+        }
+        self.copies.map(pid, frame);
+        self.eviction.on_fill(frame);
+        self.stats.on_overwrite(self.gpu.in_use());
+    }
+
     /// The page leaves `frame`: the frame is free again.
     pub(super) fn release_frame(&mut self, pid: PageId, frame: FrameId) {
         let page = self.pages.page_mut(pid);

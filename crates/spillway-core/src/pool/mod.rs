@@ -45,6 +45,9 @@
 //! back). The driver runs what `poll_*` hands out and reports completions; each
 //! completion pumps again, until every page is resident and `is_ready` says so. Under
 //! [`Policy::Learned`] the same pass then starts the planned prefetches of both tiers.
+//! [`PoolCore::begin_acquire_discard`] (the holder overwrites every byte) puts its absent
+//! pages in the same demand marked `overwrite`: `pump` gives them frames and no copy, no
+//! tier fetches or plans them, and they are dirty at once (host and remote copies stale).
 //!
 //! ## Pages and tiers
 //! The host tier is *inclusive*: every page of every buffer has a host slot from `alloc`
@@ -398,6 +401,32 @@ impl PoolCore {
         mode: AccessMode,
         now: Duration,
     ) -> Result<(AcquireId, bool), CoreError> {
+        self.acquire_as(id, mode, false, now)
+    }
+
+    /// Starts an exclusive acquire of `id` that discards its contents (the holder
+    /// overwrites every byte): pages not on the GPU get frames without a load, whatever
+    /// tier holds their bytes, and are dirty at once; their host and remote copies are
+    /// stale (the remote copy is dropped, [`PoolCore::take_discards`]). The frames' bytes
+    /// are undefined until the holder writes them (no zero fill: the point is moving
+    /// nothing). A page the host is reading or that is in flight is loaded as usual.
+    /// The hit flag is true when no page needs a load (a frame may still come free
+    /// only after a write-back).
+    pub fn begin_acquire_discard(
+        &mut self,
+        id: BufferId,
+        now: Duration,
+    ) -> Result<(AcquireId, bool), CoreError> {
+        self.acquire_as(id, AccessMode::Exclusive, true, now)
+    }
+
+    fn acquire_as(
+        &mut self,
+        id: BufferId,
+        mode: AccessMode,
+        discard: bool,
+        now: Duration,
+    ) -> Result<(AcquireId, bool), CoreError> {
         if let Some(f) = &self.failed {
             return Err(f.clone());
         }
@@ -441,8 +470,16 @@ impl PoolCore {
                     unused_prefetch,
                     ..
                 } => {
+                    if discard && *unused_prefetch {
+                        // Prefetched, and its bytes are about to be overwritten.
+                        self.stats.prefetch_wasted += 1;
+                    }
                     *unused_prefetch = false;
                     self.eviction.on_access(*frame);
+                }
+                Gpu::Absent if discard && page.in_flight == 0 && page.host_pins == 0 => {
+                    page.overwrite = true;
+                    self.access.demand.push_back(PageId { buffer: id, index });
                 }
                 _ => {
                     hit = false;
@@ -500,6 +537,8 @@ impl PoolCore {
         let mut drop_now = Vec::new();
         for (index, page) in b.pages.iter_mut().enumerate() {
             page.pins -= 1;
+            // Released before its frame came: nothing was overwritten.
+            page.overwrite = false;
             if let (AccessMode::Exclusive, Gpu::Resident { dirty, .. }) = (a.mode, &mut page.gpu) {
                 *dirty = true;
             }

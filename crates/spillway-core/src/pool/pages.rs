@@ -92,6 +92,9 @@ pub(super) struct Page {
     /// The frame the page last lived in: loading it there again needs no remap of the
     /// buffer's device range.
     pub(super) last_frame: Option<FrameId>,
+    /// The acquire that pins the page discards its contents
+    /// ([`super::PoolCore::begin_acquire_discard`]): it gets a frame without a load.
+    pub(super) overwrite: bool,
 }
 
 impl Page {
@@ -108,6 +111,7 @@ impl Page {
             host_pins: 0,
             in_flight: 0,
             last_frame: None,
+            overwrite: false,
         }
     }
 
@@ -299,6 +303,13 @@ impl PageTable {
             let p = &b.pages[pid.index as usize];
             p.gpu == Gpu::Absent && p.host_pins == 0 && matches!(p.host, Host::Slot { .. })
         })
+    }
+
+    /// Whether `pid` waits for a frame that an acquire discarding its contents will
+    /// overwrite: no tier brings its bytes.
+    pub(super) fn overwriting(&self, pid: PageId) -> bool {
+        self.live_buffer(pid.buffer)
+            .is_some_and(|b| b.pages[pid.index as usize].overwrite)
     }
 
     /// Whether `pid` must come into a slot (from the remote tier, or zero-filled) before

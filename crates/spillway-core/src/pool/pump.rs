@@ -130,7 +130,10 @@ impl PoolCore {
                 }
                 Verdict::Stop => return false,
             }
+            let overwrite = tier == Tier::Gpu && self.pages.overwriting(pid);
             let may = match tier {
+                // A page whose contents are discarded gets a frame, no copy.
+                Tier::Gpu if overwrite => true,
                 Tier::Gpu => self
                     .copies
                     .may_issue(Direction::HostToDevice, self.pages.page_bytes()),
@@ -147,7 +150,7 @@ impl PoolCore {
             };
             let prefetch = queue == Queue::Plan;
             match place {
-                Place::Got(Spot::Frame(frame)) if !self.pages.needs_load(pid) => {
+                Place::Got(Spot::Frame(frame)) if !overwrite && !self.pages.needs_load(pid) => {
                     // Making room sent the page itself out of its slot: load it later.
                     self.gpu.untake(frame);
                     i += 1;
@@ -157,6 +160,7 @@ impl PoolCore {
                         i += 1;
                     }
                     match spot {
+                        Spot::Frame(frame) if overwrite => self.start_overwrite(pid, frame),
                         Spot::Frame(frame) => self.start_load(pid, frame, prefetch, now),
                         Spot::Slot(slot) => self.start_fetch(pid, slot, prefetch, now),
                     }
@@ -178,6 +182,9 @@ impl PoolCore {
                 if wanted && pages.page(pid).host_pins > 0 {
                     // The host is reading or writing it: retried when that ends.
                     Verdict::Skip
+                } else if wanted && pages.overwriting(pid) {
+                    // Its contents are discarded: a frame, wherever its bytes are.
+                    Verdict::Bring
                 } else if wanted
                     && pages.page(pid).gpu == Gpu::Absent
                     && !matches!(pages.page(pid).host, Host::Slot { .. })
@@ -192,6 +199,9 @@ impl PoolCore {
                     Verdict::Bring
                 }
             }
+            // A page about to be overwritten is neither loaded nor staged.
+            (_, Queue::Plan) if pages.overwriting(pid) => Verdict::Drop,
+            (Tier::Host, Queue::Demand) if pages.overwriting(pid) => Verdict::Skip,
             (Tier::Gpu, Queue::Plan) if pages.needs_load(pid) => Verdict::Bring,
             (Tier::Gpu, Queue::Plan) if pages.needs_fetch(pid) || pages.staging(pid) => {
                 // Being staged from the remote tier: loaded once it is in a slot. Pages

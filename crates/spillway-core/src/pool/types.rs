@@ -114,8 +114,11 @@ pub struct CoreStats {
     pub demand_loads: u64,
     /// Loads started by the prefetcher.
     pub prefetch_loads: u64,
-    /// Prefetched pages evicted before any acquire used them.
+    /// Prefetched pages evicted before any acquire used them, or overwritten by an
+    /// acquire that discarded their contents.
     pub prefetch_wasted: u64,
+    /// Pages given frames without a load, by acquires that discard their contents.
+    pub overwrites: u64,
     /// Clean pages dropped from the GPU (no copy needed).
     pub evictions_clean: u64,
     /// Dirty pages written back to the host.
@@ -176,6 +179,13 @@ impl CoreStats {
         } else {
             self.demand_loads += 1;
         }
+        self.frames_in_use_peak = self.frames_in_use_peak.max(frames_in_use);
+    }
+
+    /// A page got a frame without a load (its contents are discarded); `frames_in_use`
+    /// frames are in use now.
+    pub(super) fn on_overwrite(&mut self, frames_in_use: u64) {
+        self.overwrites += 1;
         self.frames_in_use_peak = self.frames_in_use_peak.max(frames_in_use);
     }
 
