@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use support::{DEMO_MODEL, Pool, init, poll, read, spillway, spillway_ok, test_transport, up};
+use support::{
+    DEMO_MODEL, Pool, cluster, init, poll, read, spillway, spillway_ok, test_transport, up,
+};
 
 fn leader_of(status: &Value) -> Option<u64> {
     status["leader_agreed"]
@@ -20,17 +22,10 @@ fn leader_of(status: &Value) -> Option<u64> {
 }
 
 /// `cluster up` of the three nodes `pool`'s directory already lays out.
-fn up_again(pool: &Pool) -> [&str; 8] {
-    [
-        "cluster",
-        "up",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "3",
-        "--timeout-s",
-        "20",
-    ]
+fn up_again(pool: &Pool) -> Vec<&str> {
+    let mut args = cluster("up", pool, "3");
+    args.extend(["--timeout-s", "20"]);
+    args
 }
 
 #[test]

@@ -110,21 +110,18 @@ pub fn test_transport() -> String {
 /// activations each.
 pub const DEMO_MODEL: [&str; 6] = ["--layers", "12", "--weight-mib", "4", "--act-mib", "2"];
 
+/// `spillway cluster VERB --dir D --nodes N` of `pool`, to which callers add their flags.
+pub fn cluster<'a>(verb: &'a str, pool: &'a Pool, nodes: &'a str) -> Vec<&'a str> {
+    vec!["cluster", verb, "--dir", pool.dir_str(), "--nodes", nodes]
+}
+
 /// `cluster init` of a pool of `nodes` nodes from the base port of test `slot`, with
 /// `extra` arguments after; its stdout.
 pub fn init(pool: &Pool, nodes: u16, slot: u16, extra: &[&str]) -> String {
     let nodes = nodes.to_string();
     let port = base_port(slot).to_string();
-    let mut args = vec![
-        "cluster",
-        "init",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        &nodes,
-        "--base-port",
-        &port,
-    ];
+    let mut args = cluster("init", pool, &nodes);
+    args.extend(["--base-port", &port]);
     args.extend_from_slice(extra);
     spillway_ok(&args)
 }
@@ -133,20 +130,8 @@ pub fn init(pool: &Pool, nodes: u16, slot: u16, extra: &[&str]) -> String {
 pub fn up(pool: &Pool, slot: u16) -> String {
     let port = base_port(slot).to_string();
     let transport = test_transport();
-    spillway_ok(&[
-        "cluster",
-        "up",
-        "--dir",
-        pool.dir_str(),
-        "--nodes",
-        "3",
-        "--base-port",
-        &port,
-        "--host-budget",
-        "64MiB",
-        "--transport",
-        &transport,
-        "--timeout-s",
-        "20",
-    ])
+    let mut args = cluster("up", pool, "3");
+    args.extend(["--base-port", &port, "--host-budget", "64MiB"]);
+    args.extend(["--transport", &transport, "--timeout-s", "20"]);
+    spillway_ok(&args)
 }
