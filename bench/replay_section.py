@@ -118,11 +118,11 @@ def section(dirs):
     met = all(ok for ok, _ in verdicts) and verdicts
     lines.append("")
     missed = [n.split(":")[0] for ok, n in verdicts if not ok]
-    lines.append(f"**Verdict: {'met' if met else 'missed'}** on "
-                 f"{sum(ok for ok, _ in verdicts)} of {len(verdicts)} trace runs"
-                 + (f"; missed: {', '.join(missed)}" if missed else "") + ".")
-    summary = (f"{'met' if met else 'missed'}: {sum(ok for ok, _ in verdicts)} of "
-               f"{len(verdicts)} trace runs" + (f" (missed: {', '.join(missed)})" if missed else ""))
+    n_ok = sum(ok for ok, _ in verdicts)
+    lines.append(f"**Verdict: {'met' if met else 'missed'}**: met on {n_ok} of {len(verdicts)} "
+                 "trace runs" + (f"; missed on {', '.join(missed)}" if missed else "") + ".")
+    summary = (f"{'met' if met else 'missed'}: met on {n_ok} of {len(verdicts)} trace runs"
+               + (f" (missed: {', '.join(missed)})" if missed else ""))
     return "\n".join(lines) + "\n", summary
 
 

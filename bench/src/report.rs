@@ -232,10 +232,15 @@ impl StepTable {
             println!(
                 "{}",
                 bold(&format!(
-                    "{:>5} {:>8} {:>8} {:>9} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+                    "{:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
                     "step",
                     "wall s",
                     "stall s",
+                    "verify s",
+                    "plan ms",
+                    "lock ms",
+                    "views ms",
+                    "device ms",
                     "hits",
                     "hit %",
                     "to GPU",
@@ -247,7 +252,12 @@ impl StepTable {
                 ))
             );
             println!(
-                "{:>5} {:>8} {:>8} {:>9} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+                "{:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+                "",
+                "",
+                "",
+                "",
+                "",
                 "",
                 "",
                 "",
@@ -264,10 +274,15 @@ impl StepTable {
         }
         let u = self.unit;
         println!(
-            "{:>5} {:>8.3} {:>8.3} {:>9} {:>6.1}% {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}{}",
+            "{:>5} {:>8.3} {:>8.3} {:>8.3} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9} {:>6.1}% {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}{}",
             s.step,
             s.wall_s,
             s.stall_s,
+            s.verify_s,
+            s.overhead.planning_s * 1e3,
+            s.overhead.lock_wait_s * 1e3,
+            s.overhead.view_s * 1e3,
+            (s.overhead.device_planning_s + s.overhead.device_lock_wait_s) * 1e3,
             format!("{}/{}", s.hits, s.acquires),
             100.0 * s.hit_rate(),
             u.value(s.h2d_bytes),
@@ -316,6 +331,11 @@ pub fn steps_table(steps: &[StepReport], step_bytes_max: u64) -> Table {
         "step".to_string(),
         "wall s".into(),
         "stall s".into(),
+        "verify s".into(),
+        "planning ms".into(),
+        "lock wait ms".into(),
+        "views ms".into(),
+        "device threads ms".into(),
         "hits".into(),
         "hit %".into(),
         format!("to GPU {}", u.name),
@@ -330,6 +350,14 @@ pub fn steps_table(steps: &[StepReport], step_bytes_max: u64) -> Table {
             s.step.to_string(),
             format!("{:.3}", s.wall_s),
             format!("{:.3}", s.stall_s),
+            format!("{:.3}", s.verify_s),
+            format!("{:.2}", s.overhead.planning_s * 1e3),
+            format!("{:.2}", s.overhead.lock_wait_s * 1e3),
+            format!("{:.2}", s.overhead.view_s * 1e3),
+            format!(
+                "{:.2}",
+                (s.overhead.device_planning_s + s.overhead.device_lock_wait_s) * 1e3
+            ),
             format!("{}/{}", s.hits, s.acquires),
             format!("{:.1}%", 100.0 * s.hit_rate()),
             u.value(s.h2d_bytes),
