@@ -761,6 +761,18 @@ async fn accept_hello<H: Handler>(
     Ok((conn, hello.node_id))
 }
 
+/// A request stream that could not be read ends: a bad frame closes its connection and is
+/// counted against `peer`; a stream that failed on its own just ends.
+fn end_request_stream(conn: &quinn::Connection, state: &PeerState, peer: NodeId, fail: ReadFail) {
+    match fail {
+        ReadFail::Wire(e) => {
+            tracing::warn!(%peer, error = %e, "closing the connection: bad frame");
+            reject(conn, state, &e);
+        }
+        ReadFail::Stream(reason) => tracing::debug!(%peer, %reason, "request stream ended"),
+    }
+}
+
 /// Serves one request stream: reads the request, asks the handler, writes the reply.
 async fn serve_stream<H: Handler>(
     conn: quinn::Connection,
@@ -772,14 +784,7 @@ async fn serve_stream<H: Handler>(
 ) {
     let head = match read_head(&mut recv).await {
         Ok(head) => head,
-        Err(ReadFail::Wire(e)) => {
-            tracing::warn!(%peer, error = %e, "closing the connection: bad frame");
-            return reject(&conn, &state, &e);
-        }
-        Err(ReadFail::Stream(reason)) => {
-            tracing::debug!(%peer, %reason, "request stream ended");
-            return;
-        }
+        Err(fail) => return end_request_stream(&conn, &state, peer, fail),
     };
     let permit = exchange::acquire(
         &state.inbound,
@@ -789,14 +794,7 @@ async fn serve_stream<H: Handler>(
     .await;
     let payload = match read_rest(&mut recv, &head).await {
         Ok(p) => p,
-        Err(ReadFail::Wire(e)) => {
-            tracing::warn!(%peer, error = %e, "closing the connection: bad frame");
-            return reject(&conn, &state, &e);
-        }
-        Err(ReadFail::Stream(reason)) => {
-            tracing::debug!(%peer, %reason, "request stream ended");
-            return;
-        }
+        Err(fail) => return end_request_stream(&conn, &state, peer, fail),
     };
     state.add_in(head.wire_bytes + payload.len() as u64);
     let request_id = head.header.request_id;
