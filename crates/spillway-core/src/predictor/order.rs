@@ -46,6 +46,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use spillway_types::BufferId;
@@ -63,12 +64,38 @@ const GUESS_PRIOR: f64 = 1.0;
 /// Guesses measured before their precision bounds a guess's probability.
 const GUESS_SAMPLES_MIN: f64 = 16.0;
 
+/// A hasher for ids (`u64` and `u32` keys): one multiply instead of SipHash, which was
+/// a third of `upcoming`'s cost (perf, `mixtral_b4.jsonl`); the keys are the pool's own
+/// ids, not input an adversary picks.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
+
 /// What one earlier step knows of the current step (see the module docs).
 #[derive(Debug, Default, Clone)]
 struct Alignment {
     /// Position of that step where each buffer of the current step comes back: the
     /// buffers predicted there instead of that step's own.
-    echo_at: HashMap<u32, Vec<BufferId>>,
+    echo_at: IdMap<u32, Vec<BufferId>>,
     /// The furthest position of that step the current step has been aligned to (the
     /// positions up to it are passed: their echoes are known).
     reached: Option<u32>,
@@ -81,7 +108,7 @@ pub struct OrderPredictor {
     /// One per trace of `inner.history`, in the same order.
     aligned: Vec<Alignment>,
     /// Buffers used in the current step.
-    used: HashSet<BufferId>,
+    used: IdSet<BufferId>,
     /// Skipped entries that came back, and that expired or were dropped at a step's end.
     pending_hits: f64,
     pending_misses: f64,
@@ -89,7 +116,7 @@ pub struct OrderPredictor {
     steps_seen: u64,
     /// Guesses returned in this step not yet used (filled by [`Predictor::upcoming`],
     /// which takes `&self`; at most one entry per buffer).
-    guessed: RefCell<HashSet<BufferId>>,
+    guessed: RefCell<IdSet<BufferId>>,
     /// Guesses used before their step ended, and not.
     guess_hits: f64,
     guess_misses: f64,
@@ -101,11 +128,11 @@ impl OrderPredictor {
         OrderPredictor {
             inner: TracePredictor::new(history_steps),
             aligned: Vec::new(),
-            used: HashSet::new(),
+            used: IdSet::default(),
             pending_hits: 0.0,
             pending_misses: 0.0,
             steps_seen: 0,
-            guessed: RefCell::new(HashSet::new()),
+            guessed: RefCell::new(IdSet::default()),
             guess_hits: 0.0,
             guess_misses: 0.0,
         }
@@ -211,7 +238,8 @@ impl Predictor for OrderPredictor {
             weight: f64,
             last_trace: usize,
         }
-        let mut agg: HashMap<BufferId, Agg> = HashMap::new();
+        let mut agg: IdMap<BufferId, Agg> = IdMap::default();
+        agg.reserve(limit.min(1024));
         let mut total_weight = 0.0;
         for (i, ((trace, cursor), a)) in self.inner.history.iter().zip(&self.aligned).enumerate() {
             let n = trace.len();
@@ -221,10 +249,10 @@ impl Predictor for OrderPredictor {
             let w = cursor.score;
             total_weight += w;
             let mut offer = |b: BufferId, k: usize| {
-                let t = trace.time_between(cursor.pos, k);
-                let e = agg.entry(b).or_insert(Agg {
+                // The time only where the entry is new or nearer.
+                let e = agg.entry(b).or_insert_with(|| Agg {
                     distance: k as u64,
-                    time_until: t,
+                    time_until: trace.time_between(cursor.pos, k),
                     weight: 0.0,
                     last_trace: usize::MAX,
                 });
@@ -234,7 +262,7 @@ impl Predictor for OrderPredictor {
                 }
                 if (k as u64) < e.distance {
                     e.distance = k as u64;
-                    e.time_until = t;
+                    e.time_until = trace.time_between(cursor.pos, k);
                 }
             };
             for k in 0..limit.min(n) {
@@ -258,7 +286,7 @@ impl Predictor for OrderPredictor {
         }
         let pending_p = self.pending_probability().clamp(PROBABILITY_MIN, 1.0);
         let mut out: Vec<Upcoming> = Vec::with_capacity(agg.len() + self.inner.pending.len());
-        let pending: HashSet<BufferId> = self.inner.pending.iter().map(|&(b, _)| b).collect();
+        let pending: IdSet<BufferId> = self.inner.pending.iter().map(|&(b, _)| b).collect();
         for &b in &pending {
             if !agg.contains_key(&b) {
                 out.push(weighted(b, 0, Duration::ZERO, pending_p));
