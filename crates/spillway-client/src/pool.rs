@@ -598,19 +598,39 @@ impl Pool {
 
     /// Waits until every page of `buffer` is on the GPU and returns a shared guard.
     pub fn acquire(&self, buffer: &Buffer) -> Result<Guard<'_>, PoolError> {
-        self.acquire_with(buffer, AccessMode::Shared)
+        self.acquire_with(buffer, AccessMode::Shared, false)
     }
 
     /// As [`Pool::acquire`], exclusively: the guard may write, and the pages become dirty.
     pub fn acquire_mut(&self, buffer: &Buffer) -> Result<Guard<'_>, PoolError> {
-        self.acquire_with(buffer, AccessMode::Exclusive)
+        self.acquire_with(buffer, AccessMode::Exclusive, false)
     }
 
-    fn acquire_with(&self, buffer: &Buffer, mode: AccessMode) -> Result<Guard<'_>, PoolError> {
+    /// As [`Pool::acquire_mut`], for a holder that overwrites every byte: the buffer's
+    /// contents are discarded. Pages not on the GPU get frames without a copy from the
+    /// host or remote tier, and their bytes are undefined (whatever the frames held, not
+    /// zeros) until the holder writes them; at release they are dirty, and their old host
+    /// and remote copies are gone for good.
+    pub fn acquire_discard(&self, buffer: &Buffer) -> Result<Guard<'_>, PoolError> {
+        self.acquire_with(buffer, AccessMode::Exclusive, true)
+    }
+
+    fn acquire_with(
+        &self,
+        buffer: &Buffer,
+        mode: AccessMode,
+        discard: bool,
+    ) -> Result<Guard<'_>, PoolError> {
         let mut state = self.shared.lock();
         let mut planning = Instant::now();
         let (id, hit) = loop {
-            match state.core.begin_acquire(buffer.id, mode, self.shared.now()) {
+            let now = self.shared.now();
+            let begun = if discard {
+                state.core.begin_acquire_discard(buffer.id, now)
+            } else {
+                state.core.begin_acquire(buffer.id, mode, now)
+            };
+            match begun {
                 Ok(r) => break r,
                 // Pages still held by released guards whose kernels have not finished:
                 // they come free when the device passes the fence, so wait, not fail.

@@ -322,3 +322,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_discard_acquire_moves_nothing_in_and_its_writes_survive_eviction() {
+    // 2 buffers of 3 pages on a GPU of 4 pages: each acquire evicts the other's pages.
+    let p = pool(4, 16, Policy::Clock);
+    let a = p.alloc("a", 3 * PAGE - 17).unwrap();
+    let b = p.alloc("b", 3 * PAGE).unwrap();
+    p.write(&a, 0, &pattern::bytes(1, a.bytes() as usize))
+        .unwrap();
+    for round in 0..3u64 {
+        // b pushes a off the GPU; a's discard acquire then loads nothing.
+        drop(p.acquire(&b).unwrap());
+        let h2d = p.stats().core.h2d_bytes;
+        let want = pattern::bytes(10 + round, a.bytes() as usize);
+        let mut g = p.acquire_discard(&a).unwrap();
+        for page in 0..g.pages() {
+            let at = page * PAGE as usize;
+            let len = g.page_len(page) as usize;
+            g.page_mut(page)
+                .unwrap()
+                .copy_from_slice(&want[at..at + len]);
+        }
+        drop(g);
+        p.quiesce();
+        assert_eq!(p.stats().core.h2d_bytes, h2d, "round {round}: no load");
+        // The overwritten pages are dirty: evicted, written back, and read back.
+        drop(p.acquire(&b).unwrap());
+        p.quiesce();
+        let mut out = vec![0u8; a.bytes() as usize];
+        p.read(&a, 0, &mut out).unwrap();
+        assert_eq!(out, want, "round {round}");
+    }
+    let s = p.stats().core;
+    // Round 0 overwrites a's 3 pages; b then needs 3 of the 4 frames, so from round 1 one
+    // page of a is still resident (a hit) and 2 are overwritten.
+    assert_eq!(s.overwrites, 3 + 2 + 2, "{s:?}");
+    assert_eq!(s.evictions_dirty, 2 * 3, "{s:?}");
+}
