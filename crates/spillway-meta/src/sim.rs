@@ -671,14 +671,8 @@ impl SimCluster {
 
     /// Proposes at the current leader.
     pub fn propose(&mut self, batch: &Batch) -> Result<(NodeId, Ticket), ProposeError> {
-        let leader = self
-            .leader()
-            .ok_or(ProposeError::NotLeader { leader: None })?;
         let batch = batch.clone();
-        let t = self
-            .drive(leader, move |n| n.propose(&batch))
-            .expect("the leader runs")?;
-        Ok((leader, t))
+        self.propose_at_leader(move |n| n.propose(&batch))
     }
 
     /// Proposes a membership change at the current leader.
@@ -686,13 +680,19 @@ impl SimCluster {
         &mut self,
         change: &MembershipChange,
     ) -> Result<(NodeId, Ticket), ProposeError> {
+        let change = change.clone();
+        self.propose_at_leader(move |n| n.propose_membership(&change))
+    }
+
+    /// Runs `propose` on the current leader; the leader and its ticket.
+    fn propose_at_leader(
+        &mut self,
+        propose: impl FnOnce(&mut MetaNode) -> Result<Ticket, ProposeError> + Send + 'static,
+    ) -> Result<(NodeId, Ticket), ProposeError> {
         let leader = self
             .leader()
             .ok_or(ProposeError::NotLeader { leader: None })?;
-        let change = change.clone();
-        let t = self
-            .drive(leader, move |n| n.propose_membership(&change))
-            .expect("the leader runs")?;
+        let t = self.drive(leader, propose).expect("the leader runs")?;
         Ok((leader, t))
     }
 
