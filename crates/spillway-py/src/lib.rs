@@ -287,12 +287,21 @@ impl PyPool {
     /// Waits until every page of `buf` is on the GPU; returns a view (a context manager)
     /// that holds them there, shared, until its `with` block ends.
     fn acquire(&self, py: Python<'_>, buf: &PyBuffer) -> PyResult<view::View> {
-        view::View::acquire(py, &self.pool, &buf.buffer, false)
+        view::View::acquire(py, &self.pool, &buf.buffer, view::Access::Shared)
     }
 
-    /// As `acquire`, exclusively: the view is writable and the pages become dirty.
-    fn acquire_mut(&self, py: Python<'_>, buf: &PyBuffer) -> PyResult<view::View> {
-        view::View::acquire(py, &self.pool, &buf.buffer, true)
+    /// As `acquire`, exclusively: the view is writable and the pages become dirty. With
+    /// `discard=True` the caller overwrites every byte: pages off the GPU get frames
+    /// without a copy and their bytes are undefined until written (not zeros); the old
+    /// contents are gone.
+    #[pyo3(signature = (buf, *, discard = false))]
+    fn acquire_mut(&self, py: Python<'_>, buf: &PyBuffer, discard: bool) -> PyResult<view::View> {
+        let access = if discard {
+            view::Access::Discard
+        } else {
+            view::Access::Exclusive
+        };
+        view::View::acquire(py, &self.pool, &buf.buffer, access)
     }
 
     /// Marks the end of a step (one iteration of the job): the prefetcher learns per step.
@@ -318,6 +327,7 @@ impl PyPool {
         d.set_item("prefetch_loads", c.prefetch_loads)?;
         d.set_item("prefetch_wasted_pages", c.prefetch_wasted)?;
         d.set_item("prefetch_wasted_bytes", c.prefetch_wasted * page)?;
+        d.set_item("overwrite_pages", c.overwrites)?;
         d.set_item("evictions_clean", c.evictions_clean)?;
         d.set_item("evictions_dirty", c.evictions_dirty)?;
         d.set_item("gpu_bytes", c.frames_in_use * page)?;

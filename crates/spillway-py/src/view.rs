@@ -76,21 +76,31 @@ pub(crate) struct View {
     base_ptr: Option<u64>,
 }
 
+/// How a view acquires its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// `acquire`: read only.
+    Shared,
+    /// `acquire_mut`: writable.
+    Exclusive,
+    /// `acquire_mut(discard=True)`: writable, the old contents discarded.
+    Discard,
+}
+
 impl View {
-    /// Acquires `buffer` (shared, or exclusively when `exclusive`) with the GIL released.
+    /// Acquires `buffer` as `access` says with the GIL released.
     pub(crate) fn acquire(
         py: Python<'_>,
         pool: &Arc<Pool>,
         buffer: &Buffer,
-        exclusive: bool,
+        access: Access,
     ) -> PyResult<View> {
+        let exclusive = access != Access::Shared;
         let guard = py
-            .detach(|| {
-                if exclusive {
-                    pool.acquire_mut(buffer)
-                } else {
-                    pool.acquire(buffer)
-                }
+            .detach(|| match access {
+                Access::Shared => pool.acquire(buffer),
+                Access::Exclusive => pool.acquire_mut(buffer),
+                Access::Discard => pool.acquire_discard(buffer),
             })
             .py_err(py)?;
         // SAFETY: the guard borrows the `Pool` inside `pool`'s allocation, which does not

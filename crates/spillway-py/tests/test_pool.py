@@ -208,3 +208,24 @@ def test_a_long_call_releases_the_gil():
     inside = [x for x in ticks if start + margin < x < end - margin]
     assert end - start > 0.004, "the write was too quick to tell"
     assert inside, f"no tick during a {end - start:.3f}s write: the GIL was held"
+
+
+def test_acquire_mut_discard_copies_nothing_in_and_its_writes_are_kept():
+    np = pytest.importorskip("numpy")
+    p = make_pool(gpu_budget="1MiB", policy="on_demand")  # pages leave the GPU at release
+    a, b = p.alloc("a", MiB), p.alloc("b", MiB)
+    p.write(a, 0, bytes([7]) * MiB)
+    with p.acquire(b):
+        pass
+    h2d = p.stats()["h2d_bytes"]
+    with p.acquire_mut(a, discard=True) as view:
+        arr = np.from_dlpack(view)
+        arr[:] = 3  # the old 7s are not read: undefined until written
+    # The host read waits for the write-back (dirty at once, it left the GPU at release).
+    assert p.read(a, 0, MiB) == bytes([3]) * MiB
+    s = p.stats()
+    assert s["h2d_bytes"] == h2d  # nothing copied to the GPU
+    assert s["overwrite_pages"] == MiB // (64 << 10)
+    assert s["d2h_bytes"] == MiB
+    with p.acquire(a) as view:  # a plain acquire loads the new bytes
+        assert int(np.from_dlpack(view).sum()) == 3 * MiB

@@ -137,13 +137,18 @@ class Pool:
     def write(self, buf: Buffer, offset: int, data: BytesLike) -> None: ...
     def read(self, buf: Buffer, offset: int, n: int) -> bytes: ...
     def acquire(self, buf: Buffer) -> View: ...
-    def acquire_mut(self, buf: Buffer) -> View: ...
+    def acquire_mut(self, buf: Buffer, *, discard: bool = False) -> View:
+        """Exclusive, writable. ``discard=True``: the caller overwrites every byte, so
+        pages off the GPU get frames without a copy in; their bytes are undefined until
+        written (not zeros) and the old contents are gone."""
+        ...
     def step(self) -> None: ...
     def stats(self) -> Dict[str, Union[int, float]]:
         """Counters: ``acquires``, ``hits``, ``stalls`` (acquires that waited), ``stall_s``,
         ``steps``, ``h2d_bytes``/``d2h_bytes`` (bytes each way), ``demand_loads``,
         ``prefetch_loads``, ``prefetch_wasted_pages``/``prefetch_wasted_bytes`` (prefetched
-        and evicted unused), ``evictions_clean``/``evictions_dirty``, per tier
+        and evicted or discarded unused), ``overwrite_pages`` (pages given frames
+        without a copy by ``acquire_mut(discard=True)``), ``evictions_clean``/``evictions_dirty``, per tier
         ``gpu_bytes``/``gpu_bytes_peak``/``gpu_budget_bytes``,
         ``host_bytes``/``host_budget_bytes``, ``remote_bytes``/``remote_budget_bytes``,
         ``remote_bytes_in``/``remote_bytes_out``/``remote_errors``, ``buffers``,

@@ -30,7 +30,8 @@ Design (``docs/DESIGN.md``, "SDK: Python"):
   installed before (a checkpoint's), so activation recomputation keeps working.
 - **Gradients** accumulate into a gradient buffer per group (written back to the host
   tier when evicted); ``.grad`` is ``None`` outside the optimizer. :func:`gradients`
-  reads them.
+  reads them. The first store after ``zero_grad`` acquires the buffer with
+  ``discard=True``: the old gradients are overwritten, so none is copied to the GPU.
 - **Optimizer**: :class:`Optimizer` makes one inner optimizer per group and steps group
   by group with the weights (exclusive), gradients and optimizer state acquired
   together; the state (``exp_avg``, ... every tensor shaped like its parameter) lives in
@@ -185,7 +186,11 @@ class _Group:
         pool = self.owner.pool
         if self.grad_buf is None:
             self.grad_buf = pool.alloc(f"{self.name}.grads", self.nbytes)
-        with _open(pool.acquire_mut(self.grad_buf)) as gbase:
+        # The first store since ``zero_grad`` overwrites: no slot holds a gradient to add
+        # to, so the buffer's old bytes are discarded instead of copied in (a slot left
+        # unwritten keeps ``grad_valid`` false and is never read).
+        first = self.owner.discard_overwritten and not any(s.grad_valid for s in self.slots)
+        with _open(pool.acquire_mut(self.grad_buf, discard=first)) as gbase:
             for s in slots:
                 dst = s.of(gbase)
                 if s.grad_valid:
@@ -210,6 +215,10 @@ class Offloaded:
         self._saved_hooks: list = []
         self._backward_callback_queued = False
         self.optimizer_steps_pool = False
+        self.discard_overwritten = True
+        """Whether buffers about to be overwritten entirely (gradients at their first store
+        after ``zero_grad``, optimizer state when it moves into the pool) are acquired with
+        ``discard=True`` (no copy to the GPU); False copies their old bytes in."""
 
     def _placeholder(self, dtype: torch.dtype) -> torch.Tensor:
         t = self._placeholders.get(dtype)
@@ -449,7 +458,9 @@ class Optimizer:
             return
         pool = self.handle.pool
         g.state_buf = pool.alloc(f"{g.name}.state", offset)
-        with _open(pool.acquire_mut(g.state_buf)) as sbase:
+        # Every byte the layout names is written here: nothing to copy in.
+        with _open(pool.acquire_mut(g.state_buf,
+                                    discard=self.handle.discard_overwritten)) as sbase:
             for s, key, off, n in layout:
                 sbase[off:off + n].view(s.dtype).view(s.shape).copy_(opt.state[s.param][key])
         g.state_layout = layout
