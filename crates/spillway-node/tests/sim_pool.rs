@@ -14,12 +14,14 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{POOL, TempDir, page_bytes, page_id, settled, shutdown_all, within};
+use common::{
+    POOL, TempDir, member_config, members_at, page_bytes, page_id, settled, shutdown_all, within,
+};
 use spillway_net::QuicConfig;
 use spillway_net::sim::SimNetwork;
-use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle, PageTransport};
+use spillway_node::{Node, NodeHandle, PageTransport};
+use spillway_types::NodeId;
 use spillway_types::wire::{Kind, page_checksum};
-use spillway_types::{NodeId, PageSize};
 
 const PAGE: u64 = 64 << 10;
 
@@ -54,27 +56,10 @@ async fn run(seed: u64) -> Run {
         .iter()
         .map(spillway_net::Transport::local_addr)
         .collect();
-    let members: Vec<MemberAddr> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| MemberAddr {
-            id: NodeId(i as u64 + 1),
-            addr: *a,
-        })
-        .collect();
+    let members = members_at(&addrs);
     let mut nodes: Vec<Option<NodeHandle>> = Vec::new();
     for (i, transport) in transports.into_iter().enumerate() {
-        let mut c = NodeConfig::new(
-            NodeId(i as u64 + 1),
-            root.0.join("pool"),
-            root.0.join(format!("data-{}", i + 1)),
-            256 * PAGE,
-        );
-        c.listen_addr = addrs[i];
-        c.metrics_addr = "127.0.0.1:0".parse().unwrap();
-        c.page_size = PageSize::new(PAGE).unwrap();
-        c.members = members.clone();
-        c.reserve_chunk_bytes = 4 * PAGE;
+        let mut c = member_config(&root, &root.0.join("pool"), &members, i, PAGE, 256);
         c.transport = PageTransport::Quic;
         let node = within("node start", Node::start_over(c, transport))
             .await

@@ -66,6 +66,43 @@ pub fn test_transport() -> PageTransport {
     }
 }
 
+/// Members 1, 2, ... at `addrs`, in order.
+pub fn members_at(addrs: &[SocketAddr]) -> Vec<MemberAddr> {
+    addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MemberAddr {
+            id: NodeId(i as u64 + 1),
+            addr: *a,
+        })
+        .collect()
+}
+
+/// The config of member `i` (node `i + 1`) of `members`: its data under `root`, listening
+/// at its member address, status on any loopback port, `page` pages, `tier_pages` of them
+/// lent, reservations taken 4 pages at a time.
+pub fn member_config(
+    root: &TempDir,
+    pool_dir: &std::path::Path,
+    members: &[MemberAddr],
+    i: usize,
+    page: u64,
+    tier_pages: u64,
+) -> NodeConfig {
+    let mut c = NodeConfig::new(
+        NodeId(i as u64 + 1),
+        pool_dir.to_path_buf(),
+        root.0.join(format!("data-{}", i + 1)),
+        tier_pages * page,
+    );
+    c.listen_addr = members[i].addr;
+    c.metrics_addr = "127.0.0.1:0".parse().unwrap();
+    c.page_size = PageSize::new(page).unwrap();
+    c.members = members.to_vec();
+    c.reserve_chunk_bytes = 4 * page;
+    c
+}
+
 /// A pool of three: configs with members, loopback addresses, `page` pages.
 pub struct Pool {
     pub root: TempDir,
@@ -82,28 +119,10 @@ impl Pool {
             &[NodeId(1), NodeId(2), NodeId(3), NodeId(4)],
         )
         .unwrap();
-        let addrs = free_addrs(3);
-        let members: Vec<MemberAddr> = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| MemberAddr {
-                id: NodeId(i as u64 + 1),
-                addr: *a,
-            })
-            .collect();
+        let members = members_at(&free_addrs(3));
         let configs = (0..3)
             .map(|i| {
-                let mut c = NodeConfig::new(
-                    NodeId(i as u64 + 1),
-                    pool_dir.clone(),
-                    root.0.join(format!("data-{}", i + 1)),
-                    tier_pages[i] * page,
-                );
-                c.listen_addr = addrs[i];
-                c.metrics_addr = "127.0.0.1:0".parse().unwrap();
-                c.page_size = PageSize::new(page).unwrap();
-                c.members = members.clone();
-                c.reserve_chunk_bytes = 4 * page;
+                let mut c = member_config(&root, &pool_dir, &members, i, page, tier_pages[i]);
                 c.transport = test_transport();
                 c
             })
