@@ -91,8 +91,16 @@ impl TierPlan {
         self.queue.clear();
         self.horizon = now;
         let mut queued_bytes = 0u64;
-        // Bytes of sure predictions to bring, and guesses' expected unused bytes.
-        let (mut sure_bytes, mut guess_waste) = (0f64, 0f64);
+        // The bytes of the sure predictions in the lookahead (a guess may come before
+        // them), and the guesses' expected unused bytes so far.
+        let sure_bytes: f64 = upcoming
+            .iter()
+            .filter(|u| u.probability >= 1.0)
+            .filter_map(|u| pages.live_buffer(u.buffer))
+            .map(|b| b.bytes as f64)
+            .sum();
+        let cap = SPECULATION_WASTE_RATIO * (sure_bytes + pages.page_bytes() as f64);
+        let mut guess_waste = 0f64;
         for u in upcoming {
             if u.distance >= MIN_LOOKAHEAD_ACCESSES
                 && u.time_until.as_secs_f64()
@@ -112,13 +120,10 @@ impl TierPlan {
                 .sum();
             if u.probability < 1.0 {
                 let waste = (1.0 - u.probability) * bring as f64;
-                let cap = SPECULATION_WASTE_RATIO * (sure_bytes + pages.page_bytes() as f64);
                 if guess_waste + waste > cap {
                     continue;
                 }
                 guess_waste += waste;
-            } else {
-                sure_bytes += bring as f64;
             }
             let next = now + 1 + u.distance;
             self.horizon = self.horizon.max(next);
@@ -419,18 +424,18 @@ mod tests {
             probability: p,
         };
         // Probability 0.5: each guess's expected unused bytes are 100. The cap is
-        // 0.25 x (400 sure + one page of 100) = 125: one guess fits, not two.
-        let mut ups = vec![upcoming(sure.0, 0, 0)];
-        ups.extend(
-            guesses
-                .iter()
-                .enumerate()
-                .map(|(i, &g)| guess(g, 1 + i as u64, 0.5)),
-        );
+        // 0.25 x (400 sure + one page of 100) = 125: one guess fits, not two; the sure
+        // buffer counts wherever it stands in the lookahead (here after the guesses).
+        let mut ups: Vec<Upcoming> = guesses
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| guess(g, i as u64, 0.5))
+            .collect();
+        ups.push(upcoming(sure.0, 7, 7));
         let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
         plan.replan(&ups, 0, 1.0, &pages);
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
-        assert_eq!(planned, [sure, sure, sure, sure, guesses[0], guesses[0]]);
+        assert_eq!(planned, [guesses[0], guesses[0], sure, sure, sure, sure]);
         let waste: f64 = 0.5 * 200.0;
         assert!(waste <= SPECULATION_WASTE_RATIO * 500.0);
         // A guess already loading counts against the cap: the next one does not fit.
@@ -445,7 +450,7 @@ mod tests {
         };
         plan.replan(&ups, 0, 1.0, &pages);
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
-        assert_eq!(planned, [sure, sure, sure, sure, guesses[0]]);
+        assert_eq!(planned, [guesses[0], sure, sure, sure, sure]);
         // Sure predictions are never capped; nearly sure guesses (0.95) fit five times
         // more: all four (expected unused 4 x 10 = 40 <= 125).
         let ups: Vec<Upcoming> = std::iter::once(upcoming(sure.0, 0, 0))
