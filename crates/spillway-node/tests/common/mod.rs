@@ -21,16 +21,12 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "spillway-cluster-{name}-{}-{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        TempDir(dir)
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("spillway-cluster-{name}-"))
+            .tempdir()
+            .expect("a temporary directory");
+        // Removed by this type's drop, as a plain path the tests join onto.
+        TempDir(dir.keep())
     }
 }
 
