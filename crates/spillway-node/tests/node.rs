@@ -51,6 +51,23 @@ async fn start(c: NodeConfig) -> NodeHandle {
     within("node start", Node::start(c)).await.unwrap()
 }
 
+/// Nodes 1 (A) and 2 (B) of [`POOL`], each with a host tier of `tier_pages` pages, under a
+/// fresh root named `name`; the root and the pool directory come back for more nodes.
+async fn two_nodes(name: &str, tier_pages: u64) -> (TempDir, PathBuf, NodeHandle, NodeHandle) {
+    let root = TempDir::new(name);
+    let pool = pool_dir(&root, POOL);
+    let a = start(config(&root, &pool, 1, tier_pages)).await;
+    let b = start(config(&root, &pool, 2, tier_pages)).await;
+    (root, pool, a, b)
+}
+
+/// Shuts `nodes` down in turn, each within [`WAIT`].
+async fn shutdown(nodes: impl IntoIterator<Item = NodeHandle>) {
+    for n in nodes {
+        within("shutdown", n.shutdown()).await;
+    }
+}
+
 /// A page filled with the pattern for its id.
 fn page(buffer: u64, index: u32, len: usize) -> Page {
     let mut data = vec![0u8; len];
@@ -87,10 +104,7 @@ fn assert_same(got: &[Page], sent: &[Page]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_a_puts_pages_on_node_b_and_gets_them_back() {
-    let root = TempDir::new("put-get");
-    let pool = pool_dir(&root, POOL);
-    let a = start(config(&root, &pool, 1, 16)).await;
-    let b = start(config(&root, &pool, 2, 16)).await;
+    let (_root, _pool, a, b) = two_nodes("put-get", 16).await;
     assert!(b.config().data_dir.is_dir());
 
     let conn = within("connect", a.connect(b.local_addr())).await.unwrap();
@@ -129,8 +143,7 @@ async fn node_a_puts_pages_on_node_b_and_gets_them_back() {
     // A put nothing on itself.
     assert_eq!(a.counters().store.pages, 0);
 
-    within("shutdown a", a.shutdown()).await;
-    within("shutdown b", b.shutdown()).await;
+    shutdown([a, b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,10 +174,7 @@ async fn a_node_of_another_pool_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_frame_closes_its_connection_is_counted_and_b_keeps_serving_a() {
-    let root = TempDir::new("bad-frame");
-    let pool = pool_dir(&root, POOL);
-    let a = start(config(&root, &pool, 1, 16)).await;
-    let b = start(config(&root, &pool, 2, 16)).await;
+    let (root, pool, a, b) = two_nodes("bad-frame", 16).await;
     // Node 3 of the pool, broken: one lane, so the lane B closes is its whole connection.
     let mut c3 = config(&root, &pool, 3, 4);
     c3.quic.connections_per_peer = 1;
@@ -216,17 +226,12 @@ async fn a_malformed_frame_closes_its_connection_is_counted_and_b_keeps_serving_
     assert_eq!(b.counters().frames_rejected, 1);
     assert_eq!(b.counters().store.pages, 2, "the bad frame stored nothing");
 
-    within("shutdown", broken.shutdown()).await;
-    within("shutdown", a.shutdown()).await;
-    within("shutdown", b.shutdown()).await;
+    shutdown([broken, a, b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_host_tier_answers_no_capacity_and_loses_no_page() {
-    let root = TempDir::new("full");
-    let pool = pool_dir(&root, POOL);
-    let a = start(config(&root, &pool, 1, 4)).await;
-    let b = start(config(&root, &pool, 2, 4)).await;
+    let (_root, _pool, a, b) = two_nodes("full", 4).await;
     let conn = a.connect(b.local_addr()).await.unwrap();
 
     let held: Vec<Page> = (0..3).map(|i| page(1, i, PAGE as usize)).collect();
@@ -273,16 +278,12 @@ async fn a_full_host_tier_answers_no_capacity_and_loses_no_page() {
         1
     );
 
-    within("shutdown", a.shutdown()).await;
-    within("shutdown", b.shutdown()).await;
+    shutdown([a, b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_completes_and_peers_see_the_connection_close() {
-    let root = TempDir::new("shutdown");
-    let pool = pool_dir(&root, POOL);
-    let a = start(config(&root, &pool, 1, 4)).await;
-    let b = start(config(&root, &pool, 2, 4)).await;
+    let (_root, _pool, a, b) = two_nodes("shutdown", 4).await;
     let conn = a.connect(b.local_addr()).await.unwrap();
     assert_eq!(conn.put_pages(vec![page(1, 0, 100)]).await.unwrap(), 1);
 
