@@ -314,6 +314,17 @@ async fn send_raw_and_expect_close(conn: &quinn::Connection, bytes: &[u8]) {
     }
 }
 
+/// The bytes of a frame header of request 1 claiming these lengths, to be sent alone.
+fn header_only(kind: Kind, body_bytes: u32, payload_bytes: u64) -> [u8; wire::HEADER_BYTES] {
+    FrameHeader {
+        kind,
+        request_id: 1,
+        body_bytes,
+        payload_bytes,
+    }
+    .encode()
+}
+
 /// Frames rejected from `node` so far, as `server` counts them.
 fn rejected(server: &QuicTransport, node: u64) -> u64 {
     server
@@ -361,24 +372,14 @@ async fn malformed_and_oversized_frames_close_their_connection_and_are_counted()
     assert!(matches!(err, NetError::ConnectionLost { .. }), "{err}");
 
     // 2. A body larger than FRAME_BODY_BYTES_MAX, refused from the header alone.
-    let header = FrameHeader {
-        kind: Kind::GetPages,
-        request_id: 1,
-        body_bytes: wire::FRAME_BODY_BYTES_MAX + 1,
-        payload_bytes: 0,
-    };
+    let header = header_only(Kind::GetPages, wire::FRAME_BODY_BYTES_MAX + 1, 0);
     let body = "the oversized body to be counted";
-    send_bad_frame(&bad_node, &server, &header.encode(), body, 2).await;
+    send_bad_frame(&bad_node, &server, &header, body, 2).await;
 
     // 3. A payload larger than FRAME_PAYLOAD_BYTES_MAX.
-    let header = FrameHeader {
-        kind: Kind::PutPages,
-        request_id: 1,
-        body_bytes: 1,
-        payload_bytes: wire::FRAME_PAYLOAD_BYTES_MAX + 1,
-    };
+    let header = header_only(Kind::PutPages, 1, wire::FRAME_PAYLOAD_BYTES_MAX + 1);
     let payload = "the oversized payload to be counted";
-    send_bad_frame(&bad_node, &server, &header.encode(), payload, 3).await;
+    send_bad_frame(&bad_node, &server, &header, payload, 3).await;
 
     // 4. A page whose bytes do not match its checksum.
     let p = page(3, 1, 4096);
@@ -532,14 +533,9 @@ async fn raft_and_proposal_blobs_round_trip_and_bad_ones_close_the_connection() 
 
     let bad_node = pool.one_lane_transport(3);
     // 1. A Raft message claiming more than RAFT_PAYLOAD_BYTES_MAX.
-    let header = FrameHeader {
-        kind: Kind::RaftMessage,
-        request_id: 1,
-        body_bytes: 1,
-        payload_bytes: wire::RAFT_PAYLOAD_BYTES_MAX + 1,
-    };
+    let header = header_only(Kind::RaftMessage, 1, wire::RAFT_PAYLOAD_BYTES_MAX + 1);
     let oversized = "the oversized Raft message to be counted";
-    send_bad_frame(&bad_node, &server, &header.encode(), oversized, 1).await;
+    send_bad_frame(&bad_node, &server, &header, oversized, 1).await;
     // 2. A proposal whose bytes do not match their checksum.
     let data = vec![7u8; 100];
     let mut blob = wire::Blob::describe(&data);
