@@ -135,16 +135,13 @@ fn run(
                 return;
             }
         };
-        let address = match driver.worker.address() {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                driver.shutdown();
-                return;
-            }
-        };
-        let efd = match driver.worker.watch_event_fd() {
-            Ok(f) => f,
+        // The worker's address, then the event fd to watch: the first that fails is sent back.
+        let started = driver
+            .worker
+            .address()
+            .and_then(|address| Ok((address, driver.worker.watch_event_fd()?)));
+        let (address, efd) = match started {
+            Ok(v) => v,
             Err(e) => {
                 let _ = ready.send(Err(e));
                 driver.shutdown();
