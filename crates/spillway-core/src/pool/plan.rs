@@ -91,15 +91,15 @@ impl TierPlan {
         self.queue.clear();
         self.horizon = now;
         let mut queued_bytes = 0u64;
-        // The bytes of the sure predictions in the lookahead (a guess may come before
-        // them), and the guesses' expected unused bytes so far.
-        let sure_bytes: f64 = upcoming
+        // The bytes of the sure predictions planned so far, and at least those of the
+        // next MIN_LOOKAHEAD_ACCESSES (a guess may come before them).
+        let sure_near: f64 = upcoming
             .iter()
-            .filter(|u| u.probability >= 1.0)
+            .filter(|u| u.probability >= 1.0 && u.distance < MIN_LOOKAHEAD_ACCESSES)
             .filter_map(|u| pages.live_buffer(u.buffer))
             .map(|b| b.bytes as f64)
             .sum();
-        let cap = SPECULATION_WASTE_RATIO * (sure_bytes + pages.page_bytes() as f64);
+        let mut sure_bytes = 0f64;
         let mut guess_waste = 0f64;
         for u in upcoming {
             if u.distance >= MIN_LOOKAHEAD_ACCESSES
@@ -118,8 +118,12 @@ impl TierPlan {
                 .filter(|&i| !matches!(self.tier.need(&b.pages[i]), Need::Nothing))
                 .map(|i| pages.page_len(b.bytes, i as u32))
                 .sum();
-            if u.probability < 1.0 {
+            if u.probability >= 1.0 {
+                sure_bytes += b.bytes as f64;
+            } else {
                 let waste = (1.0 - u.probability) * bring as f64;
+                let cap = SPECULATION_WASTE_RATIO
+                    * (sure_bytes.max(sure_near) + pages.page_bytes() as f64);
                 if guess_waste + waste > cap {
                     continue;
                 }
