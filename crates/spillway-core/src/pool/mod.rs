@@ -143,9 +143,8 @@ pub const JITTER_MARGIN: Duration = Duration::from_millis(10);
 /// Speculation's cap (issue 12): a plan loads a guess (a prediction of probability `p`
 /// below 1, which the predictor bounds by its measured precision) only while the
 /// expected unused bytes of the guesses planned, the sum of `(1 - p) x bytes`, stay
-/// within this share of the bytes of the sure predictions in the lookahead (plus one
-/// page): on divergent steps learned moves at most about a quarter more than it surely
-/// needs.
+/// within this share of the bytes of the sure predictions planned so far (at least those
+/// of the next `MIN_LOOKAHEAD_ACCESSES`), plus one page.
 pub const SPECULATION_WASTE_RATIO: f64 = 0.25;
 /// First wait before a spill is tried again after the remote tier refused one: 10 ms.
 pub const SPILL_RETRY_MIN: Duration = Duration::from_millis(10);
