@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{page, round_trip, within};
-use spillway_net::sim::SimNetwork;
-use spillway_net::{Connection, MemStore, NetError, QuicConfig, Transport};
+use spillway_net::sim::{SimNetwork, SimTransport};
+use spillway_net::{Connection, MemStore, NetError, QuicConfig, Server, Transport};
 use spillway_types::wire::{self, FrameHeader, Kind};
 use spillway_types::{NodeId, PoolId};
 
@@ -43,12 +43,19 @@ async fn round_trip_over_the_simulated_transport() {
     assert!(client.connect(server.local_addr()).await.is_err());
 }
 
-#[tokio::test]
-async fn a_node_of_another_pool_is_refused() {
+/// A network with node 1 of [`POOL`] serving a small `MemStore`, and the config its
+/// other transports take.
+fn node_1_serving() -> (SimNetwork, QuicConfig, SimTransport, Server) {
     let net = SimNetwork::new();
     let config = QuicConfig::default();
     let server = net.transport(POOL, NodeId(1), &config);
-    let _serving = server.serve(Arc::new(MemStore::new(8))).unwrap();
+    let serving = server.serve(Arc::new(MemStore::new(8))).unwrap();
+    (net, config, server, serving)
+}
+
+#[tokio::test]
+async fn a_node_of_another_pool_is_refused() {
+    let (net, config, server, _serving) = node_1_serving();
     let stranger = net.transport(PoolId(7), NodeId(9), &config);
     let err = stranger.connect(server.local_addr()).await.unwrap_err();
     assert!(matches!(err, NetError::Connect { .. }), "{err}");
@@ -57,10 +64,7 @@ async fn a_node_of_another_pool_is_refused() {
 
 #[tokio::test]
 async fn bad_frames_close_the_connection_and_are_counted() {
-    let net = SimNetwork::new();
-    let config = QuicConfig::default();
-    let server = net.transport(POOL, NodeId(1), &config);
-    let _serving = server.serve(Arc::new(MemStore::new(8))).unwrap();
+    let (net, config, server, _serving) = node_1_serving();
     let good = net
         .transport(POOL, NodeId(2), &config)
         .connect(server.local_addr())
