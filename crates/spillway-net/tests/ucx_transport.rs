@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{page, round_trip, within};
 use spillway_net::ucx::{UcxTransport, UcxWorkerConfig};
-use spillway_net::{Connection, MemStore, NetError, QuicConfig, Transport};
+use spillway_net::{Connection, MemStore, NetError, QuicConfig, Server, Transport};
 use spillway_types::{NodeId, PoolId};
 
 const POOL: PoolId = PoolId(0x0c5_0001);
@@ -41,12 +41,18 @@ async fn transport_with(pool: PoolId, node: u64, config: &UcxWorkerConfig) -> Uc
         .expect("bind")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_trip_over_ucx() {
+/// Node 1 of [`POOL`] serving a `MemStore` of 1024 pages, and node 2 to connect to it.
+async fn server_and_client() -> (UcxTransport, Arc<MemStore>, Server, UcxTransport) {
     let server = transport(POOL, 1).await;
     let store = Arc::new(MemStore::new(1024));
     let serving = server.serve(store.clone()).expect("serve");
     let client = transport(POOL, 2).await;
+    (server, store, serving, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_over_ucx() {
+    let (server, store, serving, client) = server_and_client().await;
     let conn = within("connect", WAIT, client.connect(server.local_addr()))
         .await
         .expect("connect");
@@ -66,10 +72,7 @@ async fn round_trip_over_ucx() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_requests_in_flight_over_ucx() {
-    let server = transport(POOL, 1).await;
-    let store = Arc::new(MemStore::new(1024));
-    let serving = server.serve(store.clone()).expect("serve");
-    let client = transport(POOL, 2).await;
+    let (server, store, serving, client) = server_and_client().await;
     let conn = client.connect(server.local_addr()).await.expect("connect");
     let mut puts = Vec::new();
     for i in 0..32u32 {
