@@ -71,7 +71,7 @@ pub struct LaunchArgs {
     port: u16,
     /// Host tier of each node: a size (64GiB) or a share of the memory this host may use
     /// (50%: of the cgroup's memory limit, else of the machine's); refused above it.
-    #[arg(long, value_name = "SIZE|N%", default_value = "1GiB",
+    #[arg(long, value_name = "SIZE", default_value = "1GiB",
           value_parser = sizing::parse_budget)]
     host_budget: sizing::BudgetArg,
     /// Seconds to wait for the pool (and, on other ranks, for the host's node).
