@@ -54,11 +54,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use spillway_types::PageId;
 use spillway_types::local::{
     self, CLIENTS_MAX, ClientMessage, Done, FRAME_BODY_BYTES_MAX, FrameHeader, HEADER_BYTES, Hello,
     LocalWireError, NodeMessage, OpError, OpErrorCode, PageOp, Refused, RefusedCode, Welcome,
 };
-use spillway_types::PageId;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
