@@ -67,6 +67,10 @@ pub struct PolicyFigures {
     pub prefetch_wasted_pages: u64,
     /// Corrupt pages over every repeat (must be 0).
     pub corrupt_pages: u64,
+    /// The most GPU memory the pool held in any repeat (bytes).
+    pub gpu_bytes_peak: u64,
+    /// The GPU budget the policy ran under (bytes).
+    pub gpu_budget_bytes: u64,
 }
 
 /// The comparison.
@@ -169,6 +173,8 @@ fn fold(name: &str, runs: &[&RunReport], floors: &[f64]) -> PolicyFigures {
                 .collect(),
         ) as u64,
         corrupt_pages: runs.iter().map(|r| r.corrupt_pages).sum(),
+        gpu_bytes_peak: runs.iter().map(|r| r.gpu_bytes_peak).max().unwrap_or(0),
+        gpu_budget_bytes: runs.first().map_or(0, |r| r.gpu_budget_bytes),
     }
 }
 
@@ -276,6 +282,8 @@ pub fn table(r: &CompareResult) -> Table {
         "moved MiB/step",
         "wasted prefetch pages",
         "corrupt",
+        "GPU peak MiB",
+        "GPU peak / budget",
     ]);
     for p in std::iter::once(&r.resident).chain(&r.policies) {
         let o = &p.overhead;
@@ -301,6 +309,11 @@ pub fn table(r: &CompareResult) -> Table {
             ),
             p.prefetch_wasted_pages.to_string(),
             p.corrupt_pages.to_string(),
+            format!("{:.1}", p.gpu_bytes_peak as f64 / (1 << 20) as f64),
+            format!(
+                "{:.0}%",
+                100.0 * p.gpu_bytes_peak as f64 / p.gpu_budget_bytes.max(1) as f64
+            ),
         ]);
     }
     t
