@@ -484,10 +484,7 @@ fn run_gpu_offload(mut args: GpuOffloadArgs) -> Result<()> {
     }
     if let Some(path) = &args.record {
         use std::io::Write as _;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        let mut f = crate::record::open_for_append(path)?;
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         writeln!(
             f,

@@ -15,15 +15,20 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+/// `path` opened for appending (created when missing): records never rewrite what is there.
+pub(crate) fn open_for_append(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
 /// Appends `### {title}, {time}` with the command line of this process, the machine,
 /// `body` (markdown) and `json` to `path`.
 pub(crate) fn append_section(path: &Path, title: &str, body: &str, json: &str) -> Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    let mut f = open_for_append(path)?;
     // The load when the section is written: on a shared machine it says how much the
     // neighbours took.
     let load = std::fs::read_to_string("/proc/loadavg")

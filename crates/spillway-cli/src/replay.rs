@@ -353,11 +353,7 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
     );
     if let Some(path) = &args.record {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let mut f = crate::record::open_for_append(path)?;
         writeln!(
             f,
             "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}\n\n{}",
@@ -429,11 +425,7 @@ fn run_compare(
     );
     if let Some(path) = &args.record {
         let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        let mut f = crate::record::open_for_append(path)?;
         writeln!(
             f,
             "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}\n\n{}\n{}",

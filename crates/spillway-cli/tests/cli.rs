@@ -4,32 +4,12 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// Runs the binary in the temporary folder, where the plots and JSON of a run that names
-/// no `--out` land (`spillway-out/`), not in the source tree.
-fn spillway(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(args)
-        .current_dir(std::env::temp_dir())
-        .output()
-        .expect("run spillway")
-}
+mod common;
+use common::{SMALL, spillway_command, trace_path};
 
-const SMALL: &[&str] = &[
-    "--layers",
-    "8",
-    "--weight-mib",
-    "1",
-    "--act-mib",
-    "1",
-    "--page-size",
-    "256KiB",
-    "--steps",
-    "4",
-    "--compute-passes",
-    "16",
-    "--device",
-    "sim",
-];
+fn spillway(args: &[&str]) -> std::process::Output {
+    spillway_command(args).output().expect("run spillway")
+}
 
 #[test]
 fn demo_json_has_every_field_and_verifies_every_page() {
@@ -214,10 +194,6 @@ fn offload_bench_json_has_every_variant_with_its_spread_and_the_load() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("offload.json")).unwrap()).unwrap();
     assert_eq!(written["floors_s"], v["floors_s"]);
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-fn trace_path(name: &str) -> String {
-    format!("{}/../../bench/traces/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]

@@ -4,15 +4,15 @@
 //! and the GPU peaks of `replay`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 
+mod common;
+use common::{SMALL, spillway_command, trace_path};
+
 /// Runs the binary in the temporary folder (where runs without `--out` write).
 fn spillway(args: &[&str]) -> std::process::Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(args)
-        .current_dir(std::env::temp_dir())
+    let out = spillway_command(args)
         .env_remove("NO_COLOR")
         .output()
         .expect("run spillway");
@@ -30,27 +30,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
-
-fn trace_path(name: &str) -> String {
-    format!("{}/../../bench/traces/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-const SMALL: &[&str] = &[
-    "--layers",
-    "8",
-    "--weight-mib",
-    "1",
-    "--act-mib",
-    "1",
-    "--page-size",
-    "256KiB",
-    "--steps",
-    "4",
-    "--compute-passes",
-    "16",
-    "--device",
-    "sim",
-];
 
 /// No Markdown and no colour codes: what a table drawn for a pipe looks like.
 fn assert_terminal_table(stdout: &str) {
