@@ -17,8 +17,9 @@ clock on both stall and step time.
 import glob
 import json
 import os
-import re
 import sys
+
+import results_page  # bench/results_page.py, beside this script
 
 HEADING = "## Replay of recorded traces"
 ANCHOR = "(#replay-of-recorded-traces)"
@@ -133,23 +134,9 @@ def main():
         write = sys.argv[sys.argv.index("--write") + 1]
         args.remove(write)
     text, summary = section(args)
-    if not write:
-        print(text)
-        print(summary, file=sys.stderr)
-        return
-    with open(write) as f:
-        page = f.read()
-    start = page.index(HEADING)
-    end = page.index("\n## ", start + len(HEADING))
-    page = page[:start] + text + page[end:]
-    page = re.sub(
-        r"^(\| \[Replay\]" + re.escape(ANCHOR) + r" \| )[^|]*\|[^|]*\|$",
-        lambda m: m.group(1) + f"learned's step the lowest of the three and <= {FLOOR_MAX}x the "
-        f"resident floor; batch-1 MoE: learned below clock on stall and step | {summary} |",
-        page, count=1, flags=re.M)
-    with open(write, "w") as f:
-        f.write(page)
-
+    goal = (f"learned's step the lowest of the three and <= {FLOOR_MAX}x the "
+            "resident floor; batch-1 MoE: learned below clock on stall and step")
+    results_page.emit(write, HEADING, "Replay", ANCHOR, goal, text, summary)
 
 if __name__ == "__main__":
     main()

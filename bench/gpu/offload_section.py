@@ -15,8 +15,10 @@ Verdict (issue 12): at every page size and batch, learned <= 1.05x its own floor
 import glob
 import json
 import os
-import re
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import results_page  # noqa: E402  (bench/results_page.py)
 
 HEADING = "## Offload on the H200 (`bench gpu-offload`)"
 ANCHOR = "(#offload-on-the-h200-bench-gpu-offload)"
@@ -150,22 +152,9 @@ def main():
     out = args[0]
     command = args[1] if len(args) > 1 else "bench/gpu/run.sh OUT"
     text, summary = section(out, command)
-    if not write:
-        print(text)
-        print(summary, file=sys.stderr)
-        return
-    page = read(write)
-    start = page.index(HEADING)
-    end = page.index("\n## ", start + len(HEADING))
-    page = page[:start] + text + page[end:]
-    page = re.sub(
-        r"^(\| \[Offload, H200\]" + re.escape(ANCHOR) + r" \| )[^|]*\|[^|]*\|$",
-        lambda m: m.group(1) + f"learned <= {OWN_FLOOR_MAX}x its own floor and <= a hand-written "
-        f"PyTorch prefetch, at 2, 8 and 64 MiB pages | {summary} |",
-        page, count=1, flags=re.M)
-    with open(write, "w") as f:
-        f.write(page)
-
+    goal = (f"learned <= {OWN_FLOOR_MAX}x its own floor and <= a hand-written "
+            "PyTorch prefetch, at 2, 8 and 64 MiB pages")
+    results_page.emit(write, HEADING, "Offload, H200", ANCHOR, goal, text, summary)
 
 if __name__ == "__main__":
     main()
