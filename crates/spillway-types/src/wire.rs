@@ -48,12 +48,20 @@
 //! travels in one), [`PROPOSAL_PAYLOAD_BYTES_MAX`] for proposals and their replies.
 //!
 //! Version history: 1, pages only; 2, the blob kinds (10 to 13).
-
-use std::ops::Range;
+//!
+//! Parts: this file holds the limits, the header, the messages and the frame codec;
+//! `error` holds [`WireError`]; `payload` the page checks ([`verify_pages`],
+//! [`PayloadVerifier`]).
 
 use bincode::{Decode, Encode};
 
 use crate::{NodeId, PageId, PoolId, limits};
+
+mod error;
+mod payload;
+
+pub use error::WireError;
+pub use payload::{PayloadVerifier, page_ranges, pages_bytes, verify_pages};
 
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"SPWY";
@@ -568,119 +576,6 @@ impl Message {
     }
 }
 
-/// Everything that can be wrong with a frame. On receipt, any of these means the peer is
-/// broken or hostile: the transport drops the connection and counts a rejected frame.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
-    /// The first four bytes are not [`MAGIC`]: not a Spillway frame, or the stream lost its place.
-    #[error("bad frame magic {found:02x?} (expected {MAGIC:02x?})")]
-    BadMagic {
-        /// The bytes found.
-        found: [u8; 4],
-    },
-    /// The frame is of a protocol version this build does not speak.
-    #[error("unsupported protocol version {found} (this build speaks {supported})")]
-    UnsupportedVersion {
-        /// The version in the frame.
-        found: u16,
-        /// The version this build speaks.
-        supported: u16,
-    },
-    /// The kind byte names no [`Kind`].
-    #[error("unknown frame kind {found}")]
-    UnknownKind {
-        /// The kind byte.
-        found: u8,
-    },
-    /// Flags or reserved bytes are set; a newer peer may mean something by them that we would ignore.
-    #[error("reserved header fields are not zero (flags {flags:#x}, reserved {reserved:#x})")]
-    ReservedNotZero {
-        /// The flags byte.
-        flags: u8,
-        /// The reserved word.
-        reserved: u32,
-    },
-    /// The body is longer than [`FRAME_BODY_BYTES_MAX`].
-    #[error("frame body of {body_bytes} bytes exceeds FRAME_BODY_BYTES_MAX ({limit_bytes} bytes)")]
-    BodyTooLarge {
-        /// The body length asked for.
-        body_bytes: u64,
-        /// [`FRAME_BODY_BYTES_MAX`].
-        limit_bytes: u32,
-    },
-    /// The payload is longer than [`FRAME_PAYLOAD_BYTES_MAX`].
-    #[error(
-        "frame payload of {payload_bytes} bytes exceeds the limit of its kind ({limit_bytes} bytes: FRAME_PAYLOAD_BYTES_MAX for pages, RAFT_PAYLOAD_BYTES_MAX or PROPOSAL_PAYLOAD_BYTES_MAX for blobs)"
-    )]
-    PayloadTooLarge {
-        /// The payload length asked for.
-        payload_bytes: u64,
-        /// [`FRAME_PAYLOAD_BYTES_MAX`].
-        limit_bytes: u64,
-    },
-    /// The body lists more pages than [`PAGES_PER_FRAME_MAX`].
-    #[error("frame lists {pages} pages, more than PAGES_PER_FRAME_MAX ({limit})")]
-    TooManyPages {
-        /// Pages listed.
-        pages: usize,
-        /// [`PAGES_PER_FRAME_MAX`].
-        limit: usize,
-    },
-    /// A page descriptor is longer than [`limits::PAGE_BYTES_MAX`].
-    #[error("page {page} of {page_bytes} bytes exceeds PAGE_BYTES_MAX ({limit_bytes} bytes)")]
-    PageTooLarge {
-        /// The page.
-        page: PageId,
-        /// Its length in the descriptor.
-        page_bytes: u32,
-        /// [`limits::PAGE_BYTES_MAX`].
-        limit_bytes: u64,
-    },
-    /// The payload length in the header is not the sum of the page lengths in the body.
-    #[error(
-        "{kind:?} frame has a payload of {payload_bytes} bytes but its pages add up to {pages_bytes}"
-    )]
-    PayloadMismatch {
-        /// The frame's kind.
-        kind: Kind,
-        /// The payload length in the header (or the bytes present).
-        payload_bytes: u64,
-        /// The sum of the page lengths.
-        pages_bytes: u64,
-    },
-    /// The frame ended early.
-    #[error("truncated frame: needed {needed_bytes} bytes, have {available_bytes}")]
-    Truncated {
-        /// Bytes the frame's lengths call for (so far).
-        needed_bytes: u64,
-        /// Bytes there are.
-        available_bytes: u64,
-    },
-    /// A page's bytes do not match its checksum: corrupted in memory, on the wire, or by the sender.
-    #[error(
-        "checksum mismatch on page {page} (entry {index} of the frame): expected {expected:#018x}, got {actual:#018x}"
-    )]
-    ChecksumMismatch {
-        /// The page.
-        page: PageId,
-        /// Its position in the frame's page list.
-        index: usize,
-        /// The checksum in the descriptor.
-        expected: u64,
-        /// The checksum of the bytes received.
-        actual: u64,
-    },
-    /// The body is not a valid encoding of its kind's struct, claims more memory than
-    /// [`BODY_DECODE_BYTES_MAX`], or has bytes left over.
-    #[error("undecodable {kind:?} body: {reason}")]
-    UndecodableBody {
-        /// The kind the header named.
-        kind: Kind,
-        /// What bincode (or the leftover check) said.
-        reason: String,
-    },
-}
-
 /// The bincode configuration of every body: standard (varint) encoding, and a decode
 /// limit of [`BODY_DECODE_BYTES_MAX`].
 fn body_config() -> impl bincode::config::Config {
@@ -835,141 +730,6 @@ fn check_pages(message: &Message) -> Result<(), WireError> {
         }
     }
     Ok(())
-}
-
-/// Total bytes of the pages described (no overflow: each is a `u32`, and there are at
-/// most a few thousand).
-pub fn pages_bytes(descs: &[PageDesc]) -> u64 {
-    descs.iter().map(|d| u64::from(d.len)).sum()
-}
-
-/// Where each page lies in the payload, in order.
-pub fn page_ranges(descs: &[PageDesc]) -> impl Iterator<Item = (&PageDesc, Range<usize>)> {
-    descs.iter().scan(0usize, |at, d| {
-        let start = *at;
-        *at += d.len as usize;
-        Some((d, start..*at))
-    })
-}
-
-/// Checks that `payload` holds exactly the pages `descs` describe, each matching its
-/// checksum. The error names the first page that does not.
-pub fn verify_pages(descs: &[PageDesc], payload: &[u8]) -> Result<(), WireError> {
-    let expected_bytes = pages_bytes(descs);
-    if payload.len() as u64 != expected_bytes {
-        return Err(WireError::Truncated {
-            needed_bytes: expected_bytes,
-            available_bytes: payload.len() as u64,
-        });
-    }
-    for (index, (d, range)) in page_ranges(descs).enumerate() {
-        let actual = page_checksum(&payload[range]);
-        if actual != d.checksum {
-            return Err(WireError::ChecksumMismatch {
-                page: d.page,
-                index,
-                expected: d.checksum,
-                actual,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Checks a payload's pages while it arrives in pieces: each piece is hashed right after
-/// the transport copied it (still in cache), and each page is checked the moment its last
-/// byte arrives. Gives the same verdicts as [`verify_pages`] on the whole payload.
-#[derive(Clone)]
-pub struct PayloadVerifier<'a> {
-    kind: Kind,
-    descs: &'a [PageDesc],
-    /// The page being received, and its bytes so far.
-    index: usize,
-    page_got: u64,
-    hasher: xxhash_rust::xxh3::Xxh3Default,
-    got_bytes: u64,
-}
-
-impl std::fmt::Debug for PayloadVerifier<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PayloadVerifier")
-            .field("index", &self.index)
-            .field("got_bytes", &self.got_bytes)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'a> PayloadVerifier<'a> {
-    /// A verifier for the payload of `message` (its [`Message::page_descs`]).
-    pub fn new(message: &'a Message) -> Self {
-        PayloadVerifier {
-            kind: message.kind(),
-            descs: message.page_descs(),
-            index: 0,
-            page_got: 0,
-            hasher: xxhash_rust::xxh3::Xxh3Default::new(),
-            got_bytes: 0,
-        }
-    }
-
-    /// Checks the page at `self.index` if all its bytes are in, and moves to the next.
-    fn complete_pages(&mut self) -> Result<(), WireError> {
-        while let Some(d) = self.descs.get(self.index) {
-            if self.page_got < u64::from(d.len) {
-                return Ok(());
-            }
-            let actual = self.hasher.digest();
-            if actual != d.checksum {
-                return Err(WireError::ChecksumMismatch {
-                    page: d.page,
-                    index: self.index,
-                    expected: d.checksum,
-                    actual,
-                });
-            }
-            self.hasher.reset();
-            self.page_got = 0;
-            self.index += 1;
-        }
-        Ok(())
-    }
-
-    /// Takes the next `bytes` of the payload. Fails on the first page that is complete and
-    /// does not match, or if `bytes` runs past the end of the payload.
-    pub fn update(&mut self, mut bytes: &[u8]) -> Result<(), WireError> {
-        self.complete_pages()?;
-        let expected = pages_bytes(self.descs);
-        if self.got_bytes + bytes.len() as u64 > expected {
-            return Err(WireError::PayloadMismatch {
-                kind: self.kind,
-                payload_bytes: self.got_bytes + bytes.len() as u64,
-                pages_bytes: expected,
-            });
-        }
-        self.got_bytes += bytes.len() as u64;
-        while !bytes.is_empty() {
-            let d = &self.descs[self.index];
-            let take = (u64::from(d.len) - self.page_got).min(bytes.len() as u64) as usize;
-            self.hasher.update(&bytes[..take]);
-            self.page_got += take as u64;
-            bytes = &bytes[take..];
-            self.complete_pages()?;
-        }
-        Ok(())
-    }
-
-    /// Ends the payload: every page must have arrived whole and matched.
-    pub fn finish(mut self) -> Result<(), WireError> {
-        self.complete_pages()?;
-        let expected = pages_bytes(self.descs);
-        if self.got_bytes != expected {
-            return Err(WireError::Truncated {
-                needed_bytes: expected,
-                available_bytes: self.got_bytes,
-            });
-        }
-        Ok(())
-    }
 }
 
 /// A whole frame decoded from one buffer (see [`decode_frame`]).
