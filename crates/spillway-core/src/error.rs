@@ -3,6 +3,13 @@
 //! [`CoreError`] is what the core refuses or reports; [`DeviceFault`] and [`RemoteError`]
 //! are what a driver reports into the core when a copy, a zero fill or a remote op
 //! failed.
+//!
+//! Which failures are whose: a failed fetch is one buffer's ([`CoreError::PageLost`]:
+//! that buffer's acquires fail, every other buffer goes on, the pool never fails for
+//! it); a failed zero fill is one buffer's too. A failed device copy on the local GPU
+//! ([`CoreError::DeviceFailed`]: the device's state is unknown), spills refused for a
+//! whole deadline ([`CoreError::SpillsFailing`]) and a remote tier whose link is gone
+//! ([`CoreError::RemoteTierGone`]) fail the whole pool: every later acquire reports it.
 
 use spillway_types::{BufferId, HostSlot, PageId};
 
@@ -56,6 +63,23 @@ pub enum RemoteError {
     /// The pool has no remote tier (a driver bug: the core asked for an op anyway).
     #[error("the pool has no remote tier")]
     NoTier,
+    /// Every copy of the page is gone: its holders died (or answered with other bytes),
+    /// after the tier's own failover and retries. Only that page's buffer is affected.
+    #[error("every copy of page {page} is gone: {message}")]
+    Lost {
+        /// The page.
+        page: PageId,
+        /// What the tier said (which holders, why).
+        message: String,
+    },
+    /// The link to the remote tier is gone for good (the node daemon of a daemon-mode
+    /// client exited or closed the connection): no op can be sent, and what it held for
+    /// this pool went with it. The pool fails with [`CoreError::RemoteTierGone`].
+    #[error("the remote tier is gone: {message}")]
+    TierGone {
+        /// Why the link is gone.
+        message: String,
+    },
     /// The tier failed the op: the message of a node, or why the link to it is gone.
     #[error("{message}")]
     Tier {
@@ -165,13 +189,26 @@ pub enum CoreError {
     /// buffer is lost).
     #[error("device copy failed: {0}")]
     DeviceFailed(DeviceFault),
-    /// A page could not be brought back from the remote tier (after the tier's own
-    /// retries and grace): its bytes cannot be had.
-    #[error("page {page} could not be fetched: {reason}")]
-    FetchFailed {
-        /// The page.
-        page: PageId,
-        /// Why.
+    /// A page of the buffer could not be brought back from the remote tier (after the
+    /// tier's own failover, retries and grace): its bytes cannot be had. Only this buffer
+    /// is affected: every later acquire and host access of it fails with this error until
+    /// it is freed (a buffer allocated again starts afresh); other buffers go on.
+    #[error("page {page} of {buffer} is lost: {reason}")]
+    PageLost {
+        /// The buffer.
+        buffer: BufferId,
+        /// The page's index in the buffer.
+        page: u32,
+        /// Why, as the remote tier said.
+        reason: RemoteError,
+    },
+    /// The link to the remote tier is gone for good ([`RemoteError::TierGone`]: the node
+    /// daemon of a daemon-mode client died): every later operation fails with this at
+    /// once. The pages the tier held are gone; link to the node again and build a new
+    /// pool (`spillway_client::daemon::DaemonLink::connect`).
+    #[error("the pool's remote tier is gone ({reason}); connect to the node again")]
+    RemoteTierGone {
+        /// What the link said.
         reason: RemoteError,
     },
     /// The remote tier refused every spill for a whole deadline: the pool cannot make room.

@@ -4,13 +4,13 @@
 //! newest version of each of its pages, whatever the tiers did in between: no page is
 //! ever lost or stale.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use proptest::prelude::*;
 use spillway_core::{
-    AccessMode, AcquireId, CopyOp, DeviceFault, MappingChange, PageLocation, PoolCore, RemoteError,
-    RemoteOp, RemoteOpKind, ZeroFill,
+    AccessMode, AcquireId, CopyOp, CoreError, DeviceFault, MappingChange, PageLocation, PoolCore,
+    RemoteError, RemoteOp, RemoteOpKind, ZeroFill,
 };
 use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, PageId, PageSize};
@@ -30,6 +30,9 @@ struct Model {
     net: VecDeque<RemoteOp>,
     /// The page mapped at each frame (from the core's mapping changes).
     mapped: HashMap<FrameId, PageId>,
+    /// Buffers whose pages the remote tier has lost (every holder died): their fetches
+    /// fail with [`RemoteError::Lost`].
+    lost: HashSet<BufferId>,
     now: u64,
     /// Copies and remote ops the model may still finish: a livelock (ops that never let
     /// an acquire become ready) fails the test instead of hanging it.
@@ -53,6 +56,7 @@ impl Model {
             gpu: VecDeque::new(),
             net: VecDeque::new(),
             mapped: HashMap::new(),
+            lost: HashSet::new(),
             now: 0,
             budget: 200_000,
         }
@@ -105,7 +109,10 @@ impl Model {
         match tr.direction {
             Direction::HostToDevice => {
                 let v = self.slots[&tr.slot];
-                assert_eq!(v.0, page, "H2D of {page} reads its own slot");
+                // A lost buffer's bytes are undefined (its failed fetch left garbage).
+                if !self.lost.contains(&page.buffer) {
+                    assert_eq!(v.0, page, "H2D of {page} reads its own slot");
+                }
                 self.frames.insert(tr.frame, v);
             }
             Direction::DeviceToHost => {
@@ -129,8 +136,20 @@ impl Model {
         match op.kind {
             RemoteOpKind::Spill => {
                 let v = self.slots[&op.slot];
-                assert_eq!(v.0, op.page, "spill of {} reads its own slot", op.page);
+                if !self.lost.contains(&op.page.buffer) {
+                    assert_eq!(v.0, op.page, "spill of {} reads its own slot", op.page);
+                }
                 self.remote.insert(op.page, v.1);
+            }
+            RemoteOpKind::Fetch if self.lost.contains(&op.page.buffer) => {
+                let now = self.t();
+                let lost = RemoteError::Lost {
+                    page: op.page,
+                    message: "its holder node 3 is down".into(),
+                };
+                self.core.handle_remote_done(op.id, Err(lost), now);
+                self.collect();
+                return true;
             }
             RemoteOpKind::Fetch => {
                 let v = *self
@@ -152,10 +171,27 @@ impl Model {
 
     /// Acquires `b` and waits for it, finishing copies; checks every page is the newest.
     fn acquire(&mut self, b: BufferId, mode: AccessMode) -> (AcquireId, bool) {
+        self.try_acquire(b, mode).unwrap()
+    }
+
+    /// [`Model::acquire`], or the error the acquire began or ended with (released).
+    fn try_acquire(
+        &mut self,
+        b: BufferId,
+        mode: AccessMode,
+    ) -> Result<(AcquireId, bool), CoreError> {
         let now = self.t();
-        let (h, hit) = self.core.begin_acquire(b, mode, now).unwrap();
+        let (h, hit) = self.core.begin_acquire(b, mode, now)?;
         self.collect();
-        while !self.core.is_ready(h).unwrap() {
+        loop {
+            match self.core.is_ready(h) {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    self.release(h);
+                    return Err(e);
+                }
+            }
             assert!(
                 self.finish_gpu() | self.finish_net(),
                 "an acquire waits with nothing in flight\n{}",
@@ -178,7 +214,7 @@ impl Model {
                 self.frames.insert(frame, (pid, want + 1));
             }
         }
-        (h, hit)
+        Ok((h, hit))
     }
 
     /// Acquires `b` discarding its contents, waits for it, and writes a new version of
@@ -513,32 +549,143 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
     m.core
         .handle_remote_done(fetch.id, Err(RemoteError::tier("peer 2 unreachable")), now);
     let err = m.core.is_ready(h).unwrap_err();
-    assert!(
-        matches!(&err, spillway_core::CoreError::FetchFailed { page, reason }
-            if page.buffer == bufs[0] && *reason == RemoteError::tier("peer 2 unreachable")),
-        "{err:?}"
+    assert_eq!(
+        err,
+        CoreError::PageLost {
+            buffer: bufs[0],
+            page: 0,
+            reason: RemoteError::tier("peer 2 unreachable")
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("page 0 of {} is lost: peer 2 unreachable", bufs[0])
     );
     let now = m.t();
     m.core.release(h, now);
     m.collect();
+    let s = m.core.stats();
+    assert_eq!((s.pages_lost, s.buffers_lost), (1, 1), "{s:?}");
     // The lost buffer refuses acquires and host accesses with the same cause...
     let now = m.t();
-    assert!(matches!(
+    assert_eq!(
         m.core.begin_acquire(bufs[0], AccessMode::Shared, now),
-        Err(spillway_core::CoreError::FetchFailed { .. })
-    ));
+        Err(err.clone())
+    );
     assert!(!m.host_access(bufs[0], false));
     // ...while every other buffer still comes back with its newest bytes.
     for &b in &bufs[1..] {
         m.use_once(b, AccessMode::Shared);
         m.settle();
     }
-    // And it can be freed: its slot and remote space come back.
+    // And it can be freed: its slot and remote space come back, and a buffer allocated
+    // in its place works.
     let now = m.t();
     m.core.free(bufs[0], now).unwrap();
     m.collect();
     m.settle();
     m.core.check_invariants();
+    let again = m.core.alloc(PAGE).unwrap();
+    m.use_once(again, AccessMode::Exclusive);
+    m.settle();
+    m.use_once(again, AccessMode::Shared);
+    let s = m.core.stats();
+    assert_eq!(
+        (s.pages_lost, s.buffers_lost),
+        (1, 1),
+        "counted once: {s:?}"
+    );
+}
+
+#[test]
+fn a_lost_page_fails_only_its_buffer_while_the_loop_keeps_hitting() {
+    // The loop of the first test; from step 3 the remote tier has lost every page of two
+    // buffers (their only holder died). Those fail with `PageLost`, at every later
+    // acquire; every other buffer keeps its newest bytes and keeps hitting.
+    let mut m = Model::new(4, 8, 44, Policy::Learned);
+    let bufs: Vec<BufferId> = (0..24).map(|_| m.core.alloc(2 * PAGE).unwrap()).collect();
+    let doomed = [bufs[5], bufs[17]];
+    let (mut hits_late, mut lost_seen) = ((0u64, 0u64), 0u64);
+    for step in 0..6 {
+        if step == 3 {
+            m.lost.extend(doomed);
+        }
+        for (i, &b) in bufs.iter().enumerate() {
+            let mode = if i % 3 == 0 {
+                AccessMode::Exclusive
+            } else {
+                AccessMode::Shared
+            };
+            match m.try_acquire(b, mode) {
+                Ok((h, hit)) => {
+                    m.release(h);
+                    if step >= 4 && !doomed.contains(&b) {
+                        hits_late.0 += u64::from(hit);
+                        hits_late.1 += 1;
+                    }
+                }
+                Err(CoreError::PageLost { buffer, page, .. }) => {
+                    assert!(doomed.contains(&buffer) && buffer == b && page < 2);
+                    assert!(step >= 3, "lost before the tier lost anything");
+                    lost_seen += 1;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+            m.settle();
+        }
+        let now = m.t();
+        m.core.step(now);
+        m.collect();
+    }
+    // Steps 3, 4 and 5: both doomed buffers fail at each (a buffer that had its pages in
+    // the host tier or on the GPU when the tier lost them may fail later, at its first
+    // fetch; here every buffer is fetched each step, with 4 + 8 local pages of 48).
+    assert_eq!(lost_seen, 6, "{:?}", m.core.stats());
+    assert_eq!(
+        hits_late.0,
+        hits_late.1,
+        "every other buffer keeps hitting: {:?}",
+        m.core.stats()
+    );
+    let s = m.core.stats();
+    assert_eq!(s.buffers_lost, 2, "{s:?}");
+    assert!((2..=4).contains(&s.pages_lost), "{s:?}");
+    m.core.check_invariants();
+}
+
+#[test]
+fn a_remote_tier_that_is_gone_fails_the_pool_at_once() {
+    // The link to a daemon-mode client's node died: the spill in flight fails with
+    // `TierGone`, and every acquire and host access of every buffer fails at once with
+    // `RemoteTierGone` (no backoff for 120 s).
+    let (mut m, h, start) = an_acquire_that_needs_a_spill();
+    m.collect();
+    let spill = m.net.pop_front().expect("a spill in flight");
+    assert_eq!(spill.kind, RemoteOpKind::Spill);
+    let gone = RemoteError::TierGone {
+        message: "the node daemon closed the connection".into(),
+    };
+    m.core
+        .handle_remote_done(spill.id, Err(gone.clone()), start);
+    let want = CoreError::RemoteTierGone { reason: gone };
+    assert_eq!(m.core.is_ready(h), Err(want.clone()));
+    assert_eq!(m.core.poll_timeout(), None, "no backoff timer");
+    m.release(h);
+    let now = m.t();
+    for b in 1..=6 {
+        assert_eq!(
+            m.core.begin_acquire(BufferId(b), AccessMode::Shared, now),
+            Err(want.clone())
+        );
+        assert_eq!(
+            m.core.begin_host_access(BufferId(b), 0, 1, false, now),
+            Err(want.clone())
+        );
+    }
+    assert!(
+        want.to_string().contains("connect to the node again"),
+        "{want}"
+    );
 }
 
 #[test]

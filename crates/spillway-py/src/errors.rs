@@ -95,13 +95,21 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             CoreError::DeviceFailed(fault) => {
                 ("DeviceError", vec![f("reason", text(&fault.message)?)])
             }
-            CoreError::FetchFailed { page, reason } => (
-                "FetchFailedError",
+            CoreError::PageLost {
+                buffer,
+                page,
+                reason,
+            } => (
+                "PageLostError",
                 vec![
-                    f("buffer", int(page.buffer.0)?),
-                    f("page", int(u64::from(page.index))?),
+                    f("buffer", int(buffer.0)?),
+                    f("page", int(u64::from(*page))?),
                     f("reason", text(&reason.to_string())?),
                 ],
+            ),
+            CoreError::RemoteTierGone { reason } => (
+                "RemoteTierGoneError",
+                vec![f("reason", text(&reason.to_string())?)],
             ),
             CoreError::SpillsFailing {
                 failing_ms,

@@ -340,6 +340,8 @@ impl PyPool {
         d.set_item("remote_bytes_in", c.remote_bytes_in)?;
         d.set_item("remote_bytes_out", c.remote_bytes_out)?;
         d.set_item("remote_errors", c.remote_errors)?;
+        d.set_item("pages_lost", c.pages_lost)?;
+        d.set_item("buffers_lost", c.buffers_lost)?;
         d.set_item("buffers", c.buffers)?;
         d.set_item("page_bytes", page)?;
         d.set_item("h2d_bytes_per_s", c.h2d_bytes_per_s)?;

@@ -29,8 +29,12 @@ enum Spilled {
 impl PoolCore {
     /// Records that remote op `id` finished at `now` (`Err` with why if it failed).
     /// A failed fetch loses the page's buffer (its acquires and host accesses fail with
-    /// [`CoreError::FetchFailed`]; other buffers go on); a failed spill leaves the page in
-    /// its slot and backs spills off. Both count in [`super::CoreStats::remote_errors`].
+    /// [`CoreError::PageLost`] until it is freed; other buffers go on; counted in
+    /// [`super::CoreStats::pages_lost`] and [`super::CoreStats::buffers_lost`]); a failed
+    /// spill leaves the page in its slot and backs spills off. Both count in
+    /// [`super::CoreStats::remote_errors`]. An op that failed with
+    /// [`RemoteError::TierGone`] fails the pool at once ([`CoreError::RemoteTierGone`]):
+    /// no retry or grace could bring the tier back.
     pub fn handle_remote_done(
         &mut self,
         id: TransferId,
@@ -50,6 +54,10 @@ impl PoolCore {
         let p = &b.pages[pid.index as usize];
         let freed = b.freed;
         let wanted = p.pins > 0 || p.host_pins > 0 || self.access.host_waits_for(pid);
+        if let Err(e @ RemoteError::TierGone { .. }) = &result {
+            self.failed
+                .get_or_insert(CoreError::RemoteTierGone { reason: e.clone() });
+        }
         match (op.kind, p.host, result) {
             (RemoteOpKind::Fetch, Host::Fetching { slot }, Ok(())) => {
                 self.stats.remote_bytes_in += op.bytes;
@@ -60,10 +68,12 @@ impl PoolCore {
                 // spilled over the remote copy.
                 self.stats.remote_errors += 1;
                 self.pages.page_mut(pid).host = Host::Slot { slot, clean: true };
+                self.stats.pages_lost += u64::from(!freed);
                 self.lose(
                     pid.buffer,
-                    CoreError::FetchFailed {
-                        page: pid,
+                    CoreError::PageLost {
+                        buffer: pid.buffer,
+                        page: pid.index,
                         reason: e,
                     },
                 );
@@ -109,7 +119,11 @@ impl PoolCore {
     /// `buffer`'s contents are gone for `why`: its acquires and host accesses fail with
     /// it, its demand is dropped; other buffers go on.
     fn lose(&mut self, buffer: BufferId, why: CoreError) {
-        self.pages.buffer_mut(buffer).lost.get_or_insert(why);
+        let b = self.pages.buffer_mut(buffer);
+        if b.lost.is_none() && !b.freed {
+            self.stats.buffers_lost += 1;
+        }
+        b.lost.get_or_insert(why);
         self.access.forget_demand(buffer);
     }
 

@@ -218,7 +218,8 @@ pub struct PoolCore {
     ids: Ids,
     stats: CoreStats,
     /// Why the whole pool failed (a device copy failed, spills failed past their
-    /// deadline): every later acquire reports it.
+    /// deadline, the remote tier's link is gone): every later acquire and host access
+    /// reports it. A lost page is not a reason: it loses only its buffer.
     failed: Option<CoreError>,
 }
 
@@ -582,6 +583,9 @@ impl PoolCore {
         write: bool,
         now: Duration,
     ) -> Result<Option<Vec<PageLocation>>, CoreError> {
+        if let Some(f) = &self.failed {
+            return Err(f.clone());
+        }
         let b = self.pages.live(id)?;
         b.usable()?;
         if b.exclusive || (write && b.holders() > 0) {

@@ -257,6 +257,12 @@ impl PageTable {
         self.buffers.get(&id).filter(|b| !b.freed)
     }
 
+    /// The buffer if it is live and not lost: one whose pages are worth staging (a lost
+    /// buffer's slots hold no bytes of it).
+    pub(super) fn plannable(&self, id: BufferId) -> Option<&Buffer> {
+        self.live_buffer(id).filter(|b| b.lost.is_none())
+    }
+
     /// The buffer of a page in the table.
     pub(super) fn buffer_mut(&mut self, id: BufferId) -> &mut Buffer {
         self.buffers.get_mut(&id).expect("buffer in the page table")

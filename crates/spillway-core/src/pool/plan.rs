@@ -96,7 +96,7 @@ impl TierPlan {
         let sure_near: f64 = upcoming
             .iter()
             .filter(|u| u.probability >= 1.0 && u.distance < MIN_LOOKAHEAD_ACCESSES)
-            .filter_map(|u| pages.live_buffer(u.buffer))
+            .filter_map(|u| pages.plannable(u.buffer))
             .map(|b| b.bytes as f64)
             .sum();
         let mut sure_bytes = 0f64;
@@ -109,7 +109,7 @@ impl TierPlan {
             {
                 return true;
             }
-            let Some(b) = pages.live_buffer(u.buffer) else {
+            let Some(b) = pages.plannable(u.buffer) else {
                 continue;
             };
             // What the buffer needs of the tier, on its way included (a guess loading

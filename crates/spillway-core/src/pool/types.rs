@@ -154,6 +154,12 @@ pub struct CoreStats {
     pub gpu_page_slots_dropped: u64,
     /// Remote ops that failed.
     pub remote_errors: u64,
+    /// Pages the remote tier could not give back (each failed fetch: every copy of the
+    /// page was gone), so their buffers were lost.
+    pub pages_lost: u64,
+    /// Buffers that were lost (a page could not be fetched back, or a zero fill of one
+    /// failed): their acquires fail until they are freed. Counted once per buffer.
+    pub buffers_lost: u64,
     /// Pages whose bytes the remote tier holds (or is being sent) now.
     pub remote_pages: u64,
     /// Remote pages of the remote budget.

@@ -118,7 +118,10 @@ class Pool:
         the node's peers' RAM when the node has room for it. ``page_size`` must be the
         node's (default 2MiB). Raises ``NoNodeError`` when nobody listens,
         ``NodeRefusedError`` (``code``) when the node refuses, other ``NodeLinkError``s
-        when the link fails."""
+        when the link fails. Later, a page whose every copy on peers is gone raises
+        ``PageLostError`` (``buffer``, ``page``) for that buffer only; if the node itself
+        dies, every call raises ``RemoteTierGoneError`` at once: start the node again
+        and ``connect`` a new pool."""
         ...
     @property
     def socket(self) -> Optional["os.PathLike[str]"]:
@@ -136,7 +139,10 @@ class Pool:
     def free(self, buf: Buffer) -> None: ...
     def write(self, buf: Buffer, offset: int, data: BytesLike) -> None: ...
     def read(self, buf: Buffer, offset: int, n: int) -> bytes: ...
-    def acquire(self, buf: Buffer) -> View: ...
+    def acquire(self, buf: Buffer) -> View:
+        """Shared, read-only. Raises ``PageLostError`` if a page of ``buf`` could not be
+        brought back from the remote tier (until ``buf`` is freed)."""
+        ...
     def acquire_mut(self, buf: Buffer, *, discard: bool = False) -> View:
         """Exclusive, writable. ``discard=True``: the caller overwrites every byte, so
         pages off the GPU get frames without a copy in; their bytes are undefined until
@@ -151,6 +157,7 @@ class Pool:
         without a copy by ``acquire_mut(discard=True)``), ``evictions_clean``/``evictions_dirty``, per tier
         ``gpu_bytes``/``gpu_bytes_peak``/``gpu_budget_bytes``,
         ``host_bytes``/``host_budget_bytes``, ``remote_bytes``/``remote_budget_bytes``,
-        ``remote_bytes_in``/``remote_bytes_out``/``remote_errors``, ``buffers``,
+        ``remote_bytes_in``/``remote_bytes_out``/``remote_errors``, ``pages_lost``/``buffers_lost``
+        (pages every copy of which was gone, and their buffers: see ``PageLostError``), ``buffers``,
         ``page_bytes``, ``h2d_bytes_per_s``/``d2h_bytes_per_s`` (estimates)."""
         ...

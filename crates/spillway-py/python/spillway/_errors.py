@@ -70,8 +70,15 @@ class DeviceUnavailableError(DeviceError):
     """The device asked for cannot be used here (``backend``, ``reason``)."""
 
 
-class FetchFailedError(SpillwayError):
-    """A page could not be brought back from the remote tier (``page``, ``reason``)."""
+class PageLostError(SpillwayError):
+    """Every copy of a page in the remote tier is gone (``buffer``: the buffer's id,
+    ``page``: the page's index in it, ``reason``). Only that buffer is affected: its
+    acquires and host accesses raise this until it is freed; every other buffer goes on."""
+
+
+class RemoteTierGoneError(SpillwayError, ConnectionError):
+    """The link to the pool's node is gone (the node daemon died; ``reason``): every
+    later call raises this. Start the node again, then ``Pool.connect`` a new pool."""
 
 
 class SpillsFailingError(SpillwayError):
