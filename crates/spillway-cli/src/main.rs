@@ -33,7 +33,8 @@ mod local_pool;
 mod node_cmd;
 mod record;
 mod replay;
-mod service_tier;
+// The demo's in-process remote tier lives in the SDK; `crate::service_tier` names it here.
+use spillway_client::service_tier;
 mod size;
 mod status;
 

@@ -203,7 +203,7 @@ fn replay_over_nodes(
         spillway_node::PageTransport::Quic,
     )
     .context("starting the in-process nodes")?;
-    let factory = crate::service_tier::ServiceTier::factory(
+    let factory = spillway_client::service_tier::ServiceTier::factory(
         local.service(),
         local.handle(),
         1,

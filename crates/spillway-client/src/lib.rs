@@ -33,6 +33,8 @@ mod builder;
 pub mod daemon;
 mod pool;
 pub mod remote;
+#[cfg(feature = "node")]
+pub mod service_tier;
 
 pub use pool::{
     Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, PoolTimings, make_device,

@@ -7,7 +7,8 @@
 //! was made, from any thread. Implementations:
 //! - `spillway_client::daemon`: the local node daemon, over its Unix socket, with the host
 //!   slots in memory shared with the node (no page crosses the socket);
-//! - an in-process one over `spillway-node`'s remote service (the multi-node demo);
+//! - `spillway_client::service_tier` (feature `node`): a node in this process, through
+//!   `spillway-node`'s remote service (the multi-node demo);
 //! - [`MemRemote`]: pages kept in this process's memory (tests).
 //!
 //! Contract (the same as a device's copies): while an op is in flight, nobody else
