@@ -29,9 +29,8 @@ def rows(part, doc):
     return out
 
 
-def main():
-    doc = json.load(open(sys.argv[1]))
-    command = sys.argv[2] if len(sys.argv) > 2 else "python3 bench/torch/bench_torch.py"
+def run_block(doc, command):
+    """The lines for one run: what ran, its tables and its checks."""
     a = doc["args"]
     def part(name, head):
         return [head, "", *rows(name, doc), ""] if doc[name] else []
@@ -61,7 +60,13 @@ def main():
               "infer_on_demand_over_learned"):
         if k in doc:
             lines.append(f"- `{k}`: {doc[k]:.2f}")
-    print("\n".join(lines))
+    return lines
+
+
+def main():
+    doc = json.load(open(sys.argv[1]))
+    command = sys.argv[2] if len(sys.argv) > 2 else "python3 bench/torch/bench_torch.py"
+    print("\n".join(run_block(doc, command)))
 
 
 if __name__ == "__main__":

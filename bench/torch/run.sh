@@ -3,7 +3,7 @@
 #
 #   (cd crates/spillway-py && maturin build --release -o ../../dist/py)   # build machine
 #   bench/torch/run.sh OUT_DIR                                             # GPU machine
-#   python3 bench/torch/record.py OUT_DIR/bench-torch.json "COMMAND"       # the RESULTS rows
+#   python3 bench/torch/section.py OUT_DIR/bench-torch.json "COMMAND" IDENTITY.json "COMMAND" --write bench/RESULTS.md
 #
 # Installs dist/py/*.whl (no dependencies: the machine has torch, transformers,
 # accelerate, numpy), runs the Python package's tests there (the CUDA view tests run; the
