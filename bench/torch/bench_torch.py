@@ -181,7 +181,8 @@ def train_offload(args, config, weights, data, policy, ref=None):
            "h2d_bytes_per_step": (s1["h2d_bytes"] - s0["h2d_bytes"]) / steps,
            "d2h_bytes_per_step": (s1["d2h_bytes"] - s0["d2h_bytes"]) / steps,
            "stall_s_per_step": (s1["stall_s"] - s0["stall_s"]) / steps,
-           "hit_rate": (s1["hits"] - s0["hits"]) / max(1, s1["acquires"] - s0["acquires"])}
+           "hit_rate": (s1["hits"] - s0["hits"]) / max(1, s1["acquires"] - s0["acquires"]),
+           "pool_stats_per_step": stats_per_step(s0, s1, steps)}
     if ref is not None:
         params = st.parameters(handle)
         out["losses_equal"] = losses == ref["losses"]
@@ -191,6 +192,13 @@ def train_offload(args, config, weights, data, policy, ref=None):
     handle.remove()
     del m, opt, handle, pool
     return out
+
+
+def stats_per_step(s0, s1, steps):
+    """Every counter of the pool's stats, per step over the measured steps (where the
+    waits and the extra bytes come from: late and wasted prefetch, overwrites, ...)."""
+    return {k: (s1[k] - s0[k]) / steps for k in s1
+            if isinstance(s1[k], (int, float)) and isinstance(s0.get(k), (int, float))}
 
 
 def train_fsdp2(args, config, weights, data):
@@ -281,6 +289,7 @@ def infer_offload(args, config, weights, x, policy, ref_logits):
            "pool_gpu_bytes": s1["gpu_budget_bytes"],
            "h2d_bytes_per_step": (s1["h2d_bytes"] - s0["h2d_bytes"]) / n,
            "hit_rate": (s1["hits"] - s0["hits"]) / max(1, s1["acquires"] - s0["acquires"]),
+           "pool_stats_per_step": stats_per_step(s0, s1, n),
            "logits_equal": torch.equal(out.float().cpu(), ref_logits)}
     handle.remove()
     del m, handle, pool, out
