@@ -21,6 +21,9 @@
 //!   batching, fetch routing and deletes; `ledger`, the sans-IO record of the
 //!   reservations it holds on peers and spends; `tier`, their shared ids, limits, errors.
 //! - [`http`]: `/metrics` (Prometheus) and `/status` (JSON) on `metrics_addr`.
+//! - [`memory`]: what the node may hold resident ([`MemoryPlan`]: the host budget, which
+//!   the peers' pages and the local clients' host tiers share, plus a documented
+//!   overhead), checked at start against the cgroup's limit and `RLIMIT_MEMLOCK`.
 //! - [`local`]: the Unix socket for this machine's clients, and the `ClientPages` seam
 //!   behind it (with its in-memory twin, `MemClientPages`).
 //! - [`node`]: [`Node::start`] and the [`NodeHandle`] with the counters and the graceful
@@ -33,6 +36,7 @@ mod config_size;
 pub mod http;
 mod ledger;
 pub mod local;
+pub mod memory;
 pub mod meta;
 pub mod node;
 pub mod peers;
@@ -46,6 +50,7 @@ mod ucx_pages;
 
 pub use config::{FieldDoc, MemberAddr, NodeConfig, NodeConfigError, PageTransport};
 pub use http::{HostTierStatus, MemberStatus, NodeStatus, RemoteStatus};
+pub use memory::{HostBudget, MemoryError, MemoryLimits, MemoryPlan};
 pub use meta::{MemberView, MetaView, Outcome, ProposeFailure};
 pub use node::{Node, NodeCounters, NodeError, NodeHandle};
 pub use remote::{PeerRemoteCounters, RemoteCounters, RemoteError, RemoteService};

@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 use spillway_meta::{MemberState, MetaState, Role, Update};
 
 use crate::config::{NodeConfig, NodeConfigError};
+use crate::memory::{MemoryError, MemoryLimits, MemoryPlan};
 use crate::meta::{MemberView, MetaDriver, MetaStartError, MetaView, Outcome, ProposeFailure};
 use crate::peers::{PeerTransport, Peers};
 use crate::remote::RemoteService;
@@ -47,6 +48,10 @@ pub enum NodeError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] NodeConfigError),
+    /// The node's memory plan does not fit the cgroup's memory limit or
+    /// `RLIMIT_MEMLOCK` ([`crate::memory`]): refused at start, not OOM-killed later.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
     /// The node's certificate could not be loaded from the pool directory.
     #[error("cannot load the identity of {node} from {}: {source}", pool_dir.display())]
     Identity {
@@ -130,11 +135,13 @@ pub struct NodeCounters {
 pub struct Node;
 
 impl Node {
-    /// Validates `config`, loads the node's identity from `pool_dir`, creates `data_dir`,
-    /// binds the peer transport on `listen_addr` and serves the host tier. Must be called
-    /// inside a tokio runtime.
+    /// Validates `config`, checks its memory plan against this process's cgroup limit
+    /// and `RLIMIT_MEMLOCK` ([`crate::memory`]), loads the node's identity from
+    /// `pool_dir`, creates `data_dir`, binds the peer transport on `listen_addr` and
+    /// serves the host tier. Must be called inside a tokio runtime.
     pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         config.validate()?;
+        check_memory(&config, &MemoryLimits::read())?;
         let identity = NodeIdentity::load(&config.pool_dir, config.node_id).map_err(|source| {
             NodeError::Identity {
                 node: config.node_id,
@@ -162,7 +169,18 @@ impl Node {
         config: NodeConfig,
         transport: T,
     ) -> Result<NodeHandle, NodeError> {
+        Node::start_over_within(config, transport, &MemoryLimits::read()).await
+    }
+
+    /// [`Node::start_over`], its memory plan checked against `limits` instead of this
+    /// process's (tests inject a cgroup limit).
+    pub async fn start_over_within<T: Transport>(
+        config: NodeConfig,
+        transport: T,
+        limits: &MemoryLimits,
+    ) -> Result<NodeHandle, NodeError> {
         config.validate()?;
+        check_memory(&config, limits)?;
         std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
             path: config.data_dir.clone(),
             source,
@@ -318,6 +336,23 @@ impl Node {
         );
         Ok(handle)
     }
+}
+
+/// Checks `config`'s memory plan against `limits`; logs the plan.
+fn check_memory(config: &NodeConfig, limits: &MemoryLimits) -> Result<(), MemoryError> {
+    let ucx_tls = std::env::var("UCX_TLS").ok();
+    let plan = MemoryPlan::of(config, ucx_tls.as_deref());
+    crate::memory::check(&plan, limits)?;
+    tracing::info!(
+        host_budget_bytes = plan.host_budget_bytes,
+        overhead_bytes = plan.overhead_bytes(),
+        resident_max_bytes = plan.resident_max_bytes(),
+        cgroup_limit_bytes = limits.cgroup.as_ref().map(|c| c.limit_bytes),
+        memlock_bytes = limits.memlock_bytes,
+        pinned_bytes = plan.pinned_bytes,
+        "memory plan fits"
+    );
+    Ok(())
 }
 
 /// First wait before the incarnation announcement is proposed again: 100 ms, doubling
