@@ -11,33 +11,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exe=$(realpath "${1:-target/release/spillway}")
+. scripts/lib/netns.sh
 hosts=4
 tag="spw$$"
 tmp=$(mktemp -d /tmp/spillway-netns.XXXXXX)
 
 cleanup() {
-    for i in $(seq 1 "$hosts"); do
-        ip netns pids "$tag-h$i" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-        ip netns del "$tag-h$i" 2>/dev/null || true
-    done
-    ip netns del "$tag-br" 2>/dev/null || true
+    netns_down "$tag" "$hosts"
     if [ "${KEEP_TMP:-0}" = 1 ]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
 
-ip netns add "$tag-br"
-ip -n "$tag-br" link add br0 type bridge
-ip -n "$tag-br" link set br0 up
-for i in $(seq 1 "$hosts"); do
-    ns="$tag-h$i"
-    ip netns add "$ns"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link add eth0 type veth peer name "p$i" netns "$tag-br"
-    ip -n "$ns" addr add "10.77.0.$i/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$tag-br" link set "p$i" master br0
-    ip -n "$tag-br" link set "p$i" up
-done
+netns_up "$tag" "$hosts"
 
 # The job of every rank: the demo client against the host's node, its JSON kept, then the
 # node's /metrics (the pages it moved per peer).

@@ -8,72 +8,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 exe=$(realpath "${1:-target/release/spillway}")
-if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
-fi
+. ops/slurm/lib.sh
+slurm_install
 work=$(mktemp -d /tmp/spillway-slurm.XXXXXX)
 chmod 755 "$work"
 conf=$work/slurm.conf
 cleanup() {
-    for d in slurmd slurmctld munged; do
-        [ -f "$work/$d.pid" ] || continue
-        pid=$(cat "$work/$d.pid")
-        kill "$pid" 2>/dev/null || continue
-        # Until it has exited (at most 10 s), so its files can go.
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    done
+    stop_pidfiles "$work/slurmd.pid" "$work/slurmctld.pid" "$work/munged.pid"
     if [ "${KEEP_TMP:-0}" != 1 ]; then rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
-# munge: a key of our own, a socket of our own.
-mkdir -p "$work/munge"
-dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
-chmod 700 "$work/munge"; chmod 400 "$work/munge/munge.key"
-munged --key-file="$work/munge/munge.key" --socket="$work/munge/munge.socket" \
-    --pid-file="$work/munged.pid" --log-file="$work/munged.log" \
-    --seed-file="$work/munge/seed" --force
-
-cpus=$(nproc)
-cat > "$conf" <<CONF
-ClusterName=spillway-ci
-SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort=16817
-SlurmdPort=16818
-AuthType=auth/munge
-CryptoType=crypto/munge
-AuthInfo=socket=$work/munge/munge.socket
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$work/state
-SlurmdSpoolDir=$work/spool
-SlurmctldPidFile=$work/slurmctld.pid
-SlurmdPidFile=$work/slurmd.pid
-SlurmctldLogFile=$work/slurmctld.log
-SlurmdLogFile=$work/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-MpiDefault=none
-NodeName=node1 NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=node1 Default=YES MaxTime=INFINITE State=UP
-CONF
+munge_start "$work"
+slurm_conf "$work" spillway-ci "localhost(127.0.0.1)" spool "" \
+    "NodeName=node1 NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+PartitionName=debug Nodes=node1 Default=YES MaxTime=INFINITE State=UP" > "$conf"
 mkdir -p "$work/state" "$work/spool"
 export SLURM_CONF=$conf
 slurmctld -f "$conf"
 slurmd -f "$conf" -N node1
-# Wait until the node is idle (a condition, polled; at most 60 s).
-for _ in $(seq 1 120); do
-    state=$(sinfo -h -N -o '%T' 2>/dev/null | head -1 || true)
-    [ "$state" = idle ] && break
-    sleep 0.5
-done
-echo "slurm: node1 $state; $(sinfo --version)"
-[ "$state" = idle ] || { tail -n 20 "$work"/slurm*.log; exit 1; }
+slurm_wait_idle 1
 
 out=$work/out
 mkdir -p "$out"

@@ -10,92 +10,36 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 exe=$(realpath "${1:-target/release/spillway}")
-if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
-fi
+. ops/slurm/lib.sh
+. scripts/lib/netns.sh
+slurm_install
 tag="spws$$"
 work=$(mktemp -d /tmp/spillway-slurm2.XXXXXX)
 chmod 755 "$work"
 conf=$work/slurm.conf
 cleanup() {
-    for f in "$work"/*.pid; do
-        [ -f "$f" ] || continue
-        pid=$(cat "$f"); kill "$pid" 2>/dev/null || continue
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    done
-    for ns in "$tag-h1" "$tag-h2" "$tag-br"; do
-        ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-        ip netns del "$ns" 2>/dev/null || true
-    done
+    stop_pidfiles "$work"/*.pid
+    netns_down "$tag" 2
     if [ "${KEEP_TMP:-0}" != 1 ]; then rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
-ip netns add "$tag-br"
-ip -n "$tag-br" link add br0 type bridge
-ip -n "$tag-br" link set br0 up
-for i in 1 2; do
-    ns="$tag-h$i"
-    ip netns add "$ns"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link add eth0 type veth peer name "p$i" netns "$tag-br"
-    ip -n "$ns" addr add "10.77.0.$i/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$tag-br" link set "p$i" master br0
-    ip -n "$tag-br" link set "p$i" up
-done
+netns_up "$tag" 2
 # nsenter, not `ip netns exec`: the latter mounts a fresh /sys without the cgroup mounts
 # slurmd needs; entering only the network namespace keeps this machine's.
 in1() { nsenter --net="/run/netns/$tag-h1" "$@"; }
 in2() { nsenter --net="/run/netns/$tag-h2" "$@"; }
 
-mkdir -p "$work/munge"
-dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
-chmod 700 "$work/munge"; chmod 400 "$work/munge/munge.key"
-munged --key-file="$work/munge/munge.key" --socket="$work/munge/munge.socket" \
-    --pid-file="$work/munged.pid" --log-file="$work/munged.log" \
-    --seed-file="$work/munge/seed" --force
-
-cpus=$(nproc)
-cat > "$conf" <<CONF
-ClusterName=spillway-netns
-SlurmctldHost=$(hostname -s)(10.77.0.1)
-SlurmctldPort=16817
-SlurmdPort=16818
-AuthType=auth/munge
-CryptoType=crypto/munge
-AuthInfo=socket=$work/munge/munge.socket
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$work/state
-SlurmdSpoolDir=$work/spool-%n
-SlurmctldPidFile=$work/slurmctld.pid
-SlurmdPidFile=$work/slurmd-%n.pid
-SlurmctldLogFile=$work/slurmctld.log
-SlurmdLogFile=$work/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-MpiDefault=none
-NodeName=node[1-2] NodeAddr=10.77.0.[1-2] CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
-CONF
+munge_start "$work"
+slurm_conf "$work" spillway-netns "$(hostname -s)(10.77.0.1)" "spool-%n" "-%n" \
+    "NodeName=node[1-2] NodeAddr=10.77.0.[1-2] CPUs=$(nproc) State=UNKNOWN
+PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP" > "$conf"
 mkdir -p "$work/state" "$work/spool-node1" "$work/spool-node2"
 export SLURM_CONF=$conf
 in1 slurmctld -f "$conf"
 in1 slurmd -f "$conf" -N node1
 in2 slurmd -f "$conf" -N node2
-for _ in $(seq 1 120); do
-    idle=$(in1 sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle$' || true)
-    [ "$idle" = 2 ] && break
-    sleep 0.5
-done
-echo "slurm: $idle of 2 nodes idle; $(sinfo --version)"
-[ "$idle" = 2 ] || { tail -n 20 "$work"/slurm*.log; exit 1; }
+slurm_wait_idle 2 in1
 
 out=$work/out
 mkdir -p "$out"
