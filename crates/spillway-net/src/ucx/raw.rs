@@ -372,21 +372,12 @@ impl RawWorker {
             })
             .collect();
         let iov_count = iov.len();
-        let inner = Box::new(SendInner {
-            state: OpState::new(id),
-            iov,
-            _parts: parts,
-            req: ptr::null_mut(),
-        });
-        let inner = NonNull::from(Box::leak(inner));
+        let (op, state) = PostedOp::new(self.context.ucp, id, SendData { iov, _parts: parts });
         let mut cb = sys::ucp_request_param_t__bindgen_ty_1::default();
         cb.send = Some(send_done);
         // SAFETY: inner is a live allocation owned by this op until freed in
         // SendOp::drop after completion (invariant 3).
-        let (state, iov) = unsafe {
-            let p = inner.as_ptr();
-            (ptr::addr_of!((*p).state).cast_mut(), (*p).iov.as_ptr())
-        };
+        let iov = unsafe { (*op.inner.as_ptr()).data.iov.as_ptr() };
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
                 | sys::UCP_OP_ATTR_FIELD_USER_DATA
@@ -405,11 +396,7 @@ impl RawWorker {
                 .ucp
                 .ucp_tag_send_nbx(ep.h, iov.cast(), iov_count, tag, &param)
         };
-        let op = SendOp {
-            inner,
-            ucp: self.context.ucp,
-        };
-        op.set_request(r)?;
+        op.set_request(r, "ucp_tag_send_nbx")?;
         Ok(op)
     }
 
@@ -423,7 +410,7 @@ impl RawWorker {
         slot: RecvSlot,
     ) -> Result<RecvOp, UcxError> {
         let (buf, len) = slot.raw_parts();
-        let (inner, param) = recv_parts(id, Some(slot), None, Some(memh));
+        let (op, param) = self.recv_op(id, Some(slot), None, Some(memh));
         // SAFETY: worker live; buf..buf+len is a slot of the registered region, lent to
         // this receive alone and kept alive by `inner` (invariant 4).
         let r = unsafe {
@@ -431,11 +418,7 @@ impl RawWorker {
                 .ucp
                 .ucp_tag_recv_nbx(self.h, buf.cast(), len, tag, tag_mask, &param)
         };
-        let op = RecvOp {
-            inner,
-            ucp: self.context.ucp,
-        };
-        op.set_request(r)?;
+        op.set_request(r, "ucp_tag_recv_nbx")?;
         Ok(op)
     }
 
@@ -471,7 +454,7 @@ impl RawWorker {
         };
         let mut buf: Vec<u8> = Vec::with_capacity(len.max(1));
         let ptr = buf.as_mut_ptr();
-        let (inner, param) = recv_parts(id, None, Some(buf), None);
+        let (op, param) = self.recv_op(id, None, Some(buf), None);
         // SAFETY: worker live; probed.h came from this worker's probe and is consumed
         // here, once (invariant 7); ptr..ptr+len is the capacity of the Vec that `inner`
         // owns until completion (invariant 3).
@@ -480,12 +463,36 @@ impl RawWorker {
                 .ucp
                 .ucp_tag_msg_recv_nbx(self.h, ptr.cast(), len, probed.h, &param)
         };
-        let op = RecvOp {
-            inner,
-            ucp: self.context.ucp,
-        };
-        op.set_request(r)?;
+        op.set_request(r, "ucp_tag_msg_recv_nbx")?;
         Ok(op)
+    }
+
+    /// A receive's op, owning where it lands (`slot` or `owned`), and the request
+    /// parameters that report its completion to [`recv_done`] (with `memh` when it lands
+    /// in registered memory).
+    fn recv_op(
+        &self,
+        id: u64,
+        slot: Option<RecvSlot>,
+        owned: Option<Vec<u8>>,
+        memh: Option<&MemHandle>,
+    ) -> (RecvOp, sys::ucp_request_param_t) {
+        let (op, state) = PostedOp::new(self.context.ucp, id, RecvData { slot, owned });
+        let mut cb = sys::ucp_request_param_t__bindgen_ty_1::default();
+        cb.recv = Some(recv_done);
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+            cb,
+            user_data: state,
+            ..Default::default()
+        };
+        if let Some(memh) = memh {
+            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
+            param.memh = memh.h;
+        }
+        (op, param)
     }
 
     /// Asks UCX to cancel a posted receive; its callback then reports `UCS_ERR_CANCELED`
@@ -598,7 +605,7 @@ fn record_completion(id: u64) {
 }
 
 unsafe extern "C" fn send_done(_req: *mut c_void, status: sys::ucs_status_t, data: *mut c_void) {
-    // SAFETY: data is the OpState of a live SendInner (invariant 3); only Cells are set.
+    // SAFETY: data is the OpState of a live SendOp (invariant 3); only Cells are set.
     let state = unsafe { &*data.cast::<OpState>() };
     state.status.set(Some(status));
     record_completion(state.id);
@@ -610,7 +617,7 @@ unsafe extern "C" fn recv_done(
     info: *const sys::ucp_tag_recv_info_t,
     data: *mut c_void,
 ) {
-    // SAFETY: data is the OpState of a live RecvInner (invariant 3).
+    // SAFETY: data is the OpState of a live RecvOp (invariant 3).
     let state = unsafe { &*data.cast::<OpState>() };
     if status == sys::UCS_OK && !info.is_null() {
         // SAFETY: UCX passes a valid info for a completed receive.
@@ -630,29 +637,62 @@ unsafe extern "C" fn ep_failed(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys
     });
 }
 
-struct SendInner {
-    state: OpState,
+/// What a send keeps alive until it completes: the iov array and the buffers it points to.
+pub(super) struct SendData {
     iov: Vec<sys::ucp_dt_iov_t>,
     _parts: Vec<Bytes>,
-    req: sys::ucs_status_ptr_t,
 }
 
-/// A posted send. Dropped after completion it frees its request and buffers; dropped
-/// before, it leaks them (invariant 3).
-pub(super) struct SendOp {
-    inner: NonNull<SendInner>,
+/// Where a receive lands: a slot (`RawWorker::recv`), or, for a probed message
+/// (`RawWorker::recv_probed`), a buffer whose capacity is its length.
+pub(super) struct RecvData {
+    slot: Option<RecvSlot>,
+    owned: Option<Vec<u8>>,
+}
+
+/// An op while UCX may hold it: its completion (written by its callback), its request,
+/// and what it keeps alive.
+struct OpInner<T> {
+    state: OpState,
+    req: sys::ucs_status_ptr_t,
+    data: T,
+}
+
+/// A posted send or receive. Dropped after completion it frees its request and what it
+/// kept alive; dropped before, it leaks them (invariant 3).
+pub(super) struct PostedOp<T> {
+    inner: NonNull<OpInner<T>>,
     ucp: &'static sys::Ucp,
 }
 
-impl SendOp {
-    fn set_request(&self, r: sys::ucs_status_ptr_t) -> Result<(), UcxError> {
+/// A posted send.
+pub(super) type SendOp = PostedOp<SendData>;
+/// A posted receive.
+pub(super) type RecvOp = PostedOp<RecvData>;
+
+impl<T> PostedOp<T> {
+    /// The op `id` keeping `data` alive, not yet posted, and the `user_data` its callback
+    /// gets (its [`OpState`]). Leaked until `drop` after completion (invariant 3).
+    fn new(ucp: &'static sys::Ucp, id: u64, data: T) -> (PostedOp<T>, *mut c_void) {
+        let inner = NonNull::from(Box::leak(Box::new(OpInner {
+            state: OpState::new(id),
+            req: ptr::null_mut(),
+            data,
+        })));
+        // SAFETY: inner is live until drop after completion (invariant 3).
+        let state = unsafe { ptr::addr_of!((*inner.as_ptr()).state).cast_mut() };
+        (PostedOp { inner, ucp }, state.cast())
+    }
+
+    /// Takes what `call` returned: an error (the op counts as completed, and UCX keeps
+    /// no reference), done at once (null), or a request to free after completion.
+    fn set_request(&self, r: sys::ucs_status_ptr_t, call: &'static str) -> Result<(), UcxError> {
         // SAFETY: inner live; only this thread touches it outside callbacks.
         let inner = unsafe { &mut *self.inner.as_ptr() };
         if sys::status_ptr_is_err(r) {
-            // Failed at once: UCX keeps no reference; the op counts as completed.
             inner.state.status.set(Some(sys::status_ptr_status(r)));
             return Err(UcxError::Call {
-                call: "ucp_tag_send_nbx",
+                call,
                 status: status_name(sys::status_ptr_status(r)),
             });
         }
@@ -670,63 +710,19 @@ impl SendOp {
     }
 }
 
-impl Drop for SendOp {
+impl<T> Drop for PostedOp<T> {
     fn drop(&mut self) {
         if self.status().is_none() {
-            // Still owned by UCX: leak (invariant 3).
+            // Still owned by UCX, and so is what it keeps alive: leak both (invariant 3).
             return;
         }
-        // SAFETY: completed: UCX no longer touches inner; we own it (Box::leak above).
+        // SAFETY: completed: UCX no longer touches inner; we own it (Box::leak in new).
         let inner = unsafe { Box::from_raw(self.inner.as_ptr()) };
         if sys::status_ptr_is_ptr(inner.req) {
             // SAFETY: completed request of this worker, freed once.
             unsafe { self.ucp.ucp_request_free(inner.req) };
         }
     }
-}
-
-struct RecvInner {
-    state: OpState,
-    /// Where a posted receive lands (`RawWorker::recv`).
-    slot: Option<RecvSlot>,
-    /// Where a probed message lands (`RawWorker::recv_probed`): capacity is its length.
-    owned: Option<Vec<u8>>,
-    req: sys::ucs_status_ptr_t,
-}
-
-/// A receive's op state, owning where it lands (`slot` or `owned`), and the request
-/// parameters that report its completion to [`recv_done`] (with `memh` when it lands in
-/// registered memory). The op is leaked until [`RecvOp`] frees it after completion
-/// (invariant 3).
-fn recv_parts(
-    id: u64,
-    slot: Option<RecvSlot>,
-    owned: Option<Vec<u8>>,
-    memh: Option<&MemHandle>,
-) -> (NonNull<RecvInner>, sys::ucp_request_param_t) {
-    let inner = NonNull::from(Box::leak(Box::new(RecvInner {
-        state: OpState::new(id),
-        slot,
-        owned,
-        req: ptr::null_mut(),
-    })));
-    let mut cb = sys::ucp_request_param_t__bindgen_ty_1::default();
-    cb.recv = Some(recv_done);
-    // SAFETY: inner is live until RecvOp::drop after completion (invariant 3).
-    let state = unsafe { ptr::addr_of!((*inner.as_ptr()).state).cast_mut() };
-    let mut param = sys::ucp_request_param_t {
-        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
-            | sys::UCP_OP_ATTR_FIELD_USER_DATA
-            | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
-        cb,
-        user_data: state.cast(),
-        ..Default::default()
-    };
-    if let Some(memh) = memh {
-        param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
-        param.memh = memh.h;
-    }
-    (inner, param)
 }
 
 /// A message taken out of the unexpected queue by [`RawWorker::probe`], to be received
@@ -744,33 +740,7 @@ pub(super) enum Landed {
     Owned(Vec<u8>),
 }
 
-/// A posted receive; see [`SendOp`] for drop.
-pub(super) struct RecvOp {
-    inner: NonNull<RecvInner>,
-    ucp: &'static sys::Ucp,
-}
-
 impl RecvOp {
-    fn set_request(&self, r: sys::ucs_status_ptr_t) -> Result<(), UcxError> {
-        // SAFETY: inner live; only this thread touches it outside callbacks.
-        let inner = unsafe { &mut *self.inner.as_ptr() };
-        if sys::status_ptr_is_err(r) {
-            inner.state.status.set(Some(sys::status_ptr_status(r)));
-            return Err(UcxError::Call {
-                call: "ucp_tag_recv_nbx",
-                status: status_name(sys::status_ptr_status(r)),
-            });
-        }
-        inner.req = r;
-        Ok(())
-    }
-
-    /// The completion status, once the callback ran.
-    pub(super) fn status(&self) -> Option<i8> {
-        // SAFETY: inner live; read on the worker's thread.
-        unsafe { (*self.inner.as_ptr()).state.status.get() }
-    }
-
     /// After a successful completion: where the message landed, its length set, and the
     /// sender's tag.
     pub(super) fn take_received(&mut self) -> Option<(Landed, u64)> {
@@ -780,11 +750,11 @@ impl RecvOp {
         // SAFETY: completed: UCX no longer writes inner, the slot or the buffer.
         let inner = unsafe { &mut *self.inner.as_ptr() };
         let received = inner.state.received_bytes.get();
-        let landed = if let Some(mut slot) = inner.slot.take() {
+        let landed = if let Some(mut slot) = inner.data.slot.take() {
             slot.len = received.min(slot.region.slot_bytes);
             Landed::Slot(slot)
         } else {
-            let mut buf = inner.owned.take()?;
+            let mut buf = inner.data.owned.take()?;
             let len = received.min(buf.capacity());
             // SAFETY: the receive completed successfully, so UCX wrote the message's
             // `received` bytes from the start of the buffer (invariant 7); no more than
@@ -793,21 +763,6 @@ impl RecvOp {
             Landed::Owned(buf)
         };
         Some((landed, inner.state.sender_tag.get()))
-    }
-}
-
-impl Drop for RecvOp {
-    fn drop(&mut self) {
-        if self.status().is_none() {
-            // Still owned by UCX, and so is its slot: leak both (invariant 3).
-            return;
-        }
-        // SAFETY: completed; we own inner.
-        let inner = unsafe { Box::from_raw(self.inner.as_ptr()) };
-        if sys::status_ptr_is_ptr(inner.req) {
-            // SAFETY: completed request of this worker, freed once.
-            unsafe { self.ucp.ucp_request_free(inner.req) };
-        }
     }
 }
 
