@@ -2,10 +2,12 @@
 
 use std::process::Command;
 
-use serde_json::Value;
 
 mod common;
-use common::{SMALL, spillway_command, trace_path};
+use common::{
+    COMPARE_BUDGET_BYTES, COMPARE_MOE, SMALL, Scratch, read_json, spillway_command, spillway_err,
+    spillway_ok, stdout_json, trace_path,
+};
 
 fn spillway(args: &[&str]) -> std::process::Output {
     spillway_command(args).output().expect("run spillway")
@@ -13,15 +15,7 @@ fn spillway(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn demo_json_has_every_field_and_verifies_every_page() {
-    let mut args = vec!["demo", "--json"];
-    args.extend_from_slice(SMALL);
-    let out = spillway(&args);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+    let v = stdout_json(&spillway_ok(&[&["demo", "--json"][..], SMALL].concat()));
     assert_eq!(v["device"], "sim");
     assert_eq!(v["page_bytes"], 256 << 10);
     let ws = v["working_set_bytes"].as_u64().unwrap();
@@ -44,15 +38,9 @@ fn demo_json_has_every_field_and_verifies_every_page() {
 
 #[test]
 fn demo_diverge_flag_marks_the_step() {
-    let mut args = vec!["demo", "--json", "--diverge-step", "3"];
-    args.extend_from_slice(SMALL);
-    let out = spillway(&args);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = stdout_json(&spillway_ok(
+        &[&["demo", "--json", "--diverge-step", "3"][..], SMALL].concat(),
+    ));
     let steps = v["steps"].as_array().unwrap();
     assert_eq!(steps[2]["diverged"], true);
     assert_eq!(steps[2]["acquires"], 28);
@@ -61,24 +49,28 @@ fn demo_diverge_flag_marks_the_step() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let out = spillway(&["demo", "--page-size", "100KiB", "--device", "sim"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("power of two"), "{err}");
-    let out = spillway(&["demo", "--policy", "lru"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy"));
-    let out = spillway(&["demo", "--gpu-budget", "0", "--device", "sim"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("gpu_budget_bytes"));
+    for (args, expected) in [
+        (
+            &["demo", "--page-size", "100KiB", "--device", "sim"][..],
+            "power of two",
+        ),
+        (&["demo", "--policy", "lru"], "unknown policy"),
+        (
+            &["demo", "--gpu-budget", "0", "--device", "sim"],
+            "gpu_budget_bytes",
+        ),
+    ] {
+        let err = spillway_err(args);
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_without_the_feature_is_a_clear_error() {
-    let out = spillway(&["demo", "--device", "cuda", "--steps", "1"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--features cuda"));
+    assert!(
+        spillway_err(&["demo", "--device", "cuda", "--steps", "1"]).contains("--features cuda")
+    );
 }
 
 /// Asking for UCX without it is a clear error: without the feature, one naming the
@@ -101,34 +93,30 @@ fn ucx_without_the_feature_or_the_library_is_a_clear_error() {
         assert!(err.contains("--features ucx"), "{err}");
     }
     if !cfg!(feature = "ucx") {
-        let out = spillway(&["bench", "remote", "--transport", "ucx"]);
-        assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("--features ucx"));
+        assert!(
+            spillway_err(&["bench", "remote", "--transport", "ucx"]).contains("--features ucx")
+        );
     }
 }
 
 #[test]
 fn offload_bench_json_has_every_variant_with_its_spread_and_the_load() {
-    let dir = std::env::temp_dir().join(format!("spillway-offload-{}", std::process::id()));
-    let mut args = vec![
-        "bench",
-        "offload",
-        "--json",
-        "--repeats",
-        "2",
-        "--out",
-        dir.to_str().unwrap(),
-    ];
-    args.extend_from_slice(SMALL);
-    let out = spillway(&args);
+    let dir = Scratch::new("offload");
+    let out = spillway_ok(
+        &[
+            &["bench", "offload", "--json", "--repeats", "2"][..],
+            &dir.out_args(),
+            SMALL,
+        ]
+        .concat(),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "stderr: {stderr}");
     // Progress on stderr with --json too: one line per run (5 variants x 2 repeats).
     assert!(
         stderr.contains("bench offload: runs 10/10: repeat 2/2"),
         "{stderr}"
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = stdout_json(&out);
     assert_eq!(v["repeats"], 2);
     let floors: Vec<f64> = v["floors_s"]
         .as_array()
@@ -190,16 +178,14 @@ fn offload_bench_json_has_every_variant_with_its_spread_and_the_load() {
             .unwrap()
             .contains("<svg")
     );
-    let written: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("offload.json")).unwrap()).unwrap();
+    let written = read_json(&dir.join("offload.json"));
     assert_eq!(written["floors_s"], v["floors_s"]);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn replay_json_has_the_demo_fields_and_peak_gpu_bytes() {
     let path = trace_path("dense.jsonl");
-    let out = spillway(&[
+    let v = stdout_json(&spillway_ok(&[
         "replay",
         &path,
         "--json",
@@ -207,13 +193,7 @@ fn replay_json_has_the_demo_fields_and_peak_gpu_bytes() {
         "0.05",
         "--device",
         "sim",
-    ]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    ]));
     assert_eq!(v["corrupt_pages"], 0);
     assert_eq!(v["steps"].as_array().unwrap().len(), 8);
     assert_eq!(v["accesses"], 432);
@@ -228,24 +208,9 @@ fn replay_json_has_the_demo_fields_and_peak_gpu_bytes() {
 #[test]
 fn replay_compare_runs_every_policy() {
     let path = trace_path("moe.jsonl");
-    let out = spillway(&[
-        "replay",
-        &path,
-        "--compare",
-        "--json",
-        "--time-scale",
-        "0.05",
-        "--device",
-        "sim",
-        "--gpu-budget",
-        "16MiB",
-    ]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = stdout_json(&spillway_ok(
+        &[&["replay", &path, "--json"][..], COMPARE_MOE].concat(),
+    ));
     let policies: Vec<&str> = v["runs"]
         .as_array()
         .unwrap()
@@ -254,15 +219,14 @@ fn replay_compare_runs_every_policy() {
         .collect();
     assert_eq!(policies, ["on_demand", "clock", "learned"]);
     for r in v["runs"].as_array().unwrap() {
-        assert_eq!(r["gpu_budget_bytes"], 16 << 20);
+        assert_eq!(r["gpu_budget_bytes"], COMPARE_BUDGET_BYTES);
         assert_eq!(r["corrupt_pages"], 0);
     }
 }
 
 #[test]
 fn replay_of_a_malformed_trace_names_the_line() {
-    let dir = std::env::temp_dir().join(format!("spillway-bad-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("bad-trace");
     let cases = [
         (
             "bad_json.jsonl",
@@ -284,15 +248,10 @@ fn replay_of_a_malformed_trace_names_the_line() {
     for (name, text, expect) in cases {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
-        let out = spillway(&["replay", path.to_str().unwrap(), "--device", "sim"]);
-        assert!(!out.status.success(), "{name} was accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = spillway_err(&["replay", path.to_str().unwrap(), "--device", "sim"]);
         assert!(err.contains(expect), "{name}: {err}");
-        assert!(!err.contains("panicked"), "{name}: {err}");
     }
-    let out = spillway(&["replay", "/nonexistent/trace.jsonl"]);
-    assert!(!out.status.success());
-    std::fs::remove_dir_all(&dir).unwrap();
+    spillway_err(&["replay", "/nonexistent/trace.jsonl"]);
 }
 
 /// A size flag too large for its unit is refused, never wrapped (issue 13: `--act-mib
@@ -328,21 +287,15 @@ fn size_flags_beyond_their_range_are_refused_not_wrapped() {
         );
         assert!(out.stdout.is_empty(), "{flag} {value} ran");
     }
-    let out = spillway(&["bench", "offload", "--weight-mib", "17592186044417"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--weight-mib"));
-    let out = spillway(&["bench", "gpu-offload", "--page-kib", "18014398509482048"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--page-kib"));
     for args in [
-        &["bench", "gpu-offload", "--page-size", "1MiB"][..],
+        &["bench", "offload", "--weight-mib", "17592186044417"][..],
+        &["bench", "gpu-offload", "--page-kib", "18014398509482048"],
+        &["bench", "gpu-offload", "--page-size", "1MiB"],
         &["replay", "x.jsonl", "--gpu-budget", "16EiB"],
         &["bench", "remote", "--page-size", "1PiB"],
         &["cluster", "init", "--host-budget", "99999999999999999999B"],
     ] {
-        let out = spillway(args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} was accepted: {err}");
+        let err = spillway_err(args);
         assert!(err.contains(args[args.len() - 2]), "{args:?}: {err}");
     }
 }
@@ -364,9 +317,7 @@ fn every_command_help() -> Vec<(String, String)> {
     while let Some(path) = todo.pop() {
         let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
         args.push("--help");
-        let out = spillway(&args);
-        assert!(out.status.success(), "{args:?}");
-        let help = String::from_utf8(out.stdout).unwrap();
+        let help = String::from_utf8(spillway_ok(&args).stdout).unwrap();
         let subs = commands_of(&help);
         for sub in &subs {
             let mut p = path.clone();
@@ -479,7 +430,7 @@ fn every_command_spells_the_shared_flags_the_same() {
 /// in MiB, `--page-kib` in KiB) and one deprecation note each on stderr.
 #[test]
 fn old_flag_spellings_still_work_with_a_note() {
-    let out = spillway(&[
+    let out = spillway_ok(&[
         "demo",
         "--json",
         "--nodes",
@@ -500,8 +451,7 @@ fn old_flag_spellings_still_work_with_a_note() {
         "256",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = stdout_json(&out);
     assert_eq!(v["gpu_budget_bytes"], 4 << 20);
     assert_eq!(v["page_bytes"], 256 << 10);
     let notes: Vec<&str> = err.lines().filter(|l| l.contains("deprecated")).collect();
@@ -516,13 +466,14 @@ fn old_flag_spellings_still_work_with_a_note() {
         "{err}"
     );
     // Old and new together is a contradiction clap names.
-    let out = spillway(&["demo", "--gpu-budget-mib", "4", "--gpu-budget", "4MiB"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+    assert!(
+        spillway_err(&["demo", "--gpu-budget-mib", "4", "--gpu-budget", "4MiB"])
+            .contains("cannot be used with")
+    );
 
     // `cluster init --host-tier-bytes`: the nodes get the size, with a note.
     let dir = tempfile::tempdir().unwrap();
-    let out = spillway(&[
+    let out = spillway_ok(&[
         "cluster",
         "init",
         "--dir",
@@ -533,7 +484,6 @@ fn old_flag_spellings_still_work_with_a_note() {
         "64MiB",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
     assert!(
         err.contains("--host-tier-bytes is deprecated") && err.contains("--host-budget 64MiB"),
         "{err}"
@@ -582,7 +532,7 @@ fn the_demo_summary_in_help_matches_the_demo() {
     assert!(line.contains("3x with --nodes 1"), "{line}");
     // The default shape, one step each way: the header says the same ratios.
     for (nodes, ratio) in [("3", "(12.0x)"), ("1", "(3.0x)")] {
-        let out = spillway(&[
+        let out = spillway_ok(&[
             "demo",
             "--nodes",
             nodes,
@@ -600,11 +550,6 @@ fn the_demo_summary_in_help_matches_the_demo() {
             "sim",
         ]);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         let header = stdout.lines().next().unwrap();
         assert!(header.contains(ratio), "--nodes {nodes}: {header}");
     }
@@ -626,7 +571,7 @@ fn cluster_up_prints_the_client_socket_and_what_to_try_next() {
     let pool = UpPool(tempfile::tempdir().unwrap());
     let dir = pool.0.path().to_str().unwrap().to_string();
     let port = (41_000 + (std::process::id() % 500) * 4).to_string();
-    let out = spillway(&[
+    let out = spillway_ok(&[
         "cluster",
         "up",
         "--dir",
@@ -641,14 +586,7 @@ fn cluster_up_prints_the_client_socket_and_what_to_try_next() {
         "30",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let spec: Value =
-        serde_json::from_str(&std::fs::read_to_string(pool.0.path().join("cluster.json")).unwrap())
-            .unwrap();
+    let spec = read_json(&pool.0.path().join("cluster.json"));
     let socket = spec["nodes"][0]["client_socket"].as_str().unwrap();
     for expected in [
         format!("spillway demo --connect {socket}"),
@@ -744,31 +682,22 @@ fn markdown_tables_are_whole() {
 /// it passed, and `cluster up` waited 30 s for the node's capacity before failing).
 #[test]
 fn node_check_refuses_a_config_that_lends_nothing() {
-    let dir = std::env::temp_dir().join(format!("spillway-lend-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("lend");
     let path = dir.join("node.toml");
     let base =
         "node_id = 1\npool_dir = \"/pool\"\ndata_dir = \"/data\"\nhost_tier_bytes = 1073741824\n";
     std::fs::write(&path, format!("{base}lend_bytes = 0\n")).unwrap();
-    let out = spillway(&["node", "--check", "--config", path.to_str().unwrap()]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "lend_bytes = 0 passed --check");
+    let err = spillway_err(&["node", "--check", "--config", path.to_str().unwrap()]);
     assert!(err.contains("`lend_bytes`"), "{err}");
     assert!(err.contains(path.to_str().unwrap()), "{err}");
     // Without it, the node lends its whole host tier.
     std::fs::write(&path, base).unwrap();
-    let out = spillway(&["node", "--check", "--config", path.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = spillway_ok(&["node", "--check", "--config", path.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("lend_bytes = 1073741824"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Writes a trace of `buffers` buffers of `bytes` each, one access each, to `name`.
-fn big_trace(dir: &std::path::Path, name: &str, buffers: usize, bytes: u64) -> String {
+fn big_trace(dir: &Scratch, name: &str, buffers: usize, bytes: u64) -> String {
     use std::io::Write as _;
     let path = dir.join(name);
     let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
@@ -787,17 +716,13 @@ fn big_trace(dir: &std::path::Path, name: &str, buffers: usize, bytes: u64) -> S
 /// 64 KiB took 6.4 GB for 23 s before `out of host memory`).
 #[test]
 fn replay_of_a_trace_that_cannot_fit_fails_at_once_naming_the_sizes() {
-    let dir = std::env::temp_dir().join(format!("spillway-big-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("big-trace");
 
     // The issue's trace against a host budget of 1 GiB.
     let path = big_trace(&dir, "300k.jsonl", 300_000, 64 << 10);
     let started = std::time::Instant::now();
-    let out = spillway(&["replay", &path, "--device", "sim", "--host-budget", "1GiB"]);
+    let err = spillway_err(&["replay", &path, "--device", "sim", "--host-budget", "1GiB"]);
     let took = started.elapsed();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
     for size in [
         "300000 buffers",
         "19660800000 bytes",
@@ -813,16 +738,12 @@ fn replay_of_a_trace_that_cannot_fit_fails_at_once_naming_the_sizes() {
     // 64 buffers of 1 TiB with the default budgets: no machine has the memory.
     let path = big_trace(&dir, "huge.jsonl", 64, 1 << 40);
     let started = std::time::Instant::now();
-    let out = spillway(&["replay", &path, "--device", "sim"]);
+    let err = spillway_err(&["replay", &path, "--device", "sim"]);
     let took = started.elapsed();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("70368744177664 bytes"), "{err}");
     assert!(err.contains("available"), "{err}");
     assert!(took.as_secs() < 10, "took {took:?}");
     println!("64 x 1 TiB with default budgets: refused in {took:?}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `spillway status` into a pipe whose reader is gone ends quietly (issue 13: `spillway

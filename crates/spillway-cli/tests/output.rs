@@ -3,33 +3,13 @@
 //! with `--json` too, plots and JSON in the folder `--out` names, `replay --find-budget`
 //! and the GPU peaks of `replay`.
 
-use std::path::{Path, PathBuf};
-
 use serde_json::Value;
 
 mod common;
-use common::{SMALL, spillway_command, trace_path};
-
-/// Runs the binary in the temporary folder (where runs without `--out` write).
-fn spillway(args: &[&str]) -> std::process::Output {
-    let out = spillway_command(args)
-        .env_remove("NO_COLOR")
-        .output()
-        .expect("run spillway");
-    assert!(
-        out.status.success(),
-        "spillway {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// A fresh folder for one test's files.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("spillway-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
+use common::{
+    COMPARE_BUDGET_BYTES, COMPARE_MOE, SMALL, Scratch, read_json, spillway_ok as spillway,
+    stdout_json, trace_path,
+};
 
 /// No Markdown and no colour codes: what a table drawn for a pipe looks like.
 fn assert_terminal_table(stdout: &str) {
@@ -45,27 +25,18 @@ fn assert_terminal_table(stdout: &str) {
     );
 }
 
-fn read_json(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
 #[test]
 fn offload_draws_its_table_with_the_spread_and_records_markdown_only_to_the_file() {
-    let dir = scratch("offload-table");
-    let record = dir.join("RESULTS.md");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut args = vec![
-        "bench",
-        "offload",
-        "--repeats",
-        "1",
-        "--out",
-        dir.to_str().unwrap(),
-        "--record",
-        record.to_str().unwrap(),
-    ];
-    args.extend_from_slice(SMALL);
-    let out = spillway(&args);
+    let dir = Scratch::new("offload-table");
+    let out = spillway(
+        &[
+            &["bench", "offload", "--repeats", "1"][..],
+            &dir.out_args(),
+            &dir.record_args(),
+            SMALL,
+        ]
+        .concat(),
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_terminal_table(&stdout);
     for needle in [
@@ -88,26 +59,23 @@ fn offload_draws_its_table_with_the_spread_and_records_markdown_only_to_the_file
         row.contains(&format!("{ratio}–{ratio}")),
         "{row} vs {learned}"
     );
-    let md = std::fs::read_to_string(&record).unwrap();
+    let md = dir.recorded();
     assert!(md.contains("|---|"), "{md}");
     assert!(md.contains("| learned |"), "{md}");
     assert!(md.contains("load average (1 min)"), "{md}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn demo_json_reports_progress_on_stderr_and_writes_its_plot_where_told() {
-    let dir = scratch("demo-out");
-    let mut args = vec![
-        "demo",
-        "--json",
-        "--nodes",
-        "1",
-        "--out",
-        dir.to_str().unwrap(),
-    ];
-    args.extend_from_slice(SMALL);
-    let out = spillway(&args);
+    let dir = Scratch::new("demo-out");
+    let out = spillway(
+        &[
+            &["demo", "--json", "--nodes", "1"][..],
+            &dir.out_args(),
+            SMALL,
+        ]
+        .concat(),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     for step in 1..=4 {
         assert!(
@@ -119,7 +87,7 @@ fn demo_json_reports_progress_on_stderr_and_writes_its_plot_where_told() {
         stderr.contains(&dir.join("demo.json").display().to_string()),
         "{stderr}"
     );
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let printed = stdout_json(&out);
     let written = read_json(&dir.join("demo.json"));
     assert_eq!(printed["steps"], written["steps"]);
     let svg = std::fs::read_to_string(dir.join("demo.svg")).unwrap();
@@ -129,14 +97,11 @@ fn demo_json_reports_progress_on_stderr_and_writes_its_plot_where_told() {
     );
     // One bar per step and part: 4 steps x (rest, stall), beside the legend's swatches.
     assert!(svg.matches("<rect").count() >= 8, "{svg}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_run_without_out_writes_under_spillway_out_and_says_where() {
-    let mut args = vec!["demo", "--nodes", "1"];
-    args.extend_from_slice(SMALL);
-    let out = spillway(&args);
+    let out = spillway(&[&["demo", "--nodes", "1"][..], SMALL].concat());
     let stderr = String::from_utf8_lossy(&out.stderr);
     let line = stderr
         .lines()
@@ -163,21 +128,9 @@ fn a_run_without_out_writes_under_spillway_out_and_says_where() {
 
 #[test]
 fn replay_compare_draws_a_table_with_both_gpu_peaks_and_plots_every_policy() {
-    let dir = scratch("replay-compare");
+    let dir = Scratch::new("replay-compare");
     let path = trace_path("moe.jsonl");
-    let out = spillway(&[
-        "replay",
-        &path,
-        "--compare",
-        "--time-scale",
-        "0.05",
-        "--device",
-        "sim",
-        "--gpu-budget",
-        "16MiB",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
+    let out = spillway(&[&["replay", &path][..], COMPARE_MOE, &dir.out_args()].concat());
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_terminal_table(&stdout);
     let v = read_json(&dir.join("replay.json"));
@@ -204,7 +157,10 @@ fn replay_compare_draws_a_table_with_both_gpu_peaks_and_plots_every_policy() {
             "{row}"
         );
         assert!(
-            row.contains(&format!("{:.0}%", 100.0 * peak as f64 / (16 << 20) as f64)),
+            row.contains(&format!(
+                "{:.0}%",
+                100.0 * peak as f64 / COMPARE_BUDGET_BYTES as f64
+            )),
             "{row}"
         );
         // What the trace holds at once is the same for every policy, and at most the peak.
@@ -225,7 +181,6 @@ fn replay_compare_draws_a_table_with_both_gpu_peaks_and_plots_every_policy() {
     ] {
         assert!(svg.contains(needle), "{needle} not in the plot");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `spillway_types::fmt_bytes` of a size of at least 1 MiB and under 1 GiB.
@@ -244,43 +199,47 @@ fn replay_held_peak_is_the_largest_buffer_in_pages() {
         .max()
         .unwrap();
     let page = 256u64 << 10;
-    let dir = scratch("replay-held");
-    let out = spillway(&[
-        "replay",
-        &path,
-        "--json",
-        "--time-scale",
-        "0.02",
-        "--device",
-        "sim",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dir = Scratch::new("replay-held");
+    let out = spillway(
+        &[
+            &[
+                "replay",
+                &path,
+                "--json",
+                "--time-scale",
+                "0.02",
+                "--device",
+                "sim",
+            ][..],
+            &dir.out_args(),
+        ]
+        .concat(),
+    );
+    let v = stdout_json(&out);
     assert_eq!(v["gpu_bytes_held_peak"], largest.div_ceil(page) * page);
-    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `replay --find-budget` of `trace` on the simulated device, writing into `dir`.
+fn find_budget<'a>(trace: &'a str, dir: &'a Scratch, args: &[&'a str]) -> Vec<&'a str> {
+    [
+        &["replay", trace, "--find-budget", "--device", "sim"][..],
+        args,
+        &dir.out_args(),
+    ]
+    .concat()
 }
 
 #[test]
 fn replay_find_budget_answers_with_budgets_it_replayed() {
-    let dir = scratch("find-budget");
-    let path = trace_path("dense.jsonl");
-    let out = spillway(&[
-        "replay",
-        &path,
-        "--find-budget",
-        "--json",
-        "--page-size",
-        "1MiB",
-        "--time-scale",
-        "0.1",
-        "--device",
-        "sim",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
+    let dir = Scratch::new("find-budget");
+    let trace = trace_path("dense.jsonl");
+    let out = spillway(&find_budget(
+        &trace,
+        &dir,
+        &["--json", "--page-size", "1MiB", "--time-scale", "0.1"],
+    ));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = stdout_json(&out);
     let page = 1u64 << 20;
     let probes = v["probes"].as_array().unwrap();
     assert!(
@@ -312,25 +271,17 @@ fn replay_find_budget_answers_with_budgets_it_replayed() {
     assert!(hits < whole, "{v}");
     assert!(probes.iter().all(|p| p["corrupt_pages"] == 0));
     assert_eq!(read_json(&dir.join("budget.json")), v);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn replay_find_budget_prints_its_table_and_answer() {
-    let dir = scratch("find-budget-table");
-    let out = spillway(&[
-        "replay",
-        &trace_path("dense.jsonl"),
-        "--find-budget",
-        "--page-size",
-        "4MiB",
-        "--time-scale",
-        "0.05",
-        "--device",
-        "sim",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
+    let dir = Scratch::new("find-budget-table");
+    let trace = trace_path("dense.jsonl");
+    let out = spillway(&find_budget(
+        &trace,
+        &dir,
+        &["--page-size", "4MiB", "--time-scale", "0.05"],
+    ));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_terminal_table(&stdout);
     let v = read_json(&dir.join("budget.json"));
@@ -348,22 +299,18 @@ fn replay_find_budget_prints_its_table_and_answer() {
     // One row per replay.
     let rows = stdout.lines().filter(|l| l.starts_with('│')).count();
     assert_eq!(rows, v["probes"].as_array().unwrap().len() + 1, "{stdout}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn bench_remote_draws_one_unit_and_records_markdown_with_its_json() {
-    let dir = scratch("remote");
-    std::fs::create_dir_all(&dir).unwrap();
-    let record = dir.join("RESULTS.md");
-    let out = spillway(&[
-        "bench",
-        "remote",
-        "--bytes",
-        "16MiB",
-        "--record",
-        record.to_str().unwrap(),
-    ]);
+    let dir = Scratch::new("remote");
+    let out = spillway(
+        &[
+            &["bench", "remote", "--bytes", "16MiB"][..],
+            &dir.record_args(),
+        ]
+        .concat(),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("bench remote: TCP (1 and 8 connections), QUIC, 3 rounds of 16.0 MiB each"),
@@ -376,7 +323,7 @@ fn bench_remote_draws_one_unit_and_records_markdown_with_its_json() {
         !stdout.contains("GB/s") && !stdout.contains("MiB/s"),
         "{stdout}"
     );
-    let md = std::fs::read_to_string(&record).unwrap();
+    let md = dir.recorded();
     let json: Value = serde_json::from_str(
         md.lines()
             .find_map(|l| l.strip_prefix("JSON: `")?.strip_suffix('`'))
@@ -394,27 +341,22 @@ fn bench_remote_draws_one_unit_and_records_markdown_with_its_json() {
         "{md}"
     );
     assert!(md.contains(&format!(" | {ratio} |")), "{md}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn demo_records_its_steps_and_totals_as_markdown() {
-    let dir = scratch("demo-record");
-    std::fs::create_dir_all(&dir).unwrap();
-    let record = dir.join("RESULTS.md");
-    let mut args = vec![
-        "demo",
-        "--nodes",
-        "1",
-        "--out",
-        dir.to_str().unwrap(),
-        "--record",
-        record.to_str().unwrap(),
-    ];
-    args.extend_from_slice(SMALL);
-    let out = spillway(&args);
+    let dir = Scratch::new("demo-record");
+    let out = spillway(
+        &[
+            &["demo", "--nodes", "1"][..],
+            &dir.out_args(),
+            &dir.record_args(),
+            SMALL,
+        ]
+        .concat(),
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
-    let md = std::fs::read_to_string(&record).unwrap();
+    let md = dir.recorded();
     let v = read_json(&dir.join("demo.json"));
     assert!(md.contains("### Demo, "), "{md}");
     assert!(
@@ -445,5 +387,4 @@ fn demo_records_its_steps_and_totals_as_markdown() {
             .unwrap_or_else(|| panic!("{prefix:?} not in {stdout}"));
         assert!(md.contains(line), "{line} not in {md}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
