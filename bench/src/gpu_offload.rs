@@ -14,6 +14,12 @@
 //! `learned`. In the first step of `learned` every page is checked against the checksum
 //! of what was written (`corrupt_pages`).
 //!
+//! Spread (issue 18): the whole set runs `repeats` times (default 3), interleaved, the
+//! variants' order rotating each repeat, as `bench offload` does ([`crate::repeats`]);
+//! each variant's step time and ratio to its own floor are reported as median and
+//! min–max over the repeats ([`crate::gpu_report`]), with the load average and the core
+//! count before and after and a warning when the machine was busy.
+//!
 //! Accounting (issue 12): each variant reports the bytes it moved per step and its own
 //! floor, `max(compute, copy)`: compute is `resident`'s step at that batch, copy is the
 //! variant's host-to-device bytes at `copy_only`'s bandwidth (same page size, same run).
@@ -28,7 +34,6 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use cudarc::cublas::sys as cublas;
-use serde::Serialize;
 use spillway_client::{
     Buffer, Completion, CompletionSink, CopyOp, DeviceChoice, DeviceConfig, DeviceTimings,
     Direction, FrameId, HostSlot, PageSize, Policy, Pool, PoolBuilder, PoolStats, TransferId,
@@ -36,7 +41,9 @@ use spillway_client::{
 };
 use spillway_device::cuda::CudaDevice;
 
-use crate::report::machine_description;
+pub use crate::gpu_report::{GpuBatch, GpuOffloadResult, GpuVariant, markdown, notes};
+use crate::repeats::{is_busy, order};
+use crate::report::{Load, machine_description};
 use crate::workload::median;
 
 /// What to run.
@@ -54,102 +61,9 @@ pub struct GpuOffloadConfig {
     pub iters: usize,
     /// Page size.
     pub page_size: PageSize,
-}
-
-/// One variant at one batch size. Times are seconds per step: medians for `step_s` and
-/// `stall_s`, means over the timed steps for the rest.
-#[derive(Debug, Clone, Serialize)]
-pub struct GpuVariant {
-    /// Variant name.
-    pub name: String,
-    /// Median step time.
-    pub step_s: f64,
-    /// Bytes copied host to device per step.
-    pub h2d_bytes_per_step: f64,
-    /// Bytes copied device to host per step.
-    pub d2h_bytes_per_step: f64,
-    /// The variant's own floor: max(compute, its own bytes at `copy_only`'s bandwidth).
-    pub own_floor_s: f64,
-    /// `step_s / own_floor_s`.
-    pub ratio_to_own_floor: f64,
-    /// Hits / acquires over the timed steps (1 for `copy_only`).
-    pub hit_rate: f64,
-    /// Median time acquires waited for copies.
-    pub stall_s: f64,
-    /// The pool's planning on the caller's thread (acquires and `step`).
-    pub planning_s: f64,
-    /// Waiting for the pool's lock on the caller's thread.
-    pub lock_wait_s: f64,
-    /// Showing acquired layers as one array on the caller's thread (mapping included).
-    pub view_s: f64,
-    /// Launching the GEMMs and dropping the guards.
-    pub launch_s: f64,
-    /// Waiting at the end of the step for the compute stream (GEMMs still queued).
-    pub sync_s: f64,
-    /// Time inside `acquire` (stall, planning, lock waits and view, and the rest of the
-    /// call).
-    pub acquire_s: f64,
-    /// Step time outside acquires, launches and the sync (the loop itself; ~0).
-    pub unaccounted_s: f64,
-    /// The device's threads: handling completions and fenced releases (planning).
-    pub device_planning_s: f64,
-    /// The device's threads: waiting for the pool's lock.
-    pub device_lock_wait_s: f64,
-    /// The completion threads' time inside the pool's handler (a completion behind
-    /// another reaches the pool that much later).
-    pub completion_s: f64,
-    /// Driver copies per step (neighbouring pages submitted together share one).
-    pub copies_per_step: f64,
-    /// Completions whose copy had already finished when their thread came to them.
-    pub completions_late_per_step: f64,
-    /// Layers shown at their frames' own addresses (consecutive frames, no mapping).
-    pub views_in_place_per_step: f64,
-    /// Layers shown through their buffer range (pages mapped first).
-    pub views_mapped_per_step: f64,
-    /// Pages mapped into a buffer range where another frame was.
-    pub remaps_per_step: f64,
-    /// Seconds of driver calls for those mappings (inside `view_s`).
-    pub remap_s_per_step: f64,
-}
-
-/// All variants at one batch size.
-#[derive(Debug, Clone, Serialize)]
-pub struct GpuBatch {
-    /// Batch size.
-    pub batch: usize,
-    /// The GEMMs alone (`resident`'s median step): every variant's compute floor.
-    pub compute_s: f64,
-    /// Host-to-device bandwidth of `copy_only` (same page size), bytes/s.
-    pub copy_bytes_per_s: f64,
-    /// GEMM throughput with every layer resident, TFLOP/s.
-    pub tflops_resident: f64,
-    /// The variants.
-    pub variants: Vec<GpuVariant>,
-}
-
-/// The benchmark's result.
-#[derive(Debug, Clone, Serialize)]
-pub struct GpuOffloadResult {
-    /// The GPU.
-    pub device: String,
-    /// The host.
-    pub machine: String,
-    /// Layers.
-    pub layers: usize,
-    /// Hidden size.
-    pub hidden: usize,
-    /// Layers the budget holds.
-    pub slots: usize,
-    /// Page size.
-    pub page_bytes: u64,
-    /// The pool's default page size on this device (what a pool built without one uses).
-    pub default_page_bytes: u64,
-    /// Pages checked against their checksum in `learned`'s first step.
-    pub verified_pages: u64,
-    /// Pages whose checksum was wrong (must be 0).
-    pub corrupt_pages: u64,
-    /// Per batch size.
-    pub batches: Vec<GpuBatch>,
+    /// Repeats of the whole set of variants, interleaved (1 to
+    /// [`crate::repeats::REPEATS_MAX`]).
+    pub repeats: usize,
 }
 
 struct Blas {
@@ -444,74 +358,115 @@ fn copy_only(cfg: &GpuOffloadConfig) -> Result<(f64, u64)> {
     Ok((median(times), total * page))
 }
 
-/// Runs every variant at every batch size.
+/// The variants in the first repeat's order (later repeats rotate it).
+const VARIANTS: [&str; 5] = ["resident", "learned", "on_demand", "clock", "copy_only"];
+/// The order of the variants in the result.
+const SHOWN: [&str; 5] = ["copy_only", "resident", "on_demand", "clock", "learned"];
+
+/// One repeat's figures of one pool variant: per batch size, what it measured.
+struct Measured {
+    name: &'static str,
+    timed: Vec<Timed>,
+}
+
+/// Every variant at every batch size, `repeats` times interleaved, folded into medians
+/// and min–max (`gpu_report::fold_repeats`); `say` hears of each run.
 pub fn run(cfg: &GpuOffloadConfig, say: impl Fn(&str)) -> Result<GpuOffloadResult> {
     if cfg.page_size.bytes() < 2 << 20 {
         bail!(
             "the GPU benchmark needs pages of at least 2 MiB (a layer must be one contiguous device range)"
         );
     }
+    crate::repeats::check(cfg.repeats)?;
     let device = spillway_device::cuda::cuda_available()?;
-    say("copy_only...");
-    let (copy_s, copy_bytes) = copy_only(cfg)?;
-    let copy_bytes_per_s = copy_bytes as f64 / copy_s;
-    let mut per_variant: Vec<(String, Vec<Timed>)> = Vec::new();
+    let load_before = Load::now();
+    let mut repeats = Vec::new();
     let (mut verified, mut corrupt) = (0, 0);
-    for (name, policy, budget) in [
-        ("resident", Policy::Learned, cfg.layers),
-        ("on_demand", Policy::OnDemand, cfg.slots),
-        ("clock", Policy::Clock, cfg.slots),
-        ("learned", Policy::Learned, cfg.slots),
-    ] {
-        say(&format!("{name}: writing {} layers...", cfg.layers));
-        let m = build(cfg, policy, budget)?;
-        let mut timed = Vec::new();
-        for (bi, &batch) in cfg.batches.iter().enumerate() {
-            say(&format!("{name}: batch {batch}"));
-            let (t, v, c) = run_steps(cfg, &m, batch, name == "learned" && bi == 0)?;
-            verified += v;
-            corrupt += c;
-            timed.push(t);
+    for repeat in 0..cfg.repeats {
+        let mut copy = (0.0, 0);
+        let mut measured = Vec::new();
+        for name in order(VARIANTS, repeat) {
+            let says = |what: &str| {
+                say(&format!(
+                    "repeat {}/{}: {name}{what}",
+                    repeat + 1,
+                    cfg.repeats
+                ))
+            };
+            let (policy, budget) = match name {
+                "copy_only" => {
+                    says("");
+                    copy = copy_only(cfg)?;
+                    continue;
+                }
+                "resident" => (Policy::Learned, cfg.layers),
+                "on_demand" => (Policy::OnDemand, cfg.slots),
+                "clock" => (Policy::Clock, cfg.slots),
+                _ => (Policy::Learned, cfg.slots),
+            };
+            says(&format!(": writing {} layers...", cfg.layers));
+            let m = build(cfg, policy, budget)?;
+            let mut timed = Vec::new();
+            for (bi, &batch) in cfg.batches.iter().enumerate() {
+                says(&format!(": batch {batch}"));
+                let verify = name == "learned" && bi == 0 && repeat == 0;
+                let (t, v, c) = run_steps(cfg, &m, batch, verify)?;
+                verified += v;
+                corrupt += c;
+                timed.push(t);
+            }
+            measured.push(Measured { name, timed });
         }
-        per_variant.push((name.to_string(), timed));
+        repeats.push(batches_of_repeat(cfg, copy, &measured));
     }
+    Ok(GpuOffloadResult {
+        device,
+        machine: machine_description(),
+        layers: cfg.layers,
+        hidden: cfg.hidden,
+        slots: cfg.slots,
+        page_bytes: cfg.page_size.bytes(),
+        default_page_bytes: PageSize::default().bytes(),
+        repeats: cfg.repeats,
+        verified_pages: verified,
+        corrupt_pages: corrupt,
+        batches: crate::gpu_report::fold_repeats(&repeats),
+        busy: is_busy(&load_before),
+        load_before,
+        load_after: Load::now(),
+    })
+}
+
+/// One repeat's figures per batch size, in [`SHOWN`]'s order: `copy` is that repeat's
+/// copy_only (seconds, bytes), `measured` its pool variants; each ratio is to this
+/// repeat's own floor.
+fn batches_of_repeat(
+    cfg: &GpuOffloadConfig,
+    (copy_s, copy_bytes): (f64, u64),
+    measured: &[Measured],
+) -> Vec<GpuBatch> {
+    let copy_bytes_per_s = copy_bytes as f64 / copy_s;
+    let of = |name: &str| measured.iter().find(|m| m.name == name);
     let mut batches = Vec::new();
     for (bi, &batch) in cfg.batches.iter().enumerate() {
-        let compute_s = per_variant[0].1[bi].step_s;
+        let compute_s = of("resident").map_or(0.0, |m| m.timed[bi].step_s);
         let floor = |h2d_bytes: f64| compute_s.max(h2d_bytes / copy_bytes_per_s);
         let mut variants = vec![GpuVariant {
             name: "copy_only".into(),
             step_s: copy_s,
             h2d_bytes_per_step: copy_bytes as f64,
-            d2h_bytes_per_step: 0.0,
             // Its own floor is the copy alone (no GEMM runs).
             own_floor_s: copy_s,
             ratio_to_own_floor: 1.0,
             hit_rate: 1.0,
-            stall_s: 0.0,
-            planning_s: 0.0,
-            lock_wait_s: 0.0,
-            view_s: 0.0,
-            launch_s: 0.0,
-            sync_s: 0.0,
-            acquire_s: 0.0,
-            unaccounted_s: 0.0,
-            device_planning_s: 0.0,
-            device_lock_wait_s: 0.0,
-            completion_s: 0.0,
-            copies_per_step: 0.0,
-            completions_late_per_step: 0.0,
-            views_in_place_per_step: 0.0,
-            views_mapped_per_step: 0.0,
-            remaps_per_step: 0.0,
-            remap_s_per_step: 0.0,
+            ..GpuVariant::default()
         }];
-        for (name, timed) in &per_variant {
-            let t = &timed[bi];
+        for m in SHOWN.iter().filter_map(|n| of(n)) {
+            let t = &m.timed[bi];
             let n = t.steps.max(1.0);
             let own_floor_s = floor(t.h2d_bytes / n);
             variants.push(GpuVariant {
-                name: name.clone(),
+                name: m.name.into(),
                 step_s: t.step_s,
                 h2d_bytes_per_step: t.h2d_bytes / n,
                 d2h_bytes_per_step: t.d2h_bytes / n,
@@ -535,6 +490,7 @@ pub fn run(cfg: &GpuOffloadConfig, say: impl Fn(&str)) -> Result<GpuOffloadResul
                 views_mapped_per_step: t.device.views_mapped as f64 / n,
                 remaps_per_step: t.device.pages_remapped as f64 / n,
                 remap_s_per_step: t.device.mapping_s / n,
+                ..GpuVariant::default()
             });
         }
         let flops = 2.0 * batch as f64 * (cfg.hidden * cfg.hidden) as f64 * cfg.layers as f64;
@@ -546,63 +502,5 @@ pub fn run(cfg: &GpuOffloadConfig, say: impl Fn(&str)) -> Result<GpuOffloadResul
             variants,
         });
     }
-    Ok(GpuOffloadResult {
-        device,
-        machine: machine_description(),
-        layers: cfg.layers,
-        hidden: cfg.hidden,
-        slots: cfg.slots,
-        page_bytes: cfg.page_size.bytes(),
-        default_page_bytes: PageSize::default().bytes(),
-        verified_pages: verified,
-        corrupt_pages: corrupt,
-        batches,
-    })
-}
-
-/// The result as Markdown: the step against its own floor, then where the time went.
-pub fn markdown(r: &GpuOffloadResult) -> String {
-    let mut s = format!(
-        "{} layers of {}x{} bf16 ({} MiB each), GPU budget {} layers, page {} MiB (the pool's \
-         default page size: {} MiB), {} ({}); pages verified {}, corrupt {}\n\n",
-        r.layers,
-        r.hidden,
-        r.hidden,
-        (r.hidden * r.hidden * 2) >> 20,
-        r.slots,
-        r.page_bytes >> 20,
-        r.default_page_bytes >> 20,
-        r.device,
-        r.machine,
-        r.verified_pages,
-        r.corrupt_pages
-    );
-    s += "Own floor = max(compute, the variant's own host-to-device bytes at copy_only's \
-          bandwidth). Times in seconds per step.\n\n\
-          | batch | variant | step s (median) | GiB moved/step | own floor s | ratio to own floor | hit rate | stall | planning | lock wait | view (mapping) | remaps/step | launch | end sync | device threads: completions | device threads: lock wait |\n\
-          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for b in &r.batches {
-        for v in &b.variants {
-            s += &format!(
-                "| {} | {} | {:.4} | {:.2} | {:.4} | {:.3} | {:.3} | {:.4} | {:.4} | {:.4} | {:.4} | {:.0} | {:.4} | {:.4} | {:.4} | {:.4} |\n",
-                b.batch,
-                v.name,
-                v.step_s,
-                (v.h2d_bytes_per_step + v.d2h_bytes_per_step) / (1u64 << 30) as f64,
-                v.own_floor_s,
-                v.ratio_to_own_floor,
-                v.hit_rate,
-                v.stall_s,
-                v.planning_s,
-                v.lock_wait_s,
-                v.view_s,
-                v.remaps_per_step,
-                v.launch_s,
-                v.sync_s,
-                v.device_planning_s,
-                v.device_lock_wait_s,
-            );
-        }
-    }
-    s
+    batches
 }

@@ -2,9 +2,11 @@
 pub mod find_budget;
 #[cfg(feature = "cuda")]
 pub mod gpu_offload;
+pub mod gpu_report;
 pub mod offload;
 pub mod plot;
 pub mod remote;
+pub mod repeats;
 mod remote_ucx;
 pub mod replay;
 pub mod replay_compare;

@@ -37,30 +37,26 @@
 //! min–max of its per-repeat ratios. Neighbours' load moves every ratio on a shared
 //! machine (on the sim device compute and copies share its cores), so the load average
 //! and the core count are recorded before and after, and the result says the machine was
-//! busy when the load before the run was at least [`BUSY_LOAD_PER_CORE`] per core.
+//! busy when the load before the run was at least [`BUSY_LOAD_PER_CORE`] per core
+//! (the repeats, the spread and the load: [`crate::repeats`], shared with
+//! `bench gpu-offload` and `replay --compare`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde::Serialize;
 use spillway_client::{
     Completion, CompletionSink, CopyOp, Direction, FrameId, HostSlot, Policy, TransferId,
     fmt_bytes, make_device,
 };
 
+pub use crate::repeats::{BUSY_LOAD_PER_CORE, REPEATS_DEFAULT, REPEATS_MAX};
+use crate::repeats::{Spread, is_busy, load_notes};
 use crate::report::{ByteUnit, Load, Table, machine_description, now_rfc3339};
 use crate::workload::{RunReport, TrainConfig, median, run_training};
-
-/// Default repeats of the whole set of variants.
-pub const REPEATS_DEFAULT: usize = 3;
-/// Most repeats (each is every variant's run: memory is one pool at a time).
-pub const REPEATS_MAX: usize = 100;
-/// Load average (1 min) per core before the run at or above which the result warns that
-/// the machine was busy: other work then held half the cores or more.
-pub const BUSY_LOAD_PER_CORE: f64 = 0.5;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -235,14 +231,15 @@ fn fold(name: &str, samples: &[Sample], floors: &[f64]) -> Variant {
         .iter()
         .fold((0, 0), |(h, a), s| (h + s.hits.0, a + s.hits.1));
     let all = |f: fn(&Sample) -> &Vec<f64>| samples.iter().flat_map(f).copied().collect();
+    let spread = Spread::of(&ratios);
     Variant {
         name: name.into(),
         step_s_median: median(samples.iter().map(|s| s.step_s_median).collect()),
         wall_s_median: median(samples.iter().map(|s| s.wall_s_median).collect()),
         run_delay_s_median: median(all(|s| &s.run_delay_s)),
-        ratio_to_floor: median(ratios.clone()),
-        ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
-        ratio_max: ratios.iter().copied().fold(0.0, f64::max),
+        ratio_to_floor: spread.median,
+        ratio_min: spread.min,
+        ratio_max: spread.max,
         ratios,
         hit_rate: if acquires == 0 {
             1.0
@@ -338,9 +335,7 @@ const POOL_VARIANTS: [&str; 4] = ["resident", "learned", "on_demand", "clock"];
 /// Runs every variant `repeats` times, interleaved, and writes `offload.json` and
 /// `offload.svg` to the out folder. `progress` hears of each run as it ends.
 pub fn run(cfg: &OffloadConfig, mut progress: impl FnMut(&str)) -> Result<OffloadResult> {
-    if cfg.repeats == 0 || cfg.repeats > REPEATS_MAX {
-        bail!("--repeats must be 1 to {REPEATS_MAX}, got {}", cfg.repeats);
-    }
+    crate::repeats::check(cfg.repeats)?;
     let load_before = Load::now();
     let train = &cfg.train;
     let page = train.page_size.bytes();
@@ -351,9 +346,7 @@ pub fn run(cfg: &OffloadConfig, mut progress: impl FnMut(&str)) -> Result<Offloa
     let mut floors = Vec::new();
     let mut device = String::new();
     for repeat in 0..cfg.repeats {
-        let mut order = POOL_VARIANTS;
-        order.rotate_left(repeat % POOL_VARIANTS.len());
-        for name in order {
+        for name in crate::repeats::order(POOL_VARIANTS, repeat) {
             let c = match name {
                 "resident" => resident_cfg.clone(),
                 _ => {
@@ -423,7 +416,7 @@ pub fn run(cfg: &OffloadConfig, mut progress: impl FnMut(&str)) -> Result<Offloa
         steps: train.steps,
         repeats: cfg.repeats,
         machine: machine_description(),
-        busy: load_before.load_1min >= BUSY_LOAD_PER_CORE * load_before.cores as f64,
+        busy: is_busy(&load_before),
         load_before,
         load_after: Load::now(),
     };
@@ -454,17 +447,12 @@ pub fn notes(r: &OffloadResult) -> Vec<String> {
             r.floor_s, r.repeats
         ),
         "step s: wall time less the time the loop's threads waited for a core (a GPU's copies take no core from its kernels); wall s includes it".to_string(),
-        format!(
-            "load average (1 min) {:.2} before, {:.2} after, on {} cores",
-            r.load_before.load_1min, r.load_after.load_1min, r.load_before.cores
-        ),
     ];
-    if r.busy {
-        notes.push(format!(
-            "warning: the machine was busy (load {:.2} on {} cores before the run): other work shares the cores that compute and copies use, so ratios move from run to run; compare ratios of one run only",
-            r.load_before.load_1min, r.load_before.cores
-        ));
-    }
+    notes.extend(load_notes(
+        &r.load_before,
+        &r.load_after,
+        "ratios (compute and copies share the cores)",
+    ));
     notes
 }
 

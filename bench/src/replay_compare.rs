@@ -15,13 +15,14 @@
 //!   first; each policy reports the median and the min–max over repeats of its median
 //!   step time over steps 2... The load average and the core count are recorded before and
 //!   after; the result says the machine was busy when the load before was at least
-//!   [`BUSY_LOAD_PER_CORE`] per core.
+//!   [`crate::repeats::BUSY_LOAD_PER_CORE`] per core (shared with the benches:
+//!   [`crate::repeats`]).
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde::Serialize;
 use spillway_client::Policy;
 
-use crate::offload::{BUSY_LOAD_PER_CORE, REPEATS_MAX};
+use crate::repeats::{Spread, is_busy, load_notes};
 use crate::replay::{ReplayConfig, ReplayReport};
 use crate::report::{Load, Table, machine_description};
 use crate::workload::{RunReport, StepOverhead, median};
@@ -94,7 +95,7 @@ pub struct CompareResult {
     pub load_before: Load,
     /// The load after the last run.
     pub load_after: Load,
-    /// Whether the load before was at least [`BUSY_LOAD_PER_CORE`] per core.
+    /// Whether the load before was at least [`crate::repeats::BUSY_LOAD_PER_CORE`] per core.
     pub busy: bool,
     /// The last repeat's reports of the three policies (per step, for the plot).
     pub runs: Vec<ReplayReport>,
@@ -131,17 +132,16 @@ fn fold(name: &str, runs: &[&RunReport], floors: &[f64]) -> PolicyFigures {
         .iter()
         .flat_map(|r| later(r))
         .fold((0, 0), |(h, a), s| (h + s.hits, a + s.acquires));
-    let lo = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let (step, ratio) = (Spread::of(&steps), Spread::of(&ratios));
     PolicyFigures {
         policy: name.into(),
-        step_s_median: median(steps.clone()),
-        step_s_min: lo(&steps),
-        step_s_max: hi(&steps),
+        step_s_median: step.median,
+        step_s_min: step.min,
+        step_s_max: step.max,
         wall_s_median: median(runs.iter().map(|r| med(r, |s| s.wall_s)).collect()),
-        ratio_to_floor: median(ratios.clone()),
-        ratio_min: lo(&ratios),
-        ratio_max: hi(&ratios),
+        ratio_to_floor: ratio.median,
+        ratio_min: ratio.min,
+        ratio_max: ratio.max,
         stall_s_per_step: median(
             runs.iter()
                 .map(|r| {
@@ -204,16 +204,12 @@ pub fn compare(
     mut run_one: impl FnMut(&ReplayConfig) -> Result<ReplayReport>,
     mut progress: impl FnMut(&str),
 ) -> Result<CompareResult> {
-    if repeats == 0 || repeats > REPEATS_MAX {
-        bail!("--repeats must be 1 to {REPEATS_MAX}, got {repeats}");
-    }
+    crate::repeats::check(repeats)?;
     let load_before = Load::now();
     let resident_cfg = resident_config(trace, cfg);
     let mut reports: std::collections::HashMap<&str, Vec<ReplayReport>> = Default::default();
     for repeat in 0..repeats {
-        let mut order = VARIANTS;
-        order.rotate_left(repeat % VARIANTS.len());
-        for v in order {
+        for v in crate::repeats::order(VARIANTS, repeat) {
             let c = match v {
                 "resident" => resident_cfg.clone(),
                 _ => ReplayConfig {
@@ -252,7 +248,7 @@ pub fn compare(
         resident,
         policies,
         machine: machine_description(),
-        busy: load_before.load_1min >= BUSY_LOAD_PER_CORE * load_before.cores as f64,
+        busy: is_busy(&load_before),
         load_before,
         load_after: Load::now(),
         runs,
@@ -327,17 +323,8 @@ pub fn notes(r: &CompareResult) -> Vec<String> {
             r.floor_s, r.repeats
         ),
         "step ms: wall time less checksum verification (its own column) and less the time the loop waited for a core; medians over steps 2..".to_string(),
-        format!(
-            "load average (1 min) {:.2} before, {:.2} after, on {} cores",
-            r.load_before.load_1min, r.load_after.load_1min, r.load_before.cores
-        ),
     ];
-    if r.busy {
-        notes.push(format!(
-            "warning: the machine was busy (load {:.2} on {} cores): step times vary with the neighbours; compare the ratios of one run",
-            r.load_before.load_1min, r.load_before.cores
-        ));
-    }
+    notes.extend(load_notes(&r.load_before, &r.load_after, "step times"));
     notes
 }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use spillway_bench::offload::{self, OffloadConfig};
+use spillway_bench::repeats;
 use spillway_bench::report::{
     Progress, StepTable, bold, default_out_dir, step_message, steps_table, summary_line, write_json,
 };
@@ -219,6 +220,8 @@ pub struct GpuOffloadArgs {
     /// Timed steps per variant and batch (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     iters: usize,
+    #[command(flatten)]
+    repeats: RepeatsArg,
     /// Page size, a power of two from 2MiB to 64MiB.
     #[arg(long, value_name = "SIZE", default_value = "8MiB",
           value_parser = size_in(GPU_PAGE_BYTES_MIN..=PAGE_BYTES_MAX))]
@@ -235,17 +238,24 @@ pub struct GpuOffloadArgs {
     record: Option<PathBuf>,
 }
 
+/// `--repeats` of the benchmarks that compare variants.
+#[derive(Debug, Args)]
+pub struct RepeatsArg {
+    /// Repeats of every variant, interleaved; the table shows each ratio's median and
+    /// min–max over them (1 to 100).
+    #[arg(long, default_value_t = repeats::REPEATS_DEFAULT,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(1..=repeats::REPEATS_MAX as u64))]
+    repeats: usize,
+}
+
 /// Arguments of `spillway bench offload`.
 #[derive(Debug, Args)]
 pub struct OffloadArgs {
     #[command(flatten)]
     shape: ShapeArgs,
-    /// Repeats of every variant, interleaved; the table shows each ratio's median and
-    /// min–max over them (1 to 100).
-    #[arg(long, default_value_t = offload::REPEATS_DEFAULT,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
-              .range(1..=offload::REPEATS_MAX as u64))]
-    repeats: usize,
+    #[command(flatten)]
+    repeats: RepeatsArg,
     /// Print one JSON object at the end (progress still goes to stderr).
     #[arg(long)]
     json: bool,
@@ -470,6 +480,7 @@ fn run_gpu_offload(mut args: GpuOffloadArgs) -> Result<()> {
         batches: args.batch.clone(),
         iters: args.iters.max(1),
         page_size: PageSize::new(args.page_size)?,
+        repeats: args.repeats.repeats,
     };
     let quiet = args.json;
     let result = run(&cfg, |m| {
@@ -477,6 +488,14 @@ fn run_gpu_offload(mut args: GpuOffloadArgs) -> Result<()> {
             eprintln!("{m}");
         }
     })?;
+    if result.busy {
+        // On stderr also with --json, so a scripted run's log keeps it.
+        for n in spillway_bench::gpu_offload::notes(&result) {
+            if n.starts_with("warning") {
+                eprintln!("{n}");
+            }
+        }
+    }
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
@@ -516,7 +535,7 @@ pub fn run_bench(cmd: BenchCommand) -> Result<()> {
             let cfg = OffloadConfig {
                 train: args.shape.train_config()?,
                 out_dir: out_dir.clone(),
-                repeats: args.repeats,
+                repeats: args.repeats.repeats,
             };
             let runs = (cfg.repeats * 5) as u64;
             let progress = Progress::new(runs, "runs", "bench offload");
