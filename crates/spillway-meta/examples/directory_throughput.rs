@@ -72,6 +72,7 @@ fn batch_of(n: u64, per_batch: u32) -> Batch {
             epoch: Epoch(1),
             version: 1,
             reservation: None,
+            replica: 0,
         });
     }
     b

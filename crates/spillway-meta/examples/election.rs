@@ -78,6 +78,7 @@ fn one_batch(now_ms: u64, buffer: u64) -> Batch {
         epoch: Epoch(1),
         version: 1,
         reservation: None,
+        replica: 0,
     });
     b
 }
@@ -162,6 +163,7 @@ impl Threads {
                     id: NodeId(i),
                     addresses: vec![],
                     capacity_bytes: 1 << 40,
+                    zone: None,
                 })
                 .collect(),
             page_bytes: 2 << 20,

@@ -88,6 +88,9 @@ pub struct MemberInfo {
     pub addresses: Vec<String>,
     /// Bytes of host memory it lends to the pool.
     pub capacity_bytes: u64,
+    /// Its failure domain (a rack, a power zone), at most [`limits::ZONE_BYTES_MAX`]
+    /// bytes: replicas of a page go to distinct zones when every candidate has one.
+    pub zone: Option<String>,
 }
 
 impl MemberInfo {
@@ -103,6 +106,12 @@ impl MemberInfo {
             .any(|a| a.len() > limits::ADDRESS_BYTES_MAX)
         {
             Some("an address is too long")
+        } else if self
+            .zone
+            .as_ref()
+            .is_some_and(|z| z.len() > limits::ZONE_BYTES_MAX)
+        {
+            Some("the zone label is too long")
         } else {
             None
         }
@@ -112,12 +121,15 @@ impl MemberInfo {
 /// One change to the replicated state, inside a [`Batch`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Update {
-    /// The pages of `extent` now live at `holder` (replacing any earlier record of those
-    /// pages). Refused unless `holder` is up and at `epoch`, no covered page has a record
-    /// with a newer `version`, and the holder has room: either in `reservation`, which
-    /// pays for every page of the extent (pages already at the holder included: what they
-    /// did not need returns to free capacity), or in its free capacity, which pays only
-    /// for pages not already there.
+    /// The pages of `extent` now have their copy number `replica` at `holder` (replacing
+    /// any earlier record of those pages in that replica slot; the other slots keep
+    /// theirs). Refused unless `replica` is below [`limits::REPLICAS_MAX`], `holder` is up
+    /// and at `epoch`, no covered page has a current record (any slot) with a newer
+    /// `version`, `holder` holds none of the pages live in another slot (the copies of a
+    /// page are on distinct nodes), and the holder has room: either in `reservation`,
+    /// which pays for every page of the extent (pages already at the holder in this slot
+    /// included: what they did not need returns to free capacity), or in its free
+    /// capacity, which pays only for pages not already there.
     Place {
         /// The pages.
         extent: Extent,
@@ -129,8 +141,11 @@ pub enum Update {
         version: u64,
         /// A reservation on `holder` that pays for the bytes, if any.
         reservation: Option<ReservationId>,
+        /// The replica slot, below [`limits::REPLICAS_MAX`].
+        replica: u8,
     },
-    /// The pages of `extent` left the pool's remote tiers (came home or were freed).
+    /// The pages of `extent` left the pool's remote tiers (came home or were freed): their
+    /// records are removed from every replica slot.
     Remove {
         /// The pages.
         extent: Extent,
@@ -333,6 +348,7 @@ mod tests {
             epoch: Epoch(1),
             version: 9,
             reservation: Some(ReservationId(5)),
+            replica: 1,
         })
         .push(Update::Remove {
             extent: Extent::new(BufferId(7), 0, 1),

@@ -3,10 +3,12 @@
 //! Parts, from the bottom up:
 //! - [`storage`]: raft-rs's [`raft::Storage`] over `raft-engine` (entries, hard state,
 //!   snapshot and its configuration), so a node restarts from its directory;
-//! - [`state`]: the replicated state machine ([`MetaState`]): members with their epochs,
-//!   the directory of pages that left their home node (extents → holder, epoch,
-//!   version) and capacity reservations; deterministic, with its invariants
-//!   written down and checkable;
+//! - [`state`]: the replicated state machine ([`MetaState`]): members with their epochs
+//!   and zones, the directory of pages that left their home node (one interval map per
+//!   replica slot: extents → holder, epoch, version; the copies of a page on distinct
+//!   nodes; dead copies kept until repaired, so under-replicated and lost pages can be
+//!   listed) and capacity reservations; deterministic, with its invariants written down
+//!   and checkable;
 //! - [`command`]: what a proposal carries ([`Batch`] of [`Update`]s, or a
 //!   [`MembershipChange`]), encoded with `bincode` 2 under a decode limit;
 //! - [`node`]: [`MetaNode`], the driver: `tick`, `step`, `propose`, `handle_ready` (the
@@ -25,7 +27,8 @@
 //! failure detector proposes it today; the node's sans-IO brain (`spillway-node`'s
 //! `placement`) already leaves down members out of placements, so the detector lands
 //! there. Client leases were cut (nothing granted or read them); a snapshot of the
-//! earlier format (1, with a lease table) is refused (format 2 now).
+//! earlier format is refused with [`state::SnapshotError::Format`] (format 3 now: 2 had one
+//! holder per page and no zones).
 
 pub mod command;
 mod directory;
@@ -50,4 +53,7 @@ pub use node::{
 };
 /// raft-rs's message type, as [`MetaNode::step`] takes and [`MetaNode::poll_messages`] gives.
 pub use raft::eraftpb::Message as RaftMessage;
-pub use state::{InvariantError, Member, MetaState, RaftRole, Rejection, Reservation, Usage};
+pub use state::{
+    InvariantError, Member, MetaState, RaftRole, Rejection, ReplicationHealth, Reservation,
+    UnderReplicated, Usage,
+};

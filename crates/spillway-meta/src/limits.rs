@@ -20,9 +20,16 @@ pub const RAFT_MESSAGE_BYTES_MAX: usize = SNAPSHOT_DECODE_BYTES_MAX + (256 << 20
 /// Most updates in one proposal: 16384. A full batch of extent placements encodes to about
 /// 0.7 MiB, one Raft entry; larger batches would make every follower append wait for it.
 pub const BATCH_UPDATES_MAX: usize = 16 * 1024;
-/// Most extents the directory holds: 2^22 (4M). Each costs about 48 bytes in memory and
+/// Most extents the directory holds, over all replica slots: 2^22 (4M). Each costs about 48 bytes in memory and
 /// about 30 bytes in a snapshot, so a full directory is ~200 MiB in memory, ~120 MiB on disk.
 pub const DIRECTORY_EXTENTS_MAX: usize = 1 << 22;
+/// Most replica slots of the directory: 4. A page spilled with `k` replicas has a record
+/// in slots `0..k`; each slot is an interval map of its own, so the directory's records
+/// (bounded by [`DIRECTORY_EXTENTS_MAX`] over all slots) grow with the replicas placed.
+pub const REPLICAS_MAX: usize = 4;
+/// Longest zone label of a member: 64 bytes (one per member: 64 KiB over
+/// [`MEMBERS_MAX`] members).
+pub const ZONE_BYTES_MAX: usize = 64;
 /// Most members (voters and learners) of one pool: 1024.
 pub const MEMBERS_MAX: usize = 1024;
 /// Most addresses one member advertises: 8 (control, data, one per NIC...).

@@ -269,6 +269,7 @@ impl SimCluster {
                     id: NodeId(i),
                     addresses: vec![SimConfig::address(NodeId(i))],
                     capacity_bytes: config.capacity_bytes,
+                    zone: None,
                 })
                 .collect(),
             page_bytes: config.page_bytes,
@@ -394,6 +395,7 @@ impl SimCluster {
             id,
             addresses: vec![SimConfig::address(id)],
             capacity_bytes: self.config.capacity_bytes,
+            zone: None,
         }
     }
 

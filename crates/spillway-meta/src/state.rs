@@ -6,16 +6,24 @@
 //!
 //! Invariants (checked by [`MetaState::check_invariants`], which tests run after every
 //! step):
-//! - directory records never overlap, and every record's holder is a member;
+//! - the records of one replica slot never overlap, every slot is below
+//!   [`limits::REPLICAS_MAX`], and every record's holder is a member at that record's
+//!   epoch or a later one;
+//! - the live copies of a page are on distinct nodes (no node holds a page live in two
+//!   slots);
 //! - for every member, `used_bytes + reserved_bytes <= capacity_bytes`: a placement is
 //!   paid for by a reservation or by free capacity, so no node is over-committed;
-//! - `used_bytes` is the pages the directory puts at the member times the page size, and
-//!   `reserved_bytes` the sum of its live reservations.
+//! - `used_bytes` is the pages of the member's records at its current epoch times the page
+//!   size (records of earlier epochs are dead and cost nothing), and `reserved_bytes` the
+//!   sum of its live reservations.
 //!
 //! Fencing: a record carries the holder's epoch; a placement naming another epoch than the
 //! member's current one is refused, and when a member that was declared down comes back
-//! its epoch grows and the records of its earlier epochs are dropped (the pages they named
-//! were in the memory of a process that is gone, or that the pool stopped trusting).
+//! its epoch grows, so the records of its earlier epochs are dead (the pages they named
+//! were in the memory of a process that is gone, or that the pool stopped trusting). Dead
+//! records stay in the directory, freed from the member's accounting, until a repair
+//! places into their slot or the pages leave the pool: they are how the under-replicated
+//! and lost pages are found (see `replicas`).
 
 use std::collections::BTreeMap;
 
@@ -54,6 +62,11 @@ pub struct Member {
     pub epoch: Epoch,
     /// Voter or learner.
     pub role: RaftRole,
+    /// Its failure domain, if it has one (see [`MemberInfo::zone`]).
+    pub zone: Option<String>,
+    /// Group-clock milliseconds when it last became up (joined, or came back from down):
+    /// placements ramp up towards a member that came back recently.
+    pub up_since_ms: u64,
 }
 
 /// What a member's capacity is used for.
@@ -165,6 +178,25 @@ pub enum Rejection {
         /// The reservation.
         id: ReservationId,
     },
+    /// The replica slot is not below [`limits::REPLICAS_MAX`].
+    #[error("replica slot {replica} is not below {max}")]
+    InvalidReplica {
+        /// The slot asked for.
+        replica: u8,
+        /// The number of slots.
+        max: usize,
+    },
+    /// The holder already holds a covered page live in another replica slot: the copies of
+    /// a page are on distinct nodes.
+    #[error("{node} already holds {page} in replica slot {replica}")]
+    DuplicateHolder {
+        /// The holder.
+        node: NodeId,
+        /// The first such page.
+        page: PageId,
+        /// The slot it already holds the page in.
+        replica: u8,
+    },
     /// The expiry is not after the group clock.
     #[error("expiry {expires_at_ms} ms is not after the group clock ({clock_ms} ms)")]
     AlreadyExpired {
@@ -202,6 +234,14 @@ pub enum SnapshotError {
     /// It did not decode.
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    /// It was written in another format (by another version of Spillway).
+    #[error("snapshot format {found} is not the supported format {expected}")]
+    Format {
+        /// The format it carries.
+        found: u32,
+        /// The format this version reads and writes.
+        expected: u32,
+    },
     /// It decoded to a state that breaks an invariant.
     #[error("snapshot is inconsistent: {reason}")]
     Inconsistent {
@@ -210,8 +250,12 @@ pub enum SnapshotError {
     },
 }
 
-/// The snapshot's format: 2 (1 had a table of client leases, cut since).
-const SNAPSHOT_FORMAT: u32 = 2;
+/// The snapshot's format: 3. 1 had a table of client leases (cut since); 2 had one holder
+/// per page (no replica slots) and members without zones. The log's entries changed with
+/// 3 as well (`Update::Place` carries its slot, `MemberInfo` its zone), and every log
+/// starts from a snapshot, so an older directory is refused at open
+/// ([`SnapshotError::Format`]).
+pub(crate) const SNAPSHOT_FORMAT: u32 = 3;
 
 /// What a snapshot stores: only the facts, never derived accounting (rebuilt and checked
 /// on load).
@@ -221,7 +265,7 @@ struct SnapshotData {
     page_bytes: u64,
     clock_ms: u64,
     members: Vec<Member>,
-    extents: Vec<(Extent, Holder)>,
+    extents: Vec<(u8, Extent, Holder)>,
     reservations: Vec<Reservation>,
 }
 
@@ -293,17 +337,12 @@ impl MetaState {
         )
     }
 
-    /// Who holds `page`, with the extent of its record.
-    pub fn holder_of(&self, page: PageId) -> Option<(Extent, Holder)> {
-        self.directory.lookup(page)
-    }
-
-    /// Every directory record, in page order.
-    pub fn extents(&self) -> impl Iterator<Item = (Extent, Holder)> + '_ {
+    /// Every directory record, dead ones included: slot by slot, each slot in page order.
+    pub fn extents(&self) -> impl Iterator<Item = (u8, Extent, Holder)> + '_ {
         self.directory.iter()
     }
 
-    /// Number of directory records.
+    /// Number of directory records, over all slots, dead ones included.
     pub fn extent_count(&self) -> usize {
         self.directory.len()
     }
@@ -356,7 +395,8 @@ impl MetaState {
                 epoch,
                 version,
                 reservation,
-            } => self.place(extent, holder, epoch, version, reservation),
+                replica,
+            } => self.place(extent, holder, epoch, version, reservation, replica),
             Update::Remove { extent } => {
                 check_extent(extent)?;
                 let mut cuts = Vec::new();
@@ -409,8 +449,15 @@ impl MetaState {
         epoch: Epoch,
         version: u64,
         reservation: Option<ReservationId>,
+        replica: u8,
     ) -> Result<(), Rejection> {
         check_extent(extent)?;
+        if usize::from(replica) >= limits::REPLICAS_MAX {
+            return Err(Rejection::InvalidReplica {
+                replica,
+                max: limits::REPLICAS_MAX,
+            });
+        }
         let member = self
             .members
             .get(&node)
@@ -429,20 +476,30 @@ impl MetaState {
             });
         }
         let mut pages_already_there = 0u64;
-        for (old, holder) in self.directory.overlapping(extent) {
-            if holder.version > version {
-                let first = old.first_page.max(extent.first_page);
+        for (slot, old, holder) in self.directory.overlapping_all(extent) {
+            let first = PageId {
+                buffer: extent.buffer,
+                index: old.first_page.max(extent.first_page),
+            };
+            // Dead records of earlier epochs hold nothing anyone reads: only current
+            // ones (live, or of a member that is down at the same epoch) carry versions.
+            if holder.version > version && self.is_current(&holder) {
                 return Err(Rejection::StaleVersion {
-                    page: PageId {
-                        buffer: extent.buffer,
-                        index: first,
-                    },
+                    page: first,
                     current_version: holder.version,
                     proposed_version: version,
                 });
             }
-            if holder.node == node {
-                let lo = u64::from(old.first_page.max(extent.first_page));
+            // The member is up at `epoch`: such a record is live and counted.
+            if holder.node == node && holder.epoch == epoch {
+                if slot != replica {
+                    return Err(Rejection::DuplicateHolder {
+                        node,
+                        page: first,
+                        replica: slot,
+                    });
+                }
+                let lo = u64::from(first.index);
                 let hi = old.end_page().min(extent.end_page());
                 pages_already_there += hi - lo;
             }
@@ -504,6 +561,7 @@ impl MetaState {
         }
         let mut cuts = Vec::new();
         self.directory.insert(
+            replica,
             extent,
             Holder {
                 node,
@@ -568,10 +626,13 @@ impl MetaState {
         m.state = state;
         match (before, state) {
             (MemberState::Down, MemberState::Up) => {
-                // A new incarnation: what the old one held is not trusted any more.
+                // A new incarnation: what the old one held is not trusted any more. Its
+                // records stay, dead, so that their slots are found and repaired; they no
+                // longer count against the member's capacity.
                 m.epoch = Epoch(m.epoch.0 + 1);
+                m.up_since_ms = self.clock_ms;
                 let epoch = m.epoch;
-                let pages = self.directory.drop_where(node, |h| h.epoch < epoch);
+                let pages = self.directory.pages_where(node, |h| h.epoch < epoch);
                 self.usage_mut(node).used_bytes -= pages * self.page_bytes;
             }
             (_, MemberState::Down) => self.drop_reservations_of(node),
@@ -592,6 +653,7 @@ impl MetaState {
             MembershipChange::AddLearner { member } => {
                 if let Some(m) = self.members.get_mut(&member.id) {
                     m.addresses.clone_from(&member.addresses);
+                    m.zone.clone_from(&member.zone);
                     m.capacity_bytes = m.capacity_bytes.max(member.capacity_bytes);
                 } else {
                     self.insert_member(member, RaftRole::Learner);
@@ -624,6 +686,8 @@ impl MetaState {
                 state: MemberState::Up,
                 epoch: Epoch(1),
                 role,
+                zone: info.zone.clone(),
+                up_since_ms: self.clock_ms,
             },
         );
         self.usage.insert(info.id, Usage::default());
@@ -633,7 +697,7 @@ impl MetaState {
         if self.members.remove(&node).is_none() {
             return;
         }
-        self.directory.drop_where(node, |_| true);
+        self.directory.drop_node(node);
         self.reservations.retain(|_, r| r.node != node);
         self.usage.remove(&node);
     }
@@ -678,11 +742,23 @@ impl MetaState {
         self.usage.entry(node).or_default()
     }
 
+    /// Takes the pages `cuts` took out off their holders' accounting; dead records of an
+    /// earlier epoch were not counted.
     fn uncount(&mut self, cuts: &[Cut]) {
         for c in cuts {
-            let bytes = c.pages * self.page_bytes;
-            self.usage_mut(c.node).used_bytes -= bytes;
+            if self.is_current(&c.holder) {
+                let bytes = c.pages * self.page_bytes;
+                self.usage_mut(c.holder.node).used_bytes -= bytes;
+            }
         }
+    }
+
+    /// Whether `holder` is at its member's current epoch (counted in its accounting; live
+    /// unless the member is down).
+    fn is_current(&self, holder: &Holder) -> bool {
+        self.members
+            .get(&holder.node)
+            .is_some_and(|m| m.epoch == holder.epoch)
     }
 
     // ---- snapshots ----
@@ -705,7 +781,10 @@ impl MetaState {
         let data: SnapshotData = command::decode_snapshot(bytes)?;
         let inconsistent = |reason: String| SnapshotError::Inconsistent { reason };
         if data.format != SNAPSHOT_FORMAT {
-            return Err(inconsistent(format!("unknown format {}", data.format)));
+            return Err(SnapshotError::Format {
+                found: data.format,
+                expected: SNAPSHOT_FORMAT,
+            });
         }
         if data.members.len() > limits::MEMBERS_MAX
             || data.extents.len() > limits::DIRECTORY_EXTENTS_MAX
@@ -713,8 +792,9 @@ impl MetaState {
         {
             return Err(inconsistent("a table is over its bound".into()));
         }
-        let directory = Directory::from_records(data.extents)
-            .ok_or_else(|| inconsistent("directory records overlap or are invalid".into()))?;
+        let directory = Directory::from_records(data.extents).ok_or_else(|| {
+            inconsistent("directory records overlap, are invalid or name no slot".into())
+        })?;
         let mut s = MetaState {
             page_bytes: data.page_bytes,
             clock_ms: data.clock_ms,
@@ -736,11 +816,17 @@ impl MetaState {
             .keys()
             .map(|&id| (id, Usage::default()))
             .collect();
-        for (e, h) in self.directory.iter() {
-            let u = usage.get_mut(&h.node).ok_or_else(|| {
-                broken(format!("{e:?} is held by {} which is not a member", h.node))
+        for (slot, e, h) in self.directory.iter() {
+            let m = self.members.get(&h.node).ok_or_else(|| {
+                broken(format!(
+                    "{e:?} (slot {slot}) is held by {} which is not a member",
+                    h.node
+                ))
             })?;
-            u.used_bytes += u64::from(e.page_count) * self.page_bytes;
+            if h.epoch == m.epoch {
+                usage.entry(h.node).or_default().used_bytes +=
+                    u64::from(e.page_count) * self.page_bytes;
+            }
         }
         for r in self.reservations.values() {
             let u = usage
@@ -755,7 +841,7 @@ impl MetaState {
     /// simulations and snapshot loading, not for every apply.
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
         if !self.directory.is_disjoint() {
-            return Err(broken("directory records overlap".into()));
+            return Err(broken("directory records of one slot overlap".into()));
         }
         let usage = self.recount()?;
         if usage != self.usage {
@@ -773,10 +859,23 @@ impl MetaState {
                 )));
             }
         }
-        for (e, h) in self.directory.iter() {
+        for (slot, e, h) in self.directory.iter() {
             if h.epoch > self.members[&h.node].epoch {
                 return Err(broken(format!(
                     "{e:?} carries a future epoch for {}",
+                    h.node
+                )));
+            }
+            if !self.is_live(&h) {
+                continue;
+            }
+            if let Some((other, _, _)) = self
+                .directory
+                .overlapping_all(e)
+                .find(|&(s, _, o)| s != slot && o.node == h.node && self.is_live(&o))
+            {
+                return Err(broken(format!(
+                    "{e:?} is held live by {} in slots {slot} and {other}",
                     h.node
                 )));
             }
@@ -803,6 +902,9 @@ fn check_extent(extent: Extent) -> Result<(), Rejection> {
         None => Ok(()),
     }
 }
+
+mod replicas;
+pub use replicas::{ReplicationHealth, UnderReplicated};
 
 #[cfg(test)]
 mod tests;

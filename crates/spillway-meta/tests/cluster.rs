@@ -33,6 +33,7 @@ fn placements(now_ms: u64, buffer: u64, count: u32, holder: u64) -> Batch {
             epoch: Epoch(1),
             version: 1,
             reservation: None,
+            replica: 0,
         });
     }
     b
@@ -343,6 +344,7 @@ fn reservations_over_capacity_are_rejected() {
         epoch: Epoch(1),
         version: 1,
         reservation: None,
+        replica: 0,
     })
     .push(Update::Place {
         extent: Extent::new(BufferId(1), 0, 6),
@@ -350,6 +352,7 @@ fn reservations_over_capacity_are_rejected() {
         epoch: Epoch(1),
         version: 1,
         reservation: Some(ReservationId(1)),
+        replica: 0,
     })
     .push(Update::Place {
         extent: Extent::new(BufferId(2), 0, 5),
@@ -357,6 +360,7 @@ fn reservations_over_capacity_are_rejected() {
         epoch: Epoch(1),
         version: 1,
         reservation: Some(ReservationId(3)),
+        replica: 0,
     });
     let Applied::Batch { outcomes } = c.commit(&b, MAX_MS) else {
         panic!("not a batch")
@@ -432,6 +436,7 @@ fn stale_epoch_holder_records_are_rejected() {
         epoch: Epoch(2),
         version: 2,
         reservation: None,
+        replica: 0,
     });
     all_ok(&c.commit(&b, MAX_MS));
     assert!(c.wait_converged(MAX_MS));

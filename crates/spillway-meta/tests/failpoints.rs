@@ -21,6 +21,7 @@ fn open(dir: &std::path::Path) -> Result<MetaNode, MetaError> {
             id: NodeId(1),
             addresses: vec![],
             capacity_bytes: 1,
+            zone: None,
         }],
         page_bytes: 1,
     };

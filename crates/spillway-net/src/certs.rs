@@ -37,6 +37,12 @@
 //! Keys are ECDSA P-256. Validity runs from 2025 to 2125: the pool's CA is the trust root
 //! of a closed deployment, and rotation (a new CA, nodes re-issued) is an explicit act.
 //! Revocation is not supported yet: remove a node by rotating the CA.
+//!
+//! Joining without a shared disk ([`crate::join`]): a new host makes its key and a
+//! signing request locally ([`node_key_and_csr`]); the CA's holder signs only the request's
+//! public key ([`PoolCa::sign_node_csr`]), so no private key ever leaves its host. The
+//! host checks the CA by its SHA-256 fingerprint ([`ca_fingerprint`]), which its join
+//! token carries.
 
 use std::fs;
 use std::io::Write;
@@ -247,12 +253,12 @@ impl PoolCa {
         &self.cert_pem
     }
 
-    /// A certificate and key for `node`, signed by this CA.
-    pub fn issue_node(&self, node: NodeId) -> Result<NodeIdentity, CertError> {
+    /// The parameters of node `node`'s certificate: both TLS roles, the names
+    /// [`SERVER_NAME`] and [`node_dns_name`], valid 2025 to 2125.
+    fn node_params(&self, node: NodeId) -> Result<CertificateParams, CertError> {
         let what = format!("certificate of {node}");
-        let key = KeyPair::generate().map_err(generate_err(what.clone()))?;
         let mut params = CertificateParams::new(vec![SERVER_NAME.to_string(), node_dns_name(node)])
-            .map_err(generate_err(what.clone()))?;
+            .map_err(generate_err(what))?;
         let mut name = DistinguishedName::new();
         name.push(DnType::OrganizationName, "Spillway");
         name.push(DnType::CommonName, format!("{} {node}", self.pool_id));
@@ -265,8 +271,16 @@ impl PoolCa {
         params.use_authority_key_identifier_extension = true;
         params.not_before = rcgen::date_time_ymd(2025, 1, 1);
         params.not_after = rcgen::date_time_ymd(2125, 1, 1);
+        Ok(params)
+    }
+
+    /// A certificate and key for `node`, signed by this CA.
+    pub fn issue_node(&self, node: NodeId) -> Result<NodeIdentity, CertError> {
+        let what = format!("certificate of {node}");
+        let key = KeyPair::generate().map_err(generate_err(what.clone()))?;
         let issuer = Issuer::from_params(&self.params, &self.key);
-        let cert = params
+        let cert = self
+            .node_params(node)?
             .signed_by(&key, &issuer)
             .map_err(generate_err(what))?;
         NodeIdentity::from_pem(
@@ -277,6 +291,37 @@ impl PoolCa {
             &key.serialize_pem(),
             Path::new("<generated>"),
         )
+    }
+
+    /// Node `node`'s certificate (PEM) for the public key of a certificate signing
+    /// request (DER, PKCS #10, as [`node_key_and_csr`] makes), signed by this CA. The
+    /// request's signature is checked (its sender holds the key); everything else it asks
+    /// for (names, usages, validity) is ignored: the certificate is exactly what
+    /// [`PoolCa::issue_node`] would issue, naming `node` only. Never panics, whatever the
+    /// bytes.
+    pub fn sign_node_csr(&self, node: NodeId, csr_der: &[u8]) -> Result<String, CsrError> {
+        let csr = rcgen::CertificateSigningRequestParams::from_der(
+            &rustls::pki_types::CertificateSigningRequestDer::from(csr_der),
+        )
+        .map_err(|e| CsrError::Invalid {
+            reason: e.to_string(),
+        })?;
+        let issuer = Issuer::from_params(&self.params, &self.key);
+        let cert = self
+            .node_params(node)
+            .map_err(|e| CsrError::Sign {
+                reason: e.to_string(),
+            })?
+            .signed_by(&csr.public_key, &issuer)
+            .map_err(|e| CsrError::Sign {
+                reason: e.to_string(),
+            })?;
+        Ok(cert.pem())
+    }
+
+    /// SHA-256 of the CA certificate's DER: what a join token pins ([`ca_fingerprint`]).
+    pub fn fingerprint(&self) -> Result<[u8; 32], CertError> {
+        ca_fingerprint(&self.cert_pem)
     }
 
     /// Writes the CA's directory (`pool_id`, `ca.pem` and `ca.key.pem`) into `dir`
@@ -293,16 +338,7 @@ impl PoolCa {
 
     /// Writes `pool_id` and `ca.pem` (no key) into `dir`, created if missing.
     fn write_public(&self, dir: &Path) -> Result<(), CertError> {
-        fs::create_dir_all(dir).map_err(|source| CertError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        write_new(
-            &dir.join("pool_id"),
-            format!("{:016x}\n", self.pool_id.0).as_bytes(),
-            false,
-        )?;
-        write_new(&dir.join("ca.pem"), self.cert_pem.as_bytes(), false)
+        write_pool_public(dir, self.pool_id, &self.cert_pem)
     }
 
     /// Issues node `node`'s certificate and writes its pool directory into `dir` (created
@@ -471,6 +507,69 @@ impl NodeIdentity {
         }
         Ok(identity)
     }
+}
+
+/// Why a certificate signing request was not signed (see [`PoolCa::sign_node_csr`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CsrError {
+    /// Not a PKCS #10 request, an unsupported extension, or its signature does not verify.
+    #[error("the certificate signing request is invalid: {reason}")]
+    Invalid {
+        /// rcgen's words.
+        reason: String,
+    },
+    /// The certificate could not be made.
+    #[error("cannot sign the certificate: {reason}")]
+    Sign {
+        /// rcgen's words.
+        reason: String,
+    },
+}
+
+/// A fresh key pair for node `node` and a certificate signing request for it (DER): what a
+/// joining host makes locally, so that its private key never leaves it. Returns the key
+/// as PEM.
+pub fn node_key_and_csr(node: NodeId) -> Result<(String, Vec<u8>), CertError> {
+    let what = format!("signing request of {node}");
+    let key = KeyPair::generate().map_err(generate_err(what.clone()))?;
+    let params = CertificateParams::new(vec![SERVER_NAME.to_string(), node_dns_name(node)])
+        .map_err(generate_err(what.clone()))?;
+    let csr = params.serialize_request(&key).map_err(generate_err(what))?;
+    Ok((key.serialize_pem(), csr.der().to_vec()))
+}
+
+/// SHA-256 of the DER of the (first) certificate in `ca_pem`: the CA fingerprint a join
+/// token carries and a joining host pins the bootstrap connection to.
+pub fn ca_fingerprint(ca_pem: &str) -> Result<[u8; 32], CertError> {
+    let der =
+        CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| CertError::Invalid {
+            path: PathBuf::from("<CA certificate>"),
+            problem: e.to_string(),
+        })?;
+    Ok(sha256(der.as_ref()))
+}
+
+/// SHA-256 of `bytes`.
+pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest.as_ref());
+    out
+}
+
+/// Writes `pool_id` and `ca.pem` (no key) into a node's pool directory `dir`, from what a
+/// joining host received; refuses to overwrite.
+pub fn write_pool_public(dir: &Path, pool_id: PoolId, ca_pem: &str) -> Result<(), CertError> {
+    fs::create_dir_all(dir).map_err(|source| CertError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    write_new(
+        &dir.join("pool_id"),
+        format!("{:016x}\n", pool_id.0).as_bytes(),
+        false,
+    )?;
+    write_new(&dir.join("ca.pem"), ca_pem.as_bytes(), false)
 }
 
 /// The files [`PoolCa::write_node_dir`] writes.

@@ -35,6 +35,7 @@
 
 pub mod certs;
 pub mod config;
+pub mod join;
 pub mod mem_store;
 pub mod quic;
 pub mod sim;

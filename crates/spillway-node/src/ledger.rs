@@ -297,6 +297,7 @@ mod tests {
                     epoch: self.state.member(peer).unwrap().epoch,
                     version: self.version,
                     reservation: s.map(|s| s.id),
+                    replica: 0,
                 })
                 .collect();
             let out = self.commit(updates);
@@ -316,6 +317,7 @@ mod tests {
                     epoch: self.state.member(peer).unwrap().epoch,
                     version: self.version,
                     reservation: None,
+                    replica: 0,
                 });
             }
             if !retry.is_empty() {
@@ -361,6 +363,7 @@ mod tests {
                     id: NodeId(i),
                     addresses: vec![format!("127.0.0.1:{}", 7000 + i)],
                     capacity_bytes: 48 * PAGE,
+                    zone: None,
                 })
                 .collect();
             let mut w = World {

@@ -516,6 +516,7 @@ impl Placement {
                 epoch,
                 version,
                 reservation,
+                replica: 0,
             })
             .collect();
         Placements { extents, updates }
@@ -548,6 +549,7 @@ impl Placement {
                     epoch,
                     version: self.version(),
                     reservation: None,
+                    replica: 0,
                 }
             })
             .collect();

@@ -587,8 +587,8 @@ impl RemoteService {
         let found: Vec<(Extent, NodeId)> = meta
             .read(move |s| {
                 s.extents()
-                    .filter(|(e, _)| buffer_of_node(e.buffer, node))
-                    .map(|(e, h)| (e, h.node))
+                    .filter(|(_, e, _)| buffer_of_node(e.buffer, node))
+                    .map(|(_, e, h)| (e, h.node))
                     .collect()
             })
             .await?;

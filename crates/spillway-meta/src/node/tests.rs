@@ -26,6 +26,7 @@ fn bootstrap_is_checked() {
         id: NodeId(id),
         addresses: vec![],
         capacity_bytes: 1,
+        zone: None,
     };
     let cluster = InitialCluster {
         members: vec![member(1), member(2)],

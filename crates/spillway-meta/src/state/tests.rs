@@ -14,6 +14,7 @@ fn state(capacities: &[u64]) -> MetaState {
                 id: NodeId(i as u64 + 1),
                 addresses: vec![format!("127.0.0.1:{}", 7000 + i)],
                 capacity_bytes: c,
+                zone: None,
             })
             .collect(),
         page_bytes: PAGE,
@@ -27,6 +28,7 @@ fn place(buffer: u64, first: u32, count: u32, node: u64, epoch: u64, version: u6
         epoch: Epoch(epoch),
         version,
         reservation: None,
+        replica: 0,
     }
 }
 
@@ -98,6 +100,7 @@ fn reservations_pay_for_placements_and_expire() {
         epoch: Epoch(1),
         version: 1,
         reservation: Some(ReservationId(1)),
+        replica: 0,
     };
     assert_eq!(apply(&mut s, 12, vec![with]), vec![Ok(())]);
     assert_eq!(s.reservation(ReservationId(1)).unwrap().bytes, PAGE);
@@ -129,6 +132,7 @@ fn a_reservation_pays_for_pages_already_at_the_holder_and_frees_what_they_did_no
         epoch: Epoch(1),
         version,
         reservation: Some(ReservationId(id)),
+        replica: 0,
     };
     assert_eq!(
         apply(&mut s, 1, vec![reserve(1, 3 * PAGE), with(1, 1)]),
@@ -252,6 +256,7 @@ fn membership_changes_update_members() {
                 id: NodeId(4),
                 addresses: vec![],
                 capacity_bytes: PAGE,
+                zone: None,
             },
         },
         &[1, 2, 3],

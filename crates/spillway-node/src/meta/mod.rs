@@ -364,6 +364,7 @@ impl MetaDriver {
                     id: m.id,
                     addresses: vec![m.addr.to_string()],
                     capacity_bytes: 0,
+                    zone: None,
                 })
                 .collect(),
             page_bytes: config.page_size.bytes(),
