@@ -494,6 +494,8 @@ struct ClientSlot<'a> {
     client: u32,
     clients: &'a Mutex<BTreeSet<u32>>,
     stats: &'a Stats,
+    /// The client's host tier's share of the node's host budget, given back with the slot.
+    host: Option<(&'a crate::memory::HostBudget, u64)>,
 }
 
 impl Drop for ClientSlot<'_> {
@@ -502,6 +504,11 @@ impl Drop for ClientSlot<'_> {
             .lock()
             .expect("client numbers lock")
             .remove(&self.client);
+        // Given back before the count drops, so whoever saw the client go sees its
+        // memory free.
+        if let Some((budget, bytes)) = self.host {
+            budget.give_back(bytes);
+        }
         self.stats.clients_connected.fetch_sub(1, Ordering::Relaxed);
         self.stats.changed.notify_waiters();
     }
@@ -640,11 +647,33 @@ async fn welcome<'a, B: ClientPages>(
         return None;
     };
     shared.stats.bump(|s| &*s.clients_connected);
-    let slot = ClientSlot {
+    let mut slot = ClientSlot {
         client,
         clients: &shared.clients,
         stats: &shared.stats,
+        host: None,
     };
+    // The client's host tier is memory this node maps: it comes out of the host budget
+    // the peers' pages share, so the two together stay within `host_budget`.
+    if let Some(budget) = &config.host_budget {
+        if let Err(used) = budget.try_take(hello.host_bytes) {
+            let r = Refused::new(
+                RefusedCode::HostBytesTooLarge,
+                format!(
+                    "host_bytes {} do not fit this node's host budget: {} of {} bytes are \
+                     held by its peers' pages and other clients' host tiers; ask for less, \
+                     or give the node a larger host_budget",
+                    hello.host_bytes,
+                    used,
+                    budget.budget_bytes()
+                ),
+            );
+            drop(slot);
+            refuse(stream, shared, r).await;
+            return None;
+        }
+        slot.host = Some((&**budget, hello.host_bytes));
+    }
     let (fd, region) = match shm::SharedRegion::create(client, hello.host_bytes) {
         Ok(made) => made,
         Err(e) => {

@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use spillway_meta::{MemberState, MetaState, Role, Update};
 
 use crate::config::{NodeConfig, NodeConfigError};
-use crate::memory::{MemoryError, MemoryLimits, MemoryPlan};
+use crate::memory::{HostBudget, MemoryError, MemoryLimits, MemoryPlan};
 use crate::meta::{MemberView, MetaDriver, MetaStartError, MetaView, Outcome, ProposeFailure};
 use crate::peers::{PeerTransport, Peers};
 use crate::remote::RemoteService;
@@ -195,7 +195,9 @@ impl Node {
     ) -> Result<NodeHandle, NodeError> {
         let addr = transport.local_addr();
         let bind_err = |source| NodeError::Bind { addr, source };
-        let store = Arc::new(HostStore::new(config.host_tier_bytes, config.page_size));
+        // One host budget for the peers' pages and the local clients' host tiers.
+        let budget = Arc::new(HostBudget::new(config.host_tier_bytes));
+        let store = Arc::new(HostStore::sharing(budget, config.page_size));
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let addrs = config
@@ -311,7 +313,8 @@ impl Node {
             handle.config.client_socket.clone(),
             handle.config.page_size,
             handle.config.host_tier_bytes,
-        );
+        )
+        .sharing(handle.store.budget().clone());
         let (remote, clients) = (handle.remote.clone(), handle.clients.clone());
         match crate::local::spawn_gated_in(
             local,

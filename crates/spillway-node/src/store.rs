@@ -6,7 +6,9 @@
 //! [`StoreError`]s into error replies of the matching [`ErrorCode`].
 //!
 //! Invariants:
-//! - `bytes_used` is the sum of the stored pages' lengths and never exceeds
+//! - `bytes_used` is the sum of the stored pages' lengths and is taken from the node's
+//!   [`HostBudget`], which the local clients' host tiers share
+//!   ([`crate::memory`]): the pages and the clients' memory together never exceed
 //!   `budget_bytes`; a put that would exceed it fails whole ([`StoreError::Full`]) and
 //!   changes nothing, so no page already held is lost or half-replaced.
 //! - every page is kept with the checksum it arrived with (computed where the page was
@@ -14,9 +16,11 @@
 //!   page corrupted in this node's memory is reported ([`StoreError::Corrupt`]), never
 //!   served.
 //!
-//! A received page's bytes are a slice of its frame's payload buffer; when a frame
-//! carries several pages the buffer lives until the last of them is deleted, so the
-//! budget counts page bytes, not allocations.
+//! A received page's bytes are a slice of its frame's payload buffer. A page that
+//! arrived alone is its whole buffer and is kept as it is; the pages of a frame that
+//! carries several are copied out into buffers of their own, so that the frame's buffer
+//! is freed at once and deleting a page frees its bytes: what the budget counts is what
+//! the node holds (before, one page left of a frame of 8 kept all 8 pages' bytes).
 //!
 //! Pages are keyed by their origin (the node that put them, as the transport
 //! authenticated it) and their [`PageId`]: two nodes storing pages of the same id never
@@ -25,12 +29,14 @@
 //! Lock order: one mutex over the map and the byte count, never held across an await.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use spillway_net::{Handler, Page, Request, Response};
 use spillway_types::wire::{ErrorCode, ErrorReply};
 use spillway_types::{NodeId, PageId, PageSize};
+
+use crate::memory::HostBudget;
 
 /// Why a store operation failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -42,7 +48,8 @@ pub enum StoreError {
     Full {
         /// Bytes the put would add (net of the pages it replaces).
         requested_bytes: u64,
-        /// Bytes held before the put.
+        /// Bytes of the budget held before the put (pages, and local clients' host
+        /// tiers when they share it).
         used_bytes: u64,
         /// The budget ([`crate::NodeConfig::host_tier_bytes`]).
         budget_bytes: u64,
@@ -121,6 +128,7 @@ struct Counters {
 #[derive(Debug)]
 pub struct HostStore {
     pages: Mutex<Pages>,
+    budget: Arc<HostBudget>,
     budget_bytes: u64,
     page_size: PageSize,
     counters: Counters,
@@ -129,12 +137,24 @@ pub struct HostStore {
 impl HostStore {
     /// An empty store of at most `budget_bytes` of pages of at most `page_size`.
     pub fn new(budget_bytes: u64, page_size: PageSize) -> HostStore {
+        HostStore::sharing(Arc::new(HostBudget::new(budget_bytes)), page_size)
+    }
+
+    /// An empty store whose pages take their bytes from `budget`, which others (the
+    /// local clients' host tiers) may share.
+    pub fn sharing(budget: Arc<HostBudget>, page_size: PageSize) -> HostStore {
         HostStore {
             pages: Mutex::new(Pages::default()),
-            budget_bytes,
+            budget_bytes: budget.budget_bytes(),
+            budget,
             page_size,
             counters: Counters::default(),
         }
+    }
+
+    /// The host budget the pages take their bytes from.
+    pub fn budget(&self) -> &Arc<HostBudget> {
+        &self.budget
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pages> {
@@ -169,18 +189,28 @@ impl HostStore {
             .map(|p| p.data.len() as u64)
             .sum();
         let after = pages.used_bytes - freed + added;
-        if after > self.budget_bytes {
-            self.counters
-                .puts_refused_full
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Full {
-                requested_bytes: added.saturating_sub(freed),
-                used_bytes: pages.used_bytes,
-                budget_bytes: self.budget_bytes,
-            });
+        // Taken under the map's lock, so the store's count and its share of the budget
+        // move together.
+        if after > pages.used_bytes {
+            if let Err(used_bytes) = self.budget.try_take(after - pages.used_bytes) {
+                self.counters
+                    .puts_refused_full
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(StoreError::Full {
+                    requested_bytes: added.saturating_sub(freed),
+                    used_bytes,
+                    budget_bytes: self.budget_bytes,
+                });
+            }
+        } else {
+            self.budget.give_back(pages.used_bytes - after);
         }
         let stored = new.len() as u32;
-        for p in new {
+        let own_buffers = new.len() > 1;
+        for mut p in new {
+            if own_buffers {
+                p.data = bytes::Bytes::copy_from_slice(&p.data);
+            }
             pages.map.insert((origin, p.id), p);
         }
         pages.used_bytes = after;
@@ -240,6 +270,7 @@ impl HostStore {
         for id in gone {
             if let Some(p) = pages.map.remove(&(origin, *id)) {
                 pages.used_bytes -= p.data.len() as u64;
+                self.budget.give_back(p.data.len() as u64);
                 deleted += 1;
             }
         }
@@ -416,6 +447,66 @@ mod tests {
             .unwrap();
         assert_eq!(s.counters().used_bytes, PAGE + 20);
         assert_eq!(s.get(O, &[id(1, 0)]).unwrap().0[0].data.len(), 20);
+    }
+
+    #[test]
+    fn pages_share_the_host_budget_with_what_clients_hold() {
+        let budget = Arc::new(HostBudget::new(4 * PAGE));
+        let s = HostStore::sharing(budget.clone(), PageSize::new(PAGE).unwrap());
+        // A local client's host tier holds 3 pages of the budget.
+        budget.try_take(3 * PAGE).unwrap();
+        s.put(O, vec![page(1, 0, PAGE as usize)]).unwrap();
+        assert_eq!(budget.used_bytes(), 4 * PAGE);
+        let err = s.put(O, vec![page(1, 1, 10)]).unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::Full {
+                requested_bytes: 10,
+                used_bytes: 4 * PAGE,
+                budget_bytes: 4 * PAGE,
+            }
+        );
+        // Shrinking and deleting give the bytes back.
+        s.put(O, vec![page(1, 0, 100)]).unwrap();
+        assert_eq!(budget.used_bytes(), 3 * PAGE + 100);
+        s.delete(O, &[id(1, 0)]);
+        assert_eq!(budget.used_bytes(), 3 * PAGE);
+        budget.give_back(3 * PAGE);
+        s.put(
+            O,
+            vec![page(1, 0, PAGE as usize), page(1, 1, PAGE as usize)],
+        )
+        .unwrap();
+        assert_eq!(budget.used_bytes(), 2 * PAGE);
+    }
+
+    #[test]
+    fn pages_of_one_frame_are_kept_in_buffers_of_their_own() {
+        let s = store(4);
+        // Two pages sliced from one buffer, as a frame of two arrives.
+        let frame = Bytes::from(vec![7u8; 2 * PAGE as usize]);
+        let pages = vec![
+            Page::new(id(1, 0), frame.slice(..PAGE as usize)),
+            Page::new(id(1, 1), frame.slice(PAGE as usize..)),
+        ];
+        s.put(O, pages).unwrap();
+        let held = s.get(O, &[id(1, 0), id(1, 1)]).unwrap().0;
+        let frame_range = frame.as_ptr_range();
+        for p in &held {
+            assert!(
+                !frame_range.contains(&p.data.as_ptr()),
+                "page {} still points into the frame's buffer",
+                p.id
+            );
+            assert_eq!(p.data.len() as u64, PAGE);
+        }
+        // A page that came alone is kept as it came (it is its whole buffer).
+        let alone = Bytes::from(vec![9u8; PAGE as usize]);
+        s.put(O, vec![Page::new(id(2, 0), alone.clone())]).unwrap();
+        assert_eq!(
+            s.get(O, &[id(2, 0)]).unwrap().0[0].data.as_ptr(),
+            alone.as_ptr()
+        );
     }
 
     #[test]

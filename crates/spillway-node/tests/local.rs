@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use spillway_node::HostBudget;
 use spillway_node::local::{
     LocalCounters, LocalServer, LocalServerConfig, LocalServerError, MemClientPages,
 };
@@ -465,6 +466,30 @@ fn refused_hellos_say_why() {
     drop(first);
     h.wait_until(|c| c.clients_connected == 0);
     assert_eq!(connect(&h.path).welcome.client, 1);
+}
+
+#[test]
+fn clients_take_their_host_tiers_from_the_nodes_host_budget() {
+    let budget = Arc::new(HostBudget::new(24 * PAGE));
+    let h = Harness::with(|c| c.host_budget = Some(budget.clone()));
+    // The peers' pages hold 8 pages of the budget; a client of 16 fits exactly.
+    budget.try_take(8 * PAGE).unwrap();
+    let first = connect(&h.path);
+    assert_eq!(budget.used_bytes(), 24 * PAGE);
+    let r = try_connect(&h.path, hello(PAGE)).err().unwrap();
+    assert_eq!(r.code, RefusedCode::HostBytesTooLarge);
+    assert!(
+        r.message
+            .contains(&format!("{} of {} bytes", 24 * PAGE, 24 * PAGE)),
+        "{}",
+        r.message
+    );
+    // The refused client took nothing; the first gives its share back when it goes.
+    assert_eq!(budget.used_bytes(), 24 * PAGE);
+    drop(first);
+    h.wait_until(|c| c.clients_connected == 0);
+    assert_eq!(budget.used_bytes(), 8 * PAGE);
+    assert_eq!(connect(&h.path).welcome.host_bytes, HOST_BYTES);
 }
 
 #[test]

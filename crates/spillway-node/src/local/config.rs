@@ -2,10 +2,13 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use spillway_types::PageSize;
 use spillway_types::local::CLIENTS_MAX;
+
+use crate::memory::HostBudget;
 
 /// Default bound on one client's ops in flight: 64 (128 MiB of page copies at 2 MiB).
 pub const OPS_IN_FLIGHT_PER_CLIENT_DEFAULT: usize = 64;
@@ -32,6 +35,10 @@ pub struct LocalServerConfig {
     /// Most ops in flight per client (1 to [`OPS_IN_FLIGHT_PER_CLIENT_MAX`]); each holds
     /// one page copy. More keeps a slow remote tier busier.
     pub ops_in_flight_per_client_max: usize,
+    /// The node's host budget, which the clients' host tiers take from (each its
+    /// `host_bytes`, from its welcome until it goes) and the peers' pages share
+    /// ([`crate::memory`]); `None`: clients are bounded only by `client_host_bytes_max`.
+    pub host_budget: Option<Arc<HostBudget>>,
 }
 
 impl LocalServerConfig {
@@ -47,7 +54,14 @@ impl LocalServerConfig {
             client_host_bytes_max,
             clients_max: CLIENTS_MAX,
             ops_in_flight_per_client_max: OPS_IN_FLIGHT_PER_CLIENT_DEFAULT,
+            host_budget: None,
         }
+    }
+
+    /// These settings, the clients' host tiers taken from `budget`.
+    pub fn sharing(mut self, budget: Arc<HostBudget>) -> LocalServerConfig {
+        self.host_budget = Some(budget);
+        self
     }
 
     /// Checks the ranges; the error names the field.
