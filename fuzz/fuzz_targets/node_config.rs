@@ -1,0 +1,10 @@
+//! Fuzz target `node_config`: every input goes through [`oracle::check`], the same function
+//! the workspace's corpus replay test runs (see ../README.md).
+#![no_main]
+
+#[path = "../oracles/node_config.rs"]
+mod oracle;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    oracle::check(data);
+});
