@@ -79,11 +79,7 @@ pub fn find_budget(
         );
     }
     let page = cfg.page_size.bytes();
-    let pages_total: u64 = trace
-        .buffers
-        .iter()
-        .map(|(_, b)| cfg.page_size.pages_for(*b))
-        .sum();
+    let pages_total = trace.pages_total(cfg.page_size);
     let pages_least: u64 = trace
         .accesses
         .iter()

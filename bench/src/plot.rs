@@ -14,7 +14,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::offload::OffloadResult;
-use crate::workload::RunReport;
+use crate::workload::{RunReport, StepReport};
 
 fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("plot: {e}")
@@ -100,28 +100,15 @@ pub fn policies(runs: &[&RunReport], path: &Path) -> Result<()> {
     let root = SVGBackend::new(path, (900, 800)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let (top, bottom) = root.split_vertically(400);
-    let step: Vec<_> = runs
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            (
-                r.policy.clone(),
-                i,
-                r.steps.iter().map(|s| s.wall_s).collect(),
-            )
-        })
-        .collect();
-    let stall: Vec<_> = runs
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            (
-                r.policy.clone(),
-                i,
-                r.steps.iter().map(|s| s.stall_s).collect(),
-            )
-        })
-        .collect();
+    // One line per run: its policy, its colour index, `figure` of each step.
+    let series = |figure: fn(&StepReport) -> f64| -> Vec<_> {
+        runs.iter()
+            .enumerate()
+            .map(|(i, r)| (r.policy.clone(), i, r.steps.iter().map(figure).collect()))
+            .collect()
+    };
+    let step = series(|s| s.wall_s);
+    let stall = series(|s| s.stall_s);
     lines(&top, "Step time per step, by policy", "seconds", &step)?;
     lines(
         &bottom,

@@ -289,11 +289,7 @@ pub fn replay_with(
         );
     }
     let page = cfg.page_size.bytes();
-    let pages_total: u64 = trace
-        .buffers
-        .iter()
-        .map(|(_, b)| cfg.page_size.pages_for(*b))
-        .sum();
+    let pages_total = trace.pages_total(cfg.page_size);
     let working_set = trace.buffer_bytes_total();
     let gpu_budget = cfg
         .gpu_budget_bytes

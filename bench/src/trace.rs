@@ -102,6 +102,15 @@ impl Trace {
         // Each size is at most 2^40 and there are at most 2^20 buffers: no overflow.
         self.buffers.iter().map(|(_, bytes)| bytes).sum()
     }
+
+    /// Pages of `page_size` the distinct buffers take: the GPU budget, in pages, of a run
+    /// that keeps them all resident.
+    pub fn pages_total(&self, page_size: spillway_types::PageSize) -> u64 {
+        self.buffers
+            .iter()
+            .map(|(_, bytes)| page_size.pages_for(*bytes))
+            .sum()
+    }
 }
 
 /// Why a trace could not be read. Every variant about a line names that line, from 1.
