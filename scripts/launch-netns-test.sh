@@ -58,37 +58,49 @@ for h in range(hosts):
 PY
 }
 
-echo "== slurm-style: SLURM_JOB_NODELIST=10.77.0.[1-$hosts], 2 ranks per host"
+# launch_in HOST LOG VAR=VALUE... [-- LAUNCH_ARG...]: `spillway launch` of the job in
+# host HOST's namespace, in the background, with a clean environment and the VAR=VALUEs,
+# its output in LOG; its pid goes to `pids`.
 pids=()
+launch_in() {
+    local host=$1 log=$2 vars=() extra=()
+    shift 2
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    extra=("$@")
+    ip netns exec "$tag-h$host" env -i PATH="$PATH" HOME="$tmp" EXE="$exe" OUT_DIR="$tmp" \
+        "${vars[@]}" "$exe" launch --dir "$tmp/pool" --run-base "$tmp/run" \
+        --host-budget 256MiB --timeout-s 90 "${extra[@]}" -- sh -c "$job" > "$log" 2>&1 &
+    pids+=($!)
+}
+
+# wait_all PHASE: waits for every launch in `pids`; if one failed, shows the tails of
+# PHASE's logs and fails.
+wait_all() {
+    local fail=0 p
+    for p in "${pids[@]}"; do wait "$p" || fail=1; done
+    pids=()
+    if [ "$fail" != 0 ]; then tail -n 30 "$tmp/$1"-*.log; exit 1; fi
+}
+
+echo "== slurm-style: SLURM_JOB_NODELIST=10.77.0.[1-$hosts], 2 ranks per host"
 for i in $(seq 1 "$hosts"); do
     for r in 0 1; do
-        ip netns exec "$tag-h$i" env -i PATH="$PATH" HOME="$tmp" EXE="$exe" OUT_DIR="$tmp" \
-            PHASE=slurm RANK_ON_HOST=$r \
+        launch_in "$i" "$tmp/slurm-h$i-r$r.log" PHASE=slurm RANK_ON_HOST=$r \
             SLURM_JOB_NODELIST="10.77.0.[1-$hosts]" SLURM_NNODES=$hosts \
             SLURM_NODEID=$((i - 1)) SLURM_LOCALID=$r SLURM_PROCID=$((2 * (i - 1) + r)) \
-            SLURM_STEP_TASKS_PER_NODE="2(x$hosts)" SLURM_JOB_ID="$$" SLURM_STEP_ID=0 \
-            "$exe" launch --dir "$tmp/pool" --run-base "$tmp/run" --host-budget 256MiB \
-            --timeout-s 90 -- sh -c "$job" > "$tmp/slurm-h$i-r$r.log" 2>&1 &
-        pids+=($!)
+            SLURM_STEP_TASKS_PER_NODE="2(x$hosts)" SLURM_JOB_ID="$$" SLURM_STEP_ID=0
     done
 done
-fail=0
-for p in "${pids[@]}"; do wait "$p" || fail=1; done
-if [ "$fail" != 0 ]; then tail -n 30 "$tmp"/slurm-*.log; exit 1; fi
+wait_all slurm
 check slurm 2
 
 echo "== torchrun-style: MASTER_ADDR=10.77.0.1, RANK/WORLD_SIZE/GROUP_RANK, addresses by rendezvous"
-pids=()
 for i in $(seq 1 "$hosts"); do
-    ip netns exec "$tag-h$i" env -i PATH="$PATH" HOME="$tmp" EXE="$exe" OUT_DIR="$tmp" \
-        PHASE=torch MASTER_ADDR=10.77.0.1 MASTER_PORT=29500 WORLD_SIZE=$hosts \
-        RANK=$((i - 1)) GROUP_RANK=$((i - 1)) LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
-        "$exe" launch --dir "$tmp/pool" --run-base "$tmp/run" --host-budget 256MiB \
-        --job-key "torch-$$" --timeout-s 90 -- sh -c "$job" > "$tmp/torch-h$i.log" 2>&1 &
-    pids+=($!)
+    launch_in "$i" "$tmp/torch-h$i.log" PHASE=torch MASTER_ADDR=10.77.0.1 MASTER_PORT=29500 \
+        WORLD_SIZE=$hosts RANK=$((i - 1)) GROUP_RANK=$((i - 1)) LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+        -- --job-key "torch-$$"
 done
-fail=0
-for p in "${pids[@]}"; do wait "$p" || fail=1; done
-if [ "$fail" != 0 ]; then tail -n 30 "$tmp"/torch-*.log; exit 1; fi
+wait_all torch
 check torch 1
 echo "launch across $hosts network namespaces: slurm-style and torchrun-style passed"
