@@ -4,7 +4,10 @@
 //! status addresses). A node that does not answer is shown as down; one that answers but
 //! whose Raft log fails (`raft_healthy` false) is shown UNHEALTHY with the cause, and not
 //! counted as fine in the summary line. The command fails (exit code 1) only if no node
-//! answers.
+//! answers. A `replication:` line sums what the answering nodes report of their spilled
+//! pages: copies still to make after a holder died (under-replicated bytes), what
+//! re-replication copied so far, and pages lost with every holder; a node with work left
+//! gets a line of its own.
 
 use std::time::Duration;
 
@@ -125,6 +128,7 @@ fn print_report(r: &PoolReport) {
             ),
         }
     }
+    print_replication(r);
     if !r.members.is_empty() {
         println!("members:");
         println!(
@@ -140,6 +144,55 @@ fn print_report(r: &PoolReport) {
                 fmt_bytes(m.capacity_bytes),
                 fmt_bytes(m.used_bytes),
                 fmt_bytes(m.reserved_bytes)
+            );
+        }
+    }
+}
+
+/// The replication summary: each answering node repairs its own pages, so the pool's
+/// figures are the sums of theirs.
+fn print_replication(r: &PoolReport) {
+    let statuses: Vec<_> = r.nodes.iter().filter_map(|n| n.status.as_ref()).collect();
+    if statuses.is_empty() {
+        return;
+    }
+    let replicas: Vec<u8> = {
+        let mut v: Vec<u8> = statuses.iter().map(|s| s.remote.replicas).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let under: u64 = statuses
+        .iter()
+        .map(|s| s.remote.under_replicated_bytes)
+        .sum();
+    let repaired: u64 = statuses.iter().map(|s| s.remote.repaired_bytes).sum();
+    let lost: u64 = statuses.iter().map(|s| s.remote.lost_pages).sum();
+    let replicas = replicas
+        .iter()
+        .map(u8::to_string)
+        .collect::<Vec<_>>()
+        .join("/");
+    let state = if under == 0 && lost == 0 {
+        "complete".to_string()
+    } else {
+        "IN PROGRESS".to_string()
+    };
+    println!(
+        "replication: replicas {replicas}; under-replicated {} ({state}), re-replicated {} so far; {lost} pages lost",
+        fmt_bytes(under),
+        fmt_bytes(repaired)
+    );
+    for s in statuses {
+        let rs = &s.remote;
+        if rs.under_replicated_bytes > 0 || rs.lost_pages > 0 {
+            println!(
+                "{:>4} under-replicated {} in {} pages, re-replicated {}, {} pages lost",
+                s.node_id,
+                fmt_bytes(rs.under_replicated_bytes),
+                rs.under_replicated_pages,
+                fmt_bytes(rs.repaired_bytes),
+                rs.lost_pages
             );
         }
     }

@@ -68,6 +68,23 @@ pub const PEER_GRACE_MS_DEFAULT: u64 = 30_000;
 pub const PEER_GRACE_MS_MIN: u64 = 1_000;
 /// Longest peer grace accepted: 10 min (a client waits this long at most on one fetch).
 pub const PEER_GRACE_MS_MAX: u64 = 600_000;
+/// Default number of holders of a page spilled to peers: 2 (a peer's death loses
+/// nothing; spilled pages take twice their bytes of the pool's lent memory).
+pub const REPLICAS_DEFAULT: u8 = 2;
+/// Most holders of one page: 4, the directory's replica slots
+/// (`spillway_meta::limits::REPLICAS_MAX`); each costs the page's bytes again on a peer.
+pub const REPLICAS_MAX: u8 = spillway_meta::limits::REPLICAS_MAX as u8;
+/// Longest zone label: 64 bytes (`spillway_meta::limits::ZONE_BYTES_MAX`; sent to every
+/// member in the node's `MemberInfo`).
+pub const ZONE_BYTES_MAX: usize = spillway_meta::limits::ZONE_BYTES_MAX;
+/// Default bandwidth of re-replication (copying the pages of a dead holder to a new one):
+/// 256 MiB/s per origin node, a small share of a NIC or of a loopback's ~4 GB/s, so demand
+/// fetches keep the link; a dead holder of 64 GiB of one node's pages is repaired in
+/// about 4.5 minutes.
+pub const REPAIR_BYTES_PER_S_DEFAULT: u64 = 256 << 20;
+/// Slowest re-replication accepted: 1 MiB/s (slower would leave pages under-replicated
+/// for days).
+pub const REPAIR_BYTES_PER_S_MIN: u64 = 1 << 20;
 /// Largest node id: 4095. The remote tier packs the origin node into the top 12 bits of
 /// a buffer id (see the remote tier's `remote_page_id`), so ids must fit there.
 pub const NODE_ID_MAX: u64 = (1 << 12) - 1;
@@ -96,6 +113,12 @@ fn default_reserve_chunk_bytes() -> u64 {
 }
 fn default_peer_grace_ms() -> u64 {
     PEER_GRACE_MS_DEFAULT
+}
+fn default_replicas() -> u8 {
+    REPLICAS_DEFAULT
+}
+fn default_repair_bytes_per_s() -> u64 {
+    REPAIR_BYTES_PER_S_DEFAULT
 }
 
 /// How pages move between nodes (the `transport` field). Raft, reservations and the
@@ -225,6 +248,21 @@ const FIELD_DOCS: &[FieldDoc] = &[
         key: "peer_grace_ms",
         doc: "how long a peer that stops answering is waited for (fetches retried with backoff) before a fetch from it fails; longer rides out pauses, shorter fails a job sooner",
         default: "30000",
+    },
+    FieldDoc {
+        key: "replicas",
+        doc: "holders of each page spilled to peers (1..=4), on distinct nodes (and zones, when labelled); 1 loses pages with their holder, each more costs the pages' bytes again",
+        default: "2",
+    },
+    FieldDoc {
+        key: "zone",
+        doc: "this node's failure domain (rack, switch); replicas of a page go to distinct zones when every member has one",
+        default: "none",
+    },
+    FieldDoc {
+        key: "repair_bytes_per_s",
+        doc: "bytes per second (or a size such as \"256MiB\") this node spends copying its pages from a surviving holder when another died; higher repairs sooner, takes more of the links from demand fetches",
+        default: "268435456",
     },
     FieldDoc {
         key: "transport",
@@ -397,6 +435,27 @@ pub struct NodeConfig {
     /// job sooner when a peer is really gone.
     #[serde(default = "default_peer_grace_ms")]
     pub peer_grace_ms: u64,
+    /// Holders of each page this node spills to peers (default 2, from 1 to
+    /// [`REPLICAS_MAX`]), on distinct nodes, and on distinct zones when every member has a
+    /// `zone`. A spill completes when every holder acknowledged the bytes and the directory
+    /// recorded them. More survives more deaths and costs the pages' bytes again per
+    /// holder; 1 (logged as a warning) loses a page with its holder.
+    #[serde(default = "default_replicas")]
+    pub replicas: u8,
+    /// This node's failure domain (a rack, a switch, a power feed), at most
+    /// [`ZONE_BYTES_MAX`] bytes; unset by default. Replicas of a page go to distinct zones
+    /// when every member has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Bandwidth, in bytes per second, this node spends on re-replication: copying its
+    /// pages from a surviving holder to a new one after a holder died (default 256 MiB/s,
+    /// at least 1 MiB/s). Higher repairs sooner and takes more of the links from demand
+    /// fetches, which always go first.
+    #[serde(
+        default = "default_repair_bytes_per_s",
+        deserialize_with = "crate::config_size::size"
+    )]
+    pub repair_bytes_per_s: u64,
     /// How pages move between nodes: `"quic"` (default) or `"ucx"` (RDMA where the NICs
     /// have it; needs a build with the `ucx` feature and libucx on the machine). Raft and
     /// reservations always use QUIC, which also introduces the UCX connections, so a UCX
@@ -476,6 +535,9 @@ impl NodeConfig {
             lend_bytes: LEND_BYTES_UNSET,
             reserve_chunk_bytes: RESERVE_CHUNK_BYTES_DEFAULT,
             peer_grace_ms: PEER_GRACE_MS_DEFAULT,
+            replicas: REPLICAS_DEFAULT,
+            zone: None,
+            repair_bytes_per_s: REPAIR_BYTES_PER_S_DEFAULT,
             transport: PageTransport::Quic,
         };
         config.fill_defaults();
@@ -725,6 +787,33 @@ impl NodeConfig {
                 format!(
                     "is {} but must be from {PEER_GRACE_MS_MIN} to {PEER_GRACE_MS_MAX} ms",
                     self.peer_grace_ms
+                ),
+            );
+        }
+        if self.replicas == 0 || self.replicas > REPLICAS_MAX {
+            return err(
+                "replicas",
+                format!("is {} but must be from 1 to {REPLICAS_MAX}", self.replicas),
+            );
+        }
+        if let Some(zone) = &self.zone
+            && (zone.is_empty()
+                || zone.len() > ZONE_BYTES_MAX
+                || zone.chars().any(|c| c.is_control()))
+        {
+            return err(
+                "zone",
+                format!(
+                    "is {zone:?} but must be 1 to {ZONE_BYTES_MAX} bytes without control characters"
+                ),
+            );
+        }
+        if self.repair_bytes_per_s < REPAIR_BYTES_PER_S_MIN {
+            return err(
+                "repair_bytes_per_s",
+                format!(
+                    "is {} but must be at least {REPAIR_BYTES_PER_S_MIN}",
+                    self.repair_bytes_per_s
                 ),
             );
         }

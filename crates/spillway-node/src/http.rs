@@ -224,6 +224,18 @@ pub struct RemoteStatus {
     /// Page copies on peers whose delete waits for the peer to answer (retried until
     /// they land).
     pub deletes_pending: u64,
+    /// Holders wanted per spilled page (the node's `replicas`).
+    pub replicas: u8,
+    /// This node's spilled pages with fewer live copies than `replicas`.
+    pub under_replicated_pages: u64,
+    /// Their missing copies, in bytes: what re-replication has left to copy.
+    pub under_replicated_bytes: u64,
+    /// This node's spilled pages with no live copy left.
+    pub lost_pages: u64,
+    /// Bytes re-replication copied so far (its progress).
+    pub repaired_bytes: u64,
+    /// Pages read from a further holder after a nearer one failed.
+    pub fetch_failovers: u64,
 }
 
 /// Shared handles to what the documents are built from.
@@ -306,6 +318,12 @@ impl StatusSources {
                 pages_fetched: remote.pages_fetched,
                 reserved_unspent_bytes: remote.reserved_unspent_bytes,
                 deletes_pending: remote.deletes_pending,
+                replicas: remote.replicas,
+                under_replicated_pages: remote.under_replicated_pages,
+                under_replicated_bytes: remote.under_replicated_bytes,
+                lost_pages: remote.lost_pages,
+                repaired_bytes: remote.repaired_bytes,
+                fetch_failovers: remote.fetch_failovers,
             },
             peer_bytes_in: net.bytes_in + ucx.bytes_in,
             peer_bytes_out: net.bytes_out + ucx.bytes_out,
@@ -444,6 +462,60 @@ impl StatusSources {
             "remote_errors",
             "Failed remote tier operations",
             remote.errors,
+        );
+        gauge(
+            &mut registry,
+            "remote_replicas",
+            "Holders wanted per page spilled to peers",
+            u64::from(remote.replicas),
+        );
+        gauge(
+            &mut registry,
+            "remote_under_replicated_bytes",
+            "Bytes of copies of this node's pages to make again (a holder died)",
+            remote.under_replicated_bytes,
+        );
+        gauge(
+            &mut registry,
+            "remote_under_replicated_pages",
+            "This node's pages with fewer live copies than replicas",
+            remote.under_replicated_pages,
+        );
+        gauge(
+            &mut registry,
+            "remote_lost_pages",
+            "This node's pages with no live copy left",
+            remote.lost_pages,
+        );
+        counter(
+            &mut registry,
+            "remote_repaired_bytes",
+            "Bytes copied to new holders by re-replication",
+            remote.repaired_bytes,
+        );
+        counter(
+            &mut registry,
+            "remote_repaired_pages",
+            "Page copies made by re-replication",
+            remote.repaired_pages,
+        );
+        counter(
+            &mut registry,
+            "remote_repair_errors",
+            "Re-replication batches that failed (retried)",
+            remote.repair_errors,
+        );
+        counter(
+            &mut registry,
+            "remote_fetch_failovers",
+            "Pages read from a further holder after a nearer one failed",
+            remote.fetch_failovers,
+        );
+        counter(
+            &mut registry,
+            "remote_short_copies",
+            "Copies spills could not place for want of distinct peers",
+            remote.short_copies,
         );
         gauge(
             &mut registry,

@@ -1,30 +1,46 @@
-//! The remote tier's brain without IO: where spilled pages go, which reservations pay for
-//! them, how they are cut into requests, where a fetch reads, and which copies must be
-//! deleted. [`Placement`] never awaits, never touches a socket, a lock or the clock: the
-//! driver (`remote::RemoteService`) hands it what it observed (the pool's
+//! The remote tier's brain without IO: where spilled pages go (and their replicas), which
+//! reservations pay for them, how they are cut into requests, where a fetch reads and
+//! where it fails over, which copies must be deleted, and which pages a dead holder left
+//! under-replicated. [`Placement`] never awaits, never touches a socket, a lock or the
+//! clock: the driver (`remote::RemoteService`) hands it what it observed (the pool's
 //! members, which peers are reachable, the outcomes of proposals, the replies of peers)
 //! and `now`, and gets back what to do (proposals to make, requests to send, copies to
 //! delete). Its unit tests run it without a pool.
 //!
+//! Replicas: every page is spilled to `replicas` holders (node config), one per directory
+//! replica slot, on distinct nodes and, when every candidate carries a zone label, on
+//! distinct zones where the pool has enough of them (a preference: with fewer zones than
+//! replicas, distinct nodes are still required). With fewer eligible peers than replicas a
+//! spill keeps what exists (the missing copies are counted as under-replicated and
+//! repaired when a peer comes); with none it fails. Each run's slots are chosen in turn,
+//! each by the most *weighted* room (room times [`ramp_permille`]): a member that came up
+//! recently has its room discounted by how long it has been up (1/16 at first, full
+//! after [`RAMP_MS`]), so a node restarted empty takes new pages only once the others'
+//! room falls below its discounted room: it is filled to at most `others' room / weight`
+//! at any time, gradually, instead of taking every new page at once.
+//!
 //! Method groups, in the order a driver calls them:
-//! - spill: [`Placement::plan`] (holders for runs of pages; reservations to make and to
-//!   release, as one proposal) -> propose -> [`Placement::reserved`] (the outcomes into
-//!   the ledger; the reservations spent page by page) -> [`Placement::put_batches`] ->
-//!   send, each reply to [`Placement::put_done`] -> [`Placement::after_moves`] (done,
-//!   plan the unreachable peers' pages again, or fail; [`Placement::refund`] what the
-//!   replanned or abandoned pages spent) -> [`Placement::placements`] -> propose ->
-//!   [`Placement::placed`] (the copies a re-spill left elsewhere, to delete);
-//! - fetch: [`Placement::known_holders`] (the directory fills the gaps) ->
-//!   [`Placement::get_requests`] -> send, each reply to [`Placement::got`];
+//! - spill: [`Placement::spill_items`] -> [`Placement::plan`] (holders for runs of pages
+//!   and slots; reservations to make and to release, as one proposal) -> propose ->
+//!   [`Placement::reserved`] (the outcomes into the ledger; the reservations spent copy
+//!   by copy) -> [`Placement::put_batches`] -> send, each reply to
+//!   [`Placement::put_done`] -> [`Placement::after_moves`] (done, plan the unreachable
+//!   peers' copies again ([`Placement::replan_items`]), or fail; [`Placement::refund`]
+//!   what the replanned or abandoned copies spent) -> [`Placement::placements`] ->
+//!   propose -> [`Placement::placed`] (the copies a re-spill left elsewhere, to delete);
+//! - fetch (`placement::fetch`): [`Placement::known_holders`] (the directory fills the
+//!   gaps) -> [`Placement::start_fetch`] -> rounds of [`Placement::get_requests`] -> send,
+//!   each reply to [`Placement::got`] (a page that failed moves to its next holder) ->
+//!   [`Fetch::finish`];
+//! - repair (`placement::repair`): [`Placement::repair_jobs`] (pages with a dead or
+//!   missing copy, and the pool-wide count) -> read them like a fetch -> plan, reserve,
+//!   move and place as a spill into the dead slots -> [`Placement::repaired`];
 //! - discard: [`Placement::removals`] -> propose -> [`Placement::forget`] -> delete;
 //! - deletes that did not land: [`Placement::queue_deletes`], retried from
 //!   [`Placement::pending_deletes`], cleared by [`Placement::deletes_landed`].
-//!
-//! Next (node failure): replica choice lands in [`Placement::plan`] (k holders per run
-//! instead of one), failure handling as an event (a member's `SetMemberState` to down,
-//! seen in [`Candidate::state`]) that yields the re-replication requests.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -39,17 +55,67 @@ use crate::tier::{
     REQUEST_BYTES_MAX, RESERVATION_TTL, RUN_PAGES, RemoteError, remote_page_id,
 };
 
+mod fetch;
+mod repair;
+
+pub(crate) use fetch::Fetch;
+pub(crate) use repair::{RepairJob, UnderReplicated};
+
+/// Replica slots of a page: `crate::config::REPLICAS_MAX`, the directory's slots.
+pub(crate) const SLOTS: usize = crate::config::REPLICAS_MAX as usize;
+
 /// A reservation is no longer spent this long before it lapses: 30 s.
 const RESERVATION_MARGIN: Duration = Duration::from_secs(30);
+
+/// How long a member that came up takes to reach its full placement weight: 60 s. Over
+/// it the weight grows linearly from [`RAMP_FLOOR_PERMILLE`]; a node restarted empty then
+/// takes new pages gradually instead of every new page at once.
+pub(crate) const RAMP_MS: u64 = 60_000;
+/// Placement weight of a member that has just come up: 1/16 (62 per mille).
+pub(crate) const RAMP_FLOOR_PERMILLE: u64 = 62;
+
+/// The placement weight, per mille, of a member up since `up_since_ms` at `now_ms`:
+/// [`RAMP_FLOOR_PERMILLE`] when it just came up, growing linearly to 1000 at [`RAMP_MS`].
+pub(crate) fn ramp_permille(up_since_ms: u64, now_ms: u64) -> u64 {
+    let up_for = now_ms.saturating_sub(up_since_ms);
+    if up_for >= RAMP_MS {
+        return 1000;
+    }
+    RAMP_FLOOR_PERMILLE + (1000 - RAMP_FLOOR_PERMILLE) * up_for / RAMP_MS
+}
+
+/// One copy of a page: its holder and the holder's incarnation when it took the copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Replica {
+    /// The peer holding it.
+    pub(crate) holder: NodeId,
+    /// The peer's epoch then (a copy outlives no restart of its holder).
+    pub(crate) epoch: Epoch,
+}
 
 /// Where a spilled page is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Held {
-    /// The peer holding it.
-    pub(crate) holder: NodeId,
-    /// Its checksum as spilled; 0 when only the directory knew the holder (then the
+    /// Its copies, by replica slot.
+    pub(crate) replicas: [Option<Replica>; SLOTS],
+    /// Its checksum as spilled; 0 when only the directory knew the holders (then the
     /// transport's check is trusted).
     pub(crate) checksum: u64,
+}
+
+impl Held {
+    /// Its copies with their slots, in slot order.
+    pub(crate) fn copies(&self) -> impl Iterator<Item = (u8, Replica)> + '_ {
+        self.replicas
+            .iter()
+            .enumerate()
+            .filter_map(|(s, r)| r.map(|r| (s as u8, r)))
+    }
+
+    /// Whether `node` holds a copy.
+    pub(crate) fn held_on(&self, node: NodeId) -> bool {
+        self.copies().any(|(_, r)| r.holder == node)
+    }
 }
 
 /// A page to spill, hashed once when the spill starts.
@@ -63,8 +129,20 @@ pub(crate) struct SpillPage {
     pub(crate) checksum: u64,
 }
 
+/// A page to place and the replica slots to fill: all of them for a new spill, the
+/// failed ones after a round of puts, the dead ones for a repair.
+#[derive(Clone, Debug)]
+pub(crate) struct ToPlace {
+    /// The page.
+    pub(crate) page: SpillPage,
+    /// Slots to fill, one bit each (bit r: slot r).
+    pub(crate) slots: u8,
+    /// The copies it keeps (new copies go to other nodes, and other zones when labelled).
+    pub(crate) keep: [Option<Replica>; SLOTS],
+}
+
 /// One peer as the planner sees it, from the metadata view and the connection cache.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Candidate {
     /// The peer.
     pub(crate) id: NodeId,
@@ -76,6 +154,23 @@ pub(crate) struct Candidate {
     pub(crate) free_bytes: u64,
     /// Whether its connection is not in a reconnect backoff.
     pub(crate) reachable: bool,
+    /// Its failure domain, if labelled.
+    pub(crate) zone: Option<Arc<str>>,
+    /// Group clock (ms) when it last came up (its placement weight ramps from there).
+    pub(crate) up_since_ms: u64,
+}
+
+impl Candidate {
+    /// Whether a copy `r` on it is still there: it is the same incarnation and not
+    /// declared down.
+    pub(crate) fn keeps(&self, r: &Replica) -> bool {
+        self.id == r.holder && self.epoch == r.epoch && self.state != MemberState::Down
+    }
+}
+
+/// Whether copy `r` is live in `pool` (its holder is a member, not down, same epoch).
+pub(crate) fn is_live(pool: &[Candidate], r: &Replica) -> bool {
+    pool.iter().any(|c| c.keeps(r))
 }
 
 /// A reservation to propose.
@@ -93,9 +188,9 @@ pub(crate) struct Reserve {
 #[derive(Debug)]
 pub(crate) struct Plan {
     client: u32,
-    pages: Vec<SpillPage>,
-    /// The holder of each page, in order.
-    assigned: Vec<NodeId>,
+    items: Vec<ToPlace>,
+    /// (item, slot, holder) per copy, in item order.
+    assigned: Vec<(usize, u8, NodeId)>,
     epochs: BTreeMap<NodeId, Epoch>,
     reserves: Vec<Reserve>,
     releases: Vec<ReservationId>,
@@ -117,10 +212,16 @@ impl Plan {
         reserves.chain(releases).collect()
     }
 
-    /// The holder chosen for each page, in page order.
+    /// The holders chosen for each page, in page order and slot order within a page.
     #[cfg(test)]
-    pub(crate) fn holders(&self) -> &[NodeId] {
-        &self.assigned
+    pub(crate) fn holders(&self) -> Vec<Vec<NodeId>> {
+        let mut out = vec![Vec::new(); self.items.len()];
+        let mut sorted = self.assigned.clone();
+        sorted.sort_by_key(|(i, s, _)| (*i, *s));
+        for (i, _, h) in sorted {
+            out[i].push(h);
+        }
+        out
     }
 
     /// The reservations it asks for.
@@ -130,7 +231,7 @@ impl Plan {
     }
 }
 
-/// One page's place in a settled plan.
+/// One copy's place in a settled plan.
 #[derive(Clone, Debug)]
 pub(crate) struct Planned {
     pub(crate) client_page: PageId,
@@ -139,35 +240,70 @@ pub(crate) struct Planned {
     pub(crate) checksum: u64,
     pub(crate) holder: NodeId,
     pub(crate) epoch: Epoch,
+    /// The replica slot this copy fills.
+    pub(crate) slot: u8,
     pub(crate) reservation: Option<Spent>,
 }
 
 /// What to do after a round of puts ([`Placement::after_moves`]).
 #[derive(Debug)]
 pub(crate) enum MoveVerdict {
-    /// Every page landed.
+    /// Every copy landed.
     Done,
-    /// These peers were unreachable: plan their pages again without them.
+    /// These peers were unreachable: plan their copies again without them.
     Replan(Vec<NodeId>),
     /// Give up with this error.
     Fail(RemoteError),
 }
 
-/// A placement proposal: one `Place` per extent, with what a refusal needs.
+/// One `Place` of a placement proposal, with what a refusal needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PlaceRecord {
+    pub(crate) extent: Extent,
+    pub(crate) holder: NodeId,
+    pub(crate) epoch: Epoch,
+    pub(crate) reservation: Option<ReservationId>,
+    pub(crate) slot: u8,
+}
+
+impl PlaceRecord {
+    fn update(&self, version: u64, reservation: Option<ReservationId>) -> Update {
+        Update::Place {
+            extent: self.extent,
+            holder: self.holder,
+            epoch: self.epoch,
+            version,
+            reservation,
+            replica: self.slot,
+        }
+    }
+}
+
+/// A placement proposal: a `Remove` per extent of pages spilled before (their earlier
+/// copies' records, from every slot), then one `Place` per extent and slot, with what a
+/// refusal needs.
 #[derive(Debug)]
 pub(crate) struct Placements {
-    /// (extent, holder, epoch, reservation) per update, in order.
-    pub(crate) extents: Vec<(Extent, NodeId, Epoch, Option<ReservationId>)>,
-    /// The updates.
+    /// One record per `Place`, in order.
+    pub(crate) extents: Vec<PlaceRecord>,
+    /// How many `Remove`s lead `updates`.
+    pub(crate) removes: usize,
+    /// The updates: the removes, then the places.
     pub(crate) updates: Vec<Update>,
 }
 
-/// One `Get` request of a fetch: the peer, the indexes of the pages in the fetch, and
-/// their remote ids.
-pub(crate) type GetRequest = (NodeId, Vec<usize>, Vec<PageId>);
-
 /// Page copies to delete, per peer.
 pub(crate) type Deletes = BTreeMap<NodeId, Vec<PageId>>;
+
+/// Room on one eligible peer while planning.
+#[derive(Clone, Debug)]
+struct Room {
+    free: u64,
+    ours: u64,
+    epoch: Epoch,
+    zone: Option<Arc<str>>,
+    weight_permille: u64,
+}
 
 /// The remote tier's decisions and the state they need (see the module docs).
 #[derive(Debug)]
@@ -175,6 +311,8 @@ pub(crate) struct Placement {
     node: NodeId,
     page_bytes: u64,
     reserve_chunk_bytes: u64,
+    /// Holders wanted per page (the node's `replicas`).
+    replicas: u8,
     pages: HashMap<(u32, PageId), Held>,
     ledger: Ledger,
     /// Copies to delete on peers that did not answer yet (retried until they land;
@@ -185,23 +323,43 @@ pub(crate) struct Placement {
     pending_deletes_dropped: u64,
     pub(crate) per_peer: BTreeMap<NodeId, PeerRemoteCounters>,
     pub(crate) errors: u64,
+    /// Pages read from a further holder after the nearest failed.
+    pub(crate) fetch_failovers: u64,
+    /// Copies spills could not place for want of distinct peers.
+    pub(crate) short_copies: u64,
+    /// Whether a short spill has been logged since the last full one.
+    short_logged: bool,
+    /// The last repair scan's count.
+    pub(crate) under_replicated: UnderReplicated,
+    /// Bytes copied to new holders by repairs.
+    pub(crate) repaired_bytes: u64,
+    /// Pages copied to new holders by repairs.
+    pub(crate) repaired_pages: u64,
+    /// Repair batches that failed.
+    pub(crate) repair_errors: u64,
+    /// Whether a repair scan is due whatever the pool (a spill came out short).
+    repair_dirty: bool,
     next_reservation: u64,
     next_version: u64,
 }
 
 impl Placement {
-    /// A brain for `node`; reservation ids and placement versions start from `start_ms`
-    /// (the clock when the node started), so a restarted node never reuses one.
+    /// A brain for `node` keeping `replicas` copies of each page; reservation ids and
+    /// placement versions start from `start_ms` (the clock when the node started), so a
+    /// restarted node never reuses one.
     pub(crate) fn new(
         node: NodeId,
         page_bytes: u64,
         reserve_chunk_bytes: u64,
+        replicas: u8,
         start_ms: u64,
     ) -> Placement {
+        debug_assert!((1..=SLOTS as u8).contains(&replicas));
         Placement {
             node,
             page_bytes,
             reserve_chunk_bytes,
+            replicas: replicas.clamp(1, SLOTS as u8),
             pages: HashMap::new(),
             ledger: Ledger::default(),
             pending_deletes: BTreeMap::new(),
@@ -209,6 +367,14 @@ impl Placement {
             pending_deletes_dropped: 0,
             per_peer: BTreeMap::new(),
             errors: 0,
+            fetch_failovers: 0,
+            short_copies: 0,
+            short_logged: false,
+            under_replicated: UnderReplicated::default(),
+            repaired_bytes: 0,
+            repaired_pages: 0,
+            repair_errors: 0,
+            repair_dirty: false,
             next_reservation: node.0 << RESERVATION_NODE_SHIFT
                 | (start_ms & ((1 << RESERVATION_NODE_SHIFT) - 1)),
             next_version: start_ms << VERSION_SHIFT,
@@ -225,30 +391,81 @@ impl Placement {
         &mut self.ledger
     }
 
-    /// Chooses a holder for every page: runs of up to [`RUN_PAGES`] pages, each to the
-    /// up, reachable, not excluded peer with the most room (free capacity plus what this
-    /// node holds reserved there), page by page where no peer takes a whole run; and the
-    /// reservations to make where this node's fall short, in chunks of
-    /// `reserve_chunk_bytes` (down to the peer's free capacity).
+    /// Holders wanted per page.
+    pub(crate) fn replicas(&self) -> u8 {
+        self.replicas
+    }
+
+    /// The items of a new spill of `pages`: every slot up to `replicas`.
+    pub(crate) fn spill_items(&self, pages: Vec<SpillPage>) -> Vec<ToPlace> {
+        let slots = ((1u16 << self.replicas) - 1) as u8;
+        pages
+            .into_iter()
+            .map(|page| ToPlace {
+                page,
+                slots,
+                keep: [None; SLOTS],
+            })
+            .collect()
+    }
+
+    /// The items to plan again after a round of puts: the copies of `redo` (whose holders
+    /// failed), each page keeping the copies of it in `ok` (which landed).
+    pub(crate) fn replan_items(ok: &[Planned], redo: Vec<Planned>) -> Vec<ToPlace> {
+        let mut items: Vec<ToPlace> = Vec::new();
+        let mut index: HashMap<PageId, usize> = HashMap::new();
+        for p in redo {
+            let i = *index.entry(p.client_page).or_insert_with(|| {
+                let mut keep = [None; SLOTS];
+                for o in ok.iter().filter(|o| o.client_page == p.client_page) {
+                    keep[o.slot as usize] = Some(Replica {
+                        holder: o.holder,
+                        epoch: o.epoch,
+                    });
+                }
+                items.push(ToPlace {
+                    page: SpillPage {
+                        page: p.client_page,
+                        data: p.data.clone(),
+                        checksum: p.checksum,
+                    },
+                    slots: 0,
+                    keep,
+                });
+                items.len() - 1
+            });
+            items[i].slots |= 1 << p.slot;
+        }
+        items
+    }
+
+    /// Chooses holders for every item's slots: runs of up to [`RUN_PAGES`] pages, each
+    /// slot of a run to the up, reachable, not excluded peer with the most weighted room
+    /// (free capacity plus what this node holds reserved there, times its ramp weight)
+    /// that holds no other copy of those pages (and is in another zone, when labelled and
+    /// possible), page by page where no peer takes a whole run; and the reservations to
+    /// make where this node's fall short, in chunks of `reserve_chunk_bytes` (down to the
+    /// peer's free capacity). A copy with no distinct peer left is skipped and counted
+    /// ([`Plan::short_copies`]); no room for the copies that have a peer is
+    /// [`RemoteError::NoRoom`].
     pub(crate) fn plan(
         &mut self,
         client: u32,
-        pages: Vec<SpillPage>,
+        items: Vec<ToPlace>,
         pool: &[Candidate],
         excluded: &[NodeId],
         now_ms: u64,
     ) -> Result<Plan, RemoteError> {
         let spend_limit = now_ms + RESERVATION_MARGIN.as_millis() as u64;
-        // Room per peer: (free, reserved by us, epoch).
-        let mut room: BTreeMap<NodeId, (u64, u64, Epoch)> = BTreeMap::new();
         // A peer with a delete of one of these pages pending could drop the new copy.
         let deleting = |peer: NodeId| {
             self.pending_deletes.get(&peer).is_some_and(|set| {
-                pages
+                items
                     .iter()
-                    .any(|p| set.contains(&remote_page_id(self.node, client, p.page)))
+                    .any(|p| set.contains(&remote_page_id(self.node, client, p.page.page)))
             })
         };
+        let mut room: BTreeMap<NodeId, Room> = BTreeMap::new();
         for m in pool {
             if m.id == self.node
                 || m.state != MemberState::Up
@@ -258,56 +475,156 @@ impl Placement {
             {
                 continue;
             }
-            let ours = self.ledger.unspent_on(m.id, spend_limit);
-            room.insert(m.id, (m.free_bytes, ours, m.epoch));
+            room.insert(
+                m.id,
+                Room {
+                    free: m.free_bytes,
+                    ours: self.ledger.unspent_on(m.id, spend_limit),
+                    epoch: m.epoch,
+                    zone: m.zone.clone(),
+                    weight_permille: ramp_permille(m.up_since_ms, now_ms),
+                },
+            );
         }
-        let needed_bytes = pages.len() as u64 * self.page_bytes;
-        let total_room: u64 = room.values().map(|(f, o, _)| f + o).sum();
+        let zoned = !room.is_empty() && room.values().all(|r| r.zone.is_some());
+        let zone_of = |node: NodeId| -> Option<Arc<str>> {
+            pool.iter()
+                .find(|c| c.id == node)
+                .and_then(|c| c.zone.clone())
+        };
+        // Per item: the nodes holding a copy (kept or planned here) and their zones.
+        let mut taken: Vec<Vec<NodeId>> = items
+            .iter()
+            .map(|it| it.keep.iter().flatten().map(|r| r.holder).collect())
+            .collect();
+        let mut taken_zones: Vec<Vec<Arc<str>>> = taken
+            .iter()
+            .map(|t| t.iter().filter_map(|n| zone_of(*n)).collect())
+            .collect();
+        let copies_wanted: u64 = items
+            .iter()
+            .zip(&taken)
+            .map(|(it, t)| {
+                let distinct = room.keys().filter(|p| !t.contains(p)).count() as u64;
+                u64::from(it.slots.count_ones()).min(distinct)
+            })
+            .sum();
+        let needed_bytes = copies_wanted * self.page_bytes;
+        let total_room: u64 = room.values().map(|r| r.free + r.ours).sum();
         let no_room = RemoteError::NoRoom {
             requested_bytes: needed_bytes,
             free_bytes: total_room,
         };
-        if needed_bytes > total_room {
+        if needed_bytes > total_room || (room.is_empty() && !items.is_empty()) {
             return Err(no_room);
         }
         let mut left: BTreeMap<NodeId, u64> =
-            room.iter().map(|(p, (f, o, _))| (*p, f + o)).collect();
-        let most_room = |left: &BTreeMap<NodeId, u64>, bytes: u64| {
+            room.iter().map(|(p, r)| (*p, r.free + r.ours)).collect();
+        let best = |left: &BTreeMap<NodeId, u64>, bytes: u64, ok: &dyn Fn(NodeId) -> bool| {
             left.iter()
-                .filter(|(_, l)| **l >= bytes)
-                .max_by_key(|(p, l)| (**l, std::cmp::Reverse(**p)))
+                .filter(|(p, l)| **l >= bytes && ok(**p))
+                .max_by_key(|(p, l)| {
+                    let score = u128::from(**l) * u128::from(room[*p].weight_permille);
+                    (score, std::cmp::Reverse(**p))
+                })
                 .map(|(p, _)| *p)
         };
-        let mut assigned: Vec<NodeId> = Vec::with_capacity(pages.len());
-        for run in pages.chunks(RUN_PAGES) {
-            let run_bytes = run.len() as u64 * self.page_bytes;
-            if let Some(peer) = most_room(&left, run_bytes) {
-                *left.get_mut(&peer).expect("peer in room") -= run_bytes;
-                assigned.extend(std::iter::repeat_n(peer, run.len()));
-                continue;
-            }
-            // No single peer takes the whole run: page by page.
-            for _ in run {
-                let Some(peer) = most_room(&left, self.page_bytes) else {
-                    return Err(no_room);
+        let mut assigned: Vec<(usize, u8, NodeId)> = Vec::new();
+        let mut short_copies = 0u64;
+        let all: Vec<usize> = (0..items.len()).collect();
+        for run in all.chunks(RUN_PAGES) {
+            for slot in 0..SLOTS as u8 {
+                let members: Vec<usize> = run
+                    .iter()
+                    .copied()
+                    .filter(|&i| items[i].slots & (1 << slot) != 0)
+                    .collect();
+                if members.is_empty() {
+                    continue;
+                }
+                let bytes = members.len() as u64 * self.page_bytes;
+                let clash_node = |p: NodeId| members.iter().any(|&i| taken[i].contains(&p));
+                let clash_zone = |p: NodeId| {
+                    zoned
+                        && room[&p]
+                            .zone
+                            .as_ref()
+                            .is_some_and(|z| members.iter().any(|&i| taken_zones[i].contains(z)))
                 };
-                *left.get_mut(&peer).expect("peer in room") -= self.page_bytes;
-                assigned.push(peer);
+                let whole = best(&left, bytes, &|p| !clash_node(p) && !clash_zone(p))
+                    .or_else(|| best(&left, bytes, &|p| !clash_node(p)));
+                let picks: Vec<(usize, Option<NodeId>)> = match whole {
+                    Some(peer) => members.iter().map(|&i| (i, Some(peer))).collect(),
+                    None => {
+                        // No single peer takes the whole run: page by page.
+                        let mut picks = Vec::with_capacity(members.len());
+                        for &i in &members {
+                            if room.keys().all(|p| taken[i].contains(p)) {
+                                picks.push((i, None));
+                                continue;
+                            }
+                            let zone_ok = |p: NodeId| {
+                                !zoned
+                                    || room[&p]
+                                        .zone
+                                        .as_ref()
+                                        .is_none_or(|z| !taken_zones[i].contains(z))
+                            };
+                            let own = |p: NodeId| !taken[i].contains(&p);
+                            let Some(peer) =
+                                best(&left, self.page_bytes, &|p| own(p) && zone_ok(p))
+                                    .or_else(|| best(&left, self.page_bytes, &own))
+                            else {
+                                return Err(no_room);
+                            };
+                            *left.get_mut(&peer).expect("peer in room") -= self.page_bytes;
+                            taken[i].push(peer);
+                            picks.push((i, Some(peer)));
+                        }
+                        // Already charged and taken: record only.
+                        for (i, peer) in &picks {
+                            match peer {
+                                Some(peer) => assigned.push((*i, slot, *peer)),
+                                None => short_copies += 1,
+                            }
+                            if let Some(z) = peer.and_then(|p| room[&p].zone.clone()) {
+                                taken_zones[*i].push(z);
+                            }
+                        }
+                        continue;
+                    }
+                };
+                for (i, peer) in picks {
+                    let peer = peer.expect("a whole-run pick");
+                    *left.get_mut(&peer).expect("peer in room") -= self.page_bytes;
+                    taken[i].push(peer);
+                    if let Some(z) = room[&peer].zone.clone() {
+                        taken_zones[i].push(z);
+                    }
+                    assigned.push((i, slot, peer));
+                }
             }
         }
+        // Every page keeps or gets at least one copy.
+        for (i, it) in items.iter().enumerate() {
+            if it.keep.iter().all(Option::is_none) && !assigned.iter().any(|(j, _, _)| *j == i) {
+                return Err(no_room);
+            }
+        }
+        assigned.sort_by_key(|(i, s, _)| (*i, *s));
         let mut need_per_peer: BTreeMap<NodeId, u64> = BTreeMap::new();
-        for peer in &assigned {
+        for (_, _, peer) in &assigned {
             *need_per_peer.entry(*peer).or_default() += self.page_bytes;
         }
         let mut reserves = Vec::new();
         for (peer, need) in &need_per_peer {
-            let (free, ours, _) = room[peer];
-            if *need > ours {
-                let deficit = need - ours;
+            let r = &room[peer];
+            if *need > r.ours {
+                let deficit = need - r.ours;
                 let chunk = self.reserve_chunk_bytes.max(self.page_bytes);
                 let want = deficit.div_ceil(chunk) * chunk;
                 let bytes = want
-                    .min(free / self.page_bytes * self.page_bytes)
+                    .min(r.free / self.page_bytes * self.page_bytes)
                     .max(deficit);
                 let id = ReservationId(self.next_reservation);
                 self.next_reservation += 1;
@@ -321,11 +638,25 @@ impl Placement {
         // Reservations this node will not spend any more are given back now, not at
         // expiry.
         let releases = self.ledger.take_lapsing(spend_limit);
+        if short_copies > 0 {
+            self.short_copies += short_copies;
+            self.repair_dirty = true;
+            if !self.short_logged {
+                self.short_logged = true;
+                tracing::warn!(
+                    replicas = self.replicas,
+                    peers = room.len(),
+                    "fewer peers than replicas: pages spilled with fewer copies (repaired when peers come)"
+                );
+            }
+        } else if assigned.len() as u64 >= u64::from(self.replicas) {
+            self.short_logged = false;
+        }
         Ok(Plan {
             client,
-            pages,
+            items,
             assigned,
-            epochs: room.iter().map(|(p, (_, _, e))| (*p, *e)).collect(),
+            epochs: room.iter().map(|(p, r)| (*p, r.epoch)).collect(),
             reserves,
             releases,
             now_ms,
@@ -333,7 +664,7 @@ impl Placement {
     }
 
     /// Settles `plan` with the outcomes of its proposal (empty if it proposed nothing):
-    /// accepted reservations join the ledger, then every page spends a page of a
+    /// accepted reservations join the ledger, then every copy spends a page of a
     /// reservation on its holder where one is left. A refused reservation fails the spill
     /// (nothing was spent).
     pub(crate) fn reserved(
@@ -362,20 +693,22 @@ impl Placement {
         }
         let spend_limit = plan.now_ms + RESERVATION_MARGIN.as_millis() as u64;
         let client = plan.client;
-        Ok(plan
-            .pages
-            .into_iter()
-            .zip(plan.assigned)
-            .map(|(p, holder)| Planned {
+        let mut out = Vec::with_capacity(plan.assigned.len());
+        for (i, slot, holder) in plan.assigned {
+            let p = &plan.items[i].page;
+            let reservation = self.ledger.spend(holder, self.page_bytes, spend_limit);
+            out.push(Planned {
                 client_page: p.page,
                 remote: remote_page_id(self.node, client, p.page),
-                data: p.data,
+                data: p.data.clone(),
                 checksum: p.checksum,
                 holder,
                 epoch: plan.epochs[&holder],
-                reservation: self.ledger.spend(holder, self.page_bytes, spend_limit),
-            })
-            .collect())
+                slot,
+                reservation,
+            });
+        }
+        Ok(out)
     }
 
     /// The `Put` requests of `planned`: per holder, at most [`PAGES_PER_REQUEST`] pages
@@ -397,7 +730,6 @@ impl Placement {
             })
             .collect()
     }
-
     /// The reply to a `Put` of `pages` pages and `bytes` bytes to `peer`: counted; the
     /// error it is, if it is one.
     pub(crate) fn put_done(
@@ -469,7 +801,7 @@ impl Placement {
             .collect()
     }
 
-    /// The copies a failed spill may have left: every planned page, unless an earlier
+    /// The copies a failed spill may have left: every planned copy, unless an earlier
     /// spill of the same page is recorded on that holder (then it stays).
     pub(crate) fn copies_to_drop(&self, client: u32, planned: &[Planned]) -> Deletes {
         let mut by_peer = Deletes::new();
@@ -477,7 +809,7 @@ impl Placement {
             let recorded_there = self
                 .pages
                 .get(&(client, p.client_page))
-                .is_some_and(|h| h.holder == p.holder);
+                .is_some_and(|h| h.held_on(p.holder));
             if !recorded_there {
                 by_peer.entry(p.holder).or_default().push(p.remote);
             }
@@ -486,40 +818,59 @@ impl Placement {
     }
 
     /// The placement proposal of `planned`: one `Place` per extent (pages of one buffer,
-    /// contiguous, same holder and reservation), all under one fresh version.
-    pub(crate) fn placements(&mut self, planned: &[Planned]) -> Placements {
+    /// contiguous, same slot, holder and reservation), all under one fresh version. Pages
+    /// this node spilled before are first removed from every slot in the same proposal (one
+    /// Raft entry): their new holders may hold the earlier copy in another slot, which
+    /// the directory would refuse as a duplicate holder. A repair (`spill` false) only
+    /// fills slots: the live copies' records stay.
+    pub(crate) fn placements(
+        &mut self,
+        planned: &[Planned],
+        client: u32,
+        spill: bool,
+    ) -> Placements {
         let version = self.version();
-        let mut extents: Vec<(Extent, NodeId, Epoch, Option<ReservationId>)> = Vec::new();
-        for p in planned {
+        let mut again: Vec<PageId> = planned
+            .iter()
+            .filter(|p| spill && self.pages.contains_key(&(client, p.client_page)))
+            .map(|p| p.remote)
+            .collect();
+        again.sort();
+        again.dedup();
+        let removes = extents_of(&again)
+            .into_iter()
+            .map(|extent| Update::Remove { extent });
+        let mut updates: Vec<Update> = removes.collect();
+        let leading = updates.len();
+        let mut sorted: Vec<&Planned> = planned.iter().collect();
+        sorted.sort_by_key(|p| (p.slot, p.remote));
+        let mut extents: Vec<PlaceRecord> = Vec::new();
+        for p in sorted {
             let reservation = p.reservation.map(|s| s.id);
-            if let Some((e, holder, _, res)) = extents.last_mut()
-                && e.buffer == p.remote.buffer
-                && e.end_page() == u64::from(p.remote.index)
-                && *holder == p.holder
-                && *res == reservation
+            if let Some(r) = extents.last_mut()
+                && r.extent.buffer == p.remote.buffer
+                && r.extent.end_page() == u64::from(p.remote.index)
+                && r.holder == p.holder
+                && r.reservation == reservation
+                && r.slot == p.slot
             {
-                e.page_count += 1;
+                r.extent.page_count += 1;
                 continue;
             }
-            extents.push((
-                Extent::new(p.remote.buffer, p.remote.index, 1),
-                p.holder,
-                p.epoch,
+            extents.push(PlaceRecord {
+                extent: Extent::new(p.remote.buffer, p.remote.index, 1),
+                holder: p.holder,
+                epoch: p.epoch,
                 reservation,
-            ));
+                slot: p.slot,
+            });
         }
-        let updates = extents
-            .iter()
-            .map(|&(extent, holder, epoch, reservation)| Update::Place {
-                extent,
-                holder,
-                epoch,
-                version,
-                reservation,
-                replica: 0,
-            })
-            .collect();
-        Placements { extents, updates }
+        updates.extend(extents.iter().map(|r| r.update(version, r.reservation)));
+        Placements {
+            extents,
+            removes: leading,
+            updates,
+        }
     }
 
     /// The placements refused in `outcomes`, proposed again from free capacity (a lapsed
@@ -531,44 +882,54 @@ impl Placement {
         placements: &Placements,
         outcomes: &[Outcome],
     ) -> (Vec<usize>, Vec<Update>, Vec<Update>) {
+        // The removes lead and are not refused for a reason a retry would change.
         let retry: Vec<usize> = outcomes
             .iter()
             .enumerate()
+            .skip(placements.removes)
             .filter(|(_, o)| !o.is_accepted())
-            .map(|(i, _)| i)
+            .map(|(i, _)| i - placements.removes)
             .collect();
-        let releases =
-            self.forget_reservations(retry.iter().filter_map(|&i| placements.extents[i].3));
+        let releases = self.forget_reservations(
+            retry
+                .iter()
+                .filter_map(|&i| placements.extents[i].reservation),
+        );
         let updates = retry
             .iter()
             .map(|&i| {
-                let (extent, holder, epoch, _) = placements.extents[i];
-                Update::Place {
-                    extent,
-                    holder,
-                    epoch,
-                    version: self.version(),
-                    reservation: None,
-                    replica: 0,
-                }
+                let version = self.version();
+                placements.extents[i].update(version, None)
             })
             .collect();
         (retry, updates, releases)
     }
 
-    /// Records where `planned`'s pages now are; returns the copies a re-spill left on
-    /// another holder, to delete.
+    /// Records where `planned`'s pages now are (a spill: their copies replace every
+    /// earlier copy); returns the copies a re-spill left on other holders, to delete.
     pub(crate) fn placed(&mut self, client: u32, planned: &[Planned]) -> Deletes {
-        let mut stale = Deletes::new();
+        let mut fresh: BTreeMap<PageId, (PageId, Held)> = BTreeMap::new();
         for p in planned {
-            let held = Held {
+            let (_, held) = fresh.entry(p.client_page).or_insert((
+                p.remote,
+                Held {
+                    replicas: [None; SLOTS],
+                    checksum: p.checksum,
+                },
+            ));
+            held.replicas[p.slot as usize] = Some(Replica {
                 holder: p.holder,
-                checksum: p.checksum,
-            };
-            if let Some(old) = self.pages.insert((client, p.client_page), held)
-                && old.holder != p.holder
-            {
-                stale.entry(old.holder).or_default().push(p.remote);
+                epoch: p.epoch,
+            });
+        }
+        let mut stale = Deletes::new();
+        for (page, (remote, held)) in fresh {
+            if let Some(old) = self.pages.insert((client, page), held) {
+                for (_, r) in old.copies() {
+                    if !held.held_on(r.holder) {
+                        stale.entry(r.holder).or_default().push(remote);
+                    }
+                }
             }
         }
         stale
@@ -583,105 +944,8 @@ impl Placement {
             .collect()
     }
 
-    /// The `Get` requests of a fetch of `pages` held as `held`: per holder, at most
-    /// [`PAGES_PER_REQUEST`] pages and [`REQUEST_BYTES_MAX`] bytes each. A page nobody
-    /// holds fails the fetch.
-    pub(crate) fn get_requests(
-        &self,
-        client: u32,
-        pages: &[PageId],
-        held: &[Option<Held>],
-    ) -> Result<Vec<GetRequest>, RemoteError> {
-        let mut by_peer: BTreeMap<NodeId, Vec<usize>> = BTreeMap::new();
-        for (i, h) in held.iter().enumerate() {
-            let Some(h) = h else {
-                return Err(RemoteError::NotFound {
-                    client,
-                    page: pages[i],
-                });
-            };
-            by_peer.entry(h.holder).or_default().push(i);
-        }
-        let per_request = self.pages_per_request();
-        let mut out = Vec::new();
-        for (peer, idx) in by_peer {
-            for chunk in idx.chunks(per_request) {
-                let ids = chunk
-                    .iter()
-                    .map(|&i| remote_page_id(self.node, client, pages[i]))
-                    .collect();
-                out.push((peer, chunk.to_vec(), ids));
-            }
-        }
-        Ok(out)
-    }
-
-    /// The reply to one `Get` request: its pages into `out` (each checked against the
-    /// checksum recorded at spill), counted; the first error, if any.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn got(
-        &mut self,
-        client: u32,
-        pages: &[PageId],
-        held: &[Option<Held>],
-        request: &GetRequest,
-        result: Result<Response, NetError>,
-        out: &mut [Option<Bytes>],
-    ) -> Option<RemoteError> {
-        let (peer, chunk, _) = request;
-        let peer = *peer;
-        let got = match result {
-            Ok(Response::Get { pages: got, .. }) => got,
-            other => {
-                self.per_peer.entry(peer).or_default().errors += 1;
-                return Some(match other {
-                    Ok(Response::Error(e)) => RemoteError::PeerRefused {
-                        peer,
-                        reason: e.message,
-                    },
-                    Ok(o) => RemoteError::PeerRefused {
-                        peer,
-                        reason: format!("answered a get with {:?}", o.kind()),
-                    },
-                    Err(e) => RemoteError::PeerUnreachable {
-                        peer,
-                        reason: e.to_string(),
-                    },
-                });
-            }
-        };
-        let by_id: HashMap<PageId, Page> = got.into_iter().map(|p| (p.id, p)).collect();
-        let (mut bytes, mut n, mut first_error) = (0u64, 0u64, None);
-        for &i in chunk {
-            let id = remote_page_id(self.node, client, pages[i]);
-            let Some(p) = by_id.get(&id) else {
-                first_error.get_or_insert(RemoteError::NotFound {
-                    client,
-                    page: pages[i],
-                });
-                continue;
-            };
-            let expected = held[i].map_or(0, |h| h.checksum);
-            if expected != 0 && p.checksum != expected {
-                first_error.get_or_insert(RemoteError::Corrupt {
-                    client,
-                    page: pages[i],
-                    peer,
-                });
-                continue;
-            }
-            bytes += p.data.len() as u64;
-            n += 1;
-            out[i] = Some(p.data.clone());
-        }
-        let c = self.per_peer.entry(peer).or_default();
-        c.bytes_fetched += bytes;
-        c.pages_fetched += n;
-        first_error
-    }
-
     /// What a discard of `pages` (sorted, deduplicated) held as `held` takes: one
-    /// `Remove` per extent, and the copies to delete per holder.
+    /// `Remove` per extent (it clears every slot), and the copies to delete per holder.
     pub(crate) fn removals(
         &self,
         client: u32,
@@ -689,26 +953,19 @@ impl Placement {
         held: &[Option<Held>],
     ) -> (Vec<Update>, Deletes) {
         let mut by_peer = Deletes::new();
-        let mut removes: Vec<Update> = Vec::new();
-        let mut current: Option<Extent> = None;
+        let mut gone = Vec::new();
         for (p, h) in pages.iter().zip(held) {
             let Some(h) = h else { continue };
             let remote = remote_page_id(self.node, client, *p);
-            by_peer.entry(h.holder).or_default().push(remote);
-            match &mut current {
-                Some(e) if e.buffer == remote.buffer && e.end_page() == u64::from(remote.index) => {
-                    e.page_count += 1
-                }
-                _ => {
-                    if let Some(e) = current.replace(Extent::new(remote.buffer, remote.index, 1)) {
-                        removes.push(Update::Remove { extent: e });
-                    }
-                }
+            for (_, r) in h.copies() {
+                by_peer.entry(r.holder).or_default().push(remote);
             }
+            gone.push(remote);
         }
-        if let Some(e) = current {
-            removes.push(Update::Remove { extent: e });
-        }
+        let removes = extents_of(&gone)
+            .into_iter()
+            .map(|extent| Update::Remove { extent })
+            .collect();
         (removes, by_peer)
     }
 
@@ -769,13 +1026,20 @@ impl Placement {
         }
     }
 
-    /// Bytes this node's clients may keep on `pool` now: the up and reachable peers'
-    /// free capacity plus what this node holds reserved there and has not spent.
+    /// Bytes of pages this node's clients may keep on `pool` now: the up and reachable
+    /// peers' free capacity plus what this node holds reserved there and has not spent,
+    /// divided by the copies each page takes (`replicas`, or fewer with fewer peers).
     pub(crate) fn capacity_bytes(&self, pool: &[Candidate], now_ms: u64) -> u64 {
-        pool.iter()
+        let up: Vec<&Candidate> = pool
+            .iter()
             .filter(|m| m.id != self.node && m.state == MemberState::Up && m.reachable)
+            .collect();
+        let copies = (up.len() as u64).clamp(1, u64::from(self.replicas));
+        let bytes: u64 = up
+            .iter()
             .map(|m| m.free_bytes + self.ledger.unspent_on(m.id, now_ms))
-            .sum()
+            .sum();
+        bytes / copies
     }
 
     fn version(&mut self) -> u64 {
@@ -797,6 +1061,20 @@ const VERSION_SHIFT: u32 = 10;
 /// Whether the remote buffer id `buffer` belongs to `node` (see `remote_page_id`).
 pub(crate) fn buffer_of_node(buffer: BufferId, node: NodeId) -> bool {
     buffer.0 >> NODE_SHIFT == node.0
+}
+
+/// The extents (runs of contiguous pages of one buffer) of `pages`, sorted.
+fn extents_of(pages: &[PageId]) -> Vec<Extent> {
+    let mut out: Vec<Extent> = Vec::new();
+    for p in pages {
+        match out.last_mut() {
+            Some(e) if e.buffer == p.buffer && e.end_page() == u64::from(p.index) => {
+                e.page_count += 1
+            }
+            _ => out.push(Extent::new(p.buffer, p.index, 1)),
+        }
+    }
+    out
 }
 
 /// Cuts `pages` into requests of at most [`PAGES_PER_REQUEST`] pages and

@@ -3,19 +3,22 @@
 //! metadata group) recording where every spilled page lives.
 //!
 //! A spill, step by step:
-//! 1. **plan**: the pages are cut into runs of at most [`RUN_PAGES`] pages, and each run
-//!    goes to the up peer with the most room: its capacity left (lent minus used minus
-//!    reserved, as applied here) plus what this node still holds reserved there;
+//! 1. **plan**: the pages are cut into runs of at most [`RUN_PAGES`] pages, and each of a
+//!    run's `replicas` copies goes to a distinct up peer (distinct zones when labelled)
+//!    with the most weighted room: its capacity left (lent minus used minus reserved, as
+//!    applied here) plus what this node still holds reserved there, times its ramp
+//!    weight (see [`crate::placement`]);
 //! 2. **reserve**: where this node's reservations on a peer do not cover the plan, it
 //!    reserves [`crate::NodeConfig::reserve_chunk_bytes`] at a time (rounded up to cover
 //!    the deficit, down to the peer's free capacity) through the leader, all peers in one
 //!    proposal, before any byte moves. Reservations are then spent locally, page by page,
 //!    so most spills need no Raft round trip for them;
-//! 3. **move**: each peer gets `Put` requests of up to [`PAGES_PER_REQUEST`] pages, with
+//! 3. **move**: each holder gets `Put` requests of up to [`PAGES_PER_REQUEST`] pages, with
 //!    up to [`REQUESTS_IN_FLIGHT_PER_PEER`] requests in flight per peer (shared by all
 //!    calls), over the node's cached QUIC connections;
-//! 4. **place**: one `Place` update per extent (pages of one buffer, contiguous, same
-//!    holder and reservation) is proposed; concurrent spills' updates are queued together
+//! 4. **place**: one `Place` update per extent and replica slot (pages of one buffer,
+//!    contiguous, same holder and reservation) is proposed, after a `Remove` of the
+//!    earlier records of pages spilled again; concurrent spills' updates are queued together
 //!    and go in one Raft entry (group commit in [`crate::meta`]). `spill` returns when
 //!    they are committed. A placement refused because its reservation lapsed is proposed
 //!    again, paid from the holder's free capacity.
@@ -27,12 +30,18 @@
 //! client numbers its buffers from 1). Peers key their stores by origin too, so pages of
 //! different nodes never collide there either.
 //!
-//! Fetch reads from the holder this node recorded when it spilled, else the replicated
-//! directory. A node that restarts has lost its clients (their links die with it), so
+//! Fetch reads each page from its nearest live holder (this node's record of every copy,
+//! else the replicated directory's `holders_of`) and fails over to the next holder within
+//! the same fetch ([`crate::placement::Fetch`]); only a page's last holder is waited for
+//! within the peer grace. A node that restarts has lost its clients (their links die with it), so
 //! before it takes a client it releases every page its earlier incarnation spilled
 //! ([`RemoteService::release_earlier_incarnation`]): new clients reuse client numbers,
 //! hence page ids. Every page's checksum is checked on
-//! arrival by the transport and again against the checksum recorded at spill time.
+//! arrival by the transport and again against the checksum recorded at spill time, on
+//! every copy read.
+//!
+//! Re-replication ([`RemoteService::run_repair`], beside the upkeep): this node repairs
+//! its own pages whose copy died, in paced batches (`repair_bytes_per_s`).
 //!
 //! In-memory twin: none here; the seam local clients see is the local socket's
 //! `ClientPages`, whose twin is `MemClientPages`, and the whole service runs over the
@@ -64,7 +73,8 @@ use crate::config::NodeConfig;
 use crate::meta::{MetaDriver, now_ms};
 use crate::peers::Peers;
 use crate::placement::{
-    Candidate, Deletes, Held, MoveVerdict, Placement, Planned, SpillPage, buffer_of_node,
+    Candidate, Deletes, Fetch, Held, MoveVerdict, Placement, Planned, Replica, SLOTS, SpillPage,
+    ToPlace, buffer_of_node,
 };
 pub use crate::tier::{
     CLIENT_BUFFER_BITS, CLIENT_BUFFER_MAX, CLIENT_ID_BITS, CLIENT_ID_MAX, MOVE_RETRIES,
@@ -78,6 +88,16 @@ pub use crate::tier::{
 const GRACE_RETRY_MIN: Duration = Duration::from_millis(50);
 /// Longest wait between two tries of a request within the peer grace: 1 s.
 const GRACE_RETRY_MAX: Duration = Duration::from_secs(1);
+/// How often the repair loop looks for pages with a dead copy when it found none: every
+/// 500 ms (a scan is skipped while the pool's members, states and epochs are unchanged
+/// and nothing was left to do, but runs at least every [`REPAIR_RESCAN`]).
+const REPAIR_IDLE: Duration = Duration::from_millis(500);
+/// Longest time between two repair scans: 10 s (free capacity is not in the pool's
+/// fingerprint: a repair that found no room retries this often).
+const REPAIR_RESCAN: Duration = Duration::from_secs(10);
+/// Most pages one repair batch copies: 64 (128 MiB of 2 MiB pages, read then written);
+/// a batch is also at most a quarter second of `repair_bytes_per_s`.
+const REPAIR_BATCH_PAGES_MAX: u64 = 64;
 
 /// The remote tier of this node's clients (see the module docs).
 #[derive(Debug)]
@@ -85,6 +105,10 @@ pub struct RemoteService {
     node: NodeId,
     page_bytes: u64,
     peer_grace: Duration,
+    /// This node's zone label (a fetch reads from its own zone first).
+    zone: Option<Arc<str>>,
+    /// Bandwidth of re-replication, bytes per second.
+    repair_bytes_per_s: u64,
     meta: Arc<MetaDriver>,
     peers: Arc<Peers>,
     /// The brain: every decision and the state it needs (never held across an await).
@@ -98,10 +122,18 @@ impl RemoteService {
     /// The service of a running node: pages on peers, placed in the directory.
     pub(crate) fn over_pool(config: &NodeConfig, meta: Arc<MetaDriver>, peers: Arc<Peers>) -> Self {
         let page_bytes = config.page_size.bytes();
+        if config.replicas == 1 {
+            tracing::warn!(
+                "replicas = 1: a page spilled to a peer is lost with that peer; \
+                 set replicas = 2 (the default) or more to survive a peer's death"
+            );
+        }
         RemoteService {
             node: config.node_id,
             page_bytes,
             peer_grace: Duration::from_millis(config.peer_grace_ms),
+            zone: config.zone.as_deref().map(Arc::from),
+            repair_bytes_per_s: config.repair_bytes_per_s,
             meta,
             peers,
             // Ids and versions from the clock, so a restarted node never reuses one.
@@ -109,6 +141,7 @@ impl RemoteService {
                 config.node_id,
                 page_bytes,
                 config.reserve_chunk_bytes,
+                config.replicas,
                 now_ms(),
             )),
             plan: tokio::sync::Mutex::new(()),
@@ -137,6 +170,8 @@ impl RemoteService {
                 epoch: m.epoch,
                 free_bytes: m.free_bytes(),
                 reachable: m.id != self.node && peers.reachable(m.id),
+                zone: None,
+                up_since_ms: 0,
             })
             .collect()
     }
@@ -217,9 +252,10 @@ impl RemoteService {
                 data,
             })
             .collect();
-        // Move; pages whose holder turned out unreachable are planned again without it.
+        // Move; copies whose holder turned out unreachable are planned again without it.
         let mut excluded: Vec<NodeId> = Vec::new();
-        let mut pending = self.plan_and_reserve(client, pages, &excluded).await?;
+        let items = self.brain().spill_items(pages);
+        let mut pending = self.plan_and_reserve(client, items, &excluded).await?;
         let mut plan: Vec<Planned> = Vec::with_capacity(pending.len());
         for attempt in 0..=MOVE_RETRIES {
             let failures = self.move_pages(&pending).await;
@@ -244,17 +280,10 @@ impl RemoteService {
                 .into_iter()
                 .partition(|p| failed.contains(&p.holder));
             plan.extend(ok);
-            // Their pages go elsewhere: what they spent on the failed peers comes back.
+            // Their copies go elsewhere: what they spent on the failed peers comes back.
             self.brain().refund(&redo);
-            let redo_pages = redo
-                .into_iter()
-                .map(|p| SpillPage {
-                    page: p.client_page,
-                    data: p.data,
-                    checksum: p.checksum,
-                })
-                .collect();
-            pending = match self.plan_and_reserve(client, redo_pages, &excluded).await {
+            let redo_items = Placement::replan_items(&plan, redo);
+            pending = match self.plan_and_reserve(client, redo_items, &excluded).await {
                 Ok(p) => p,
                 Err(e) => {
                     self.abandon(client, &plan).await;
@@ -262,7 +291,7 @@ impl RemoteService {
                 }
             };
         }
-        if let Err(e) = self.place(&plan).await {
+        if let Err(e) = self.place(client, &plan, true).await {
             self.drop_copies(client, &plan).await;
             return Err(e);
         }
@@ -272,19 +301,19 @@ impl RemoteService {
         Ok(())
     }
 
-    /// Chooses a holder for every page and makes sure reservations cover them: the
+    /// Chooses holders for every item's slots and makes sure reservations cover them: the
     /// brain plans, the group settles the reservations, the brain spends them.
     async fn plan_and_reserve(
         &self,
         client: u32,
-        pages: Vec<SpillPage>,
+        items: Vec<ToPlace>,
         excluded: &[NodeId],
     ) -> Result<Vec<Planned>, RemoteError> {
         let _plan = self.plan.lock().await;
         let candidates = self.candidates();
         let plan = self
             .brain()
-            .plan(client, pages, &candidates, excluded, now_ms())?;
+            .plan(client, items, &candidates, excluded, now_ms())?;
         let proposal = plan.proposal();
         let outcomes = if proposal.is_empty() {
             Vec::new()
@@ -346,15 +375,17 @@ impl RemoteService {
 
     /// Records the planned pages in the directory (one `Place` per extent); a placement
     /// refused because its reservation lapsed is proposed again from free capacity.
-    async fn place(&self, plan: &[Planned]) -> Result<(), RemoteError> {
-        let placements = self.brain().placements(plan);
+    /// A spill's placements (`spill`) first remove the pages' earlier records; a repair's
+    /// only fill their dead slots.
+    async fn place(&self, client: u32, plan: &[Planned], spill: bool) -> Result<(), RemoteError> {
+        let placements = self.brain().placements(plan, client, spill);
         let meta = self.pool().0;
         let outcomes = match meta.propose(placements.updates.clone()).await {
             Ok(o) => o,
             Err(e) => {
                 // The placements may or may not have committed: the reservations they
                 // spent can no longer be counted on.
-                let used = placements.extents.iter().filter_map(|e| e.3);
+                let used = placements.extents.iter().filter_map(|e| e.reservation);
                 let releases = self.brain().forget_reservations(used);
                 self.release(releases).await;
                 return Err(e.into());
@@ -368,10 +399,10 @@ impl RemoteService {
         let again = meta.propose(updates).await?;
         for (k, o) in again.iter().enumerate() {
             if let crate::meta::Outcome::Rejected { reason } = o {
-                let (extent, holder, _, _) = placements.extents[retry[k]];
+                let r = placements.extents[retry[k]];
                 return Err(RemoteError::PlacementRefused {
-                    peer: holder,
-                    extent,
+                    peer: r.holder,
+                    extent: r.extent,
                     reason: reason.clone(),
                 });
             }
@@ -399,16 +430,28 @@ impl RemoteService {
                 .0
                 .read(move |s| {
                     ids.iter()
-                        .map(|id| s.holder_of(*id).map(|(_, h)| h.node))
+                        .map(|id| {
+                            s.holders_of(*id)
+                                .into_iter()
+                                .map(|(slot, _, h)| (slot, h.node, h.epoch))
+                                .collect::<Vec<_>>()
+                        })
                         .collect::<Vec<_>>()
                 })
                 .await?;
-            for ((i, _), holder) in unknown.into_iter().zip(holders) {
+            for ((i, _), copies) in unknown.into_iter().zip(holders) {
+                if copies.is_empty() {
+                    continue;
+                }
                 // The checksum is not known here; 0 means "trust the transport's check".
-                out[i] = holder.map(|holder| Held {
-                    holder,
+                let mut held = Held {
+                    replicas: [None; SLOTS],
                     checksum: 0,
-                });
+                };
+                for (slot, holder, epoch) in copies {
+                    held.replicas[slot as usize] = Some(Replica { holder, epoch });
+                }
+                out[i] = Some(held);
             }
         }
         Ok(out)
@@ -431,37 +474,54 @@ impl RemoteService {
             self.check(client, *p, None)?;
         }
         let held = self.locate(client, &pages).await?;
-        let requests = self.brain().get_requests(client, &pages, &held)?;
-        let mut set = JoinSet::new();
-        for (k, (peer, _, ids)) in requests.iter().enumerate() {
-            let (peer, ids) = (*peer, ids.clone());
-            let peers = self.pool().1.clone();
-            let slots = self.slots(peer);
-            let grace = self.peer_grace;
-            set.spawn(async move {
-                let _slot = slots.acquire_owned().await.expect("never closed");
-                let r =
-                    request_within_grace(&peers, peer, Request::Get { pages: ids }, grace).await;
-                (k, r)
-            });
-        }
-        let mut out: Vec<Option<Bytes>> = vec![None; pages.len()];
-        let mut first_error = None;
-        while let Some(joined) = set.join_next().await {
-            let Ok((k, result)) = joined else {
-                continue;
-            };
-            let got = self
-                .brain()
-                .got(client, &pages, &held, &requests[k], result, &mut out);
-            if let Some(e) = got {
-                first_error.get_or_insert(e);
+        let pool = self.candidates();
+        let mut fetch =
+            self.brain()
+                .start_fetch(client, pages, &held, &pool, self.zone.as_deref())?;
+        self.run_fetch(&mut fetch, true).await;
+        fetch.finish()
+    }
+
+    /// Runs `fetch` to its end: rounds of requests, each page to its next holder after a
+    /// failure. A request whose pages all have another holder left is tried once; the
+    /// last holder of a page is waited for within the peer grace when `grace` (a demand
+    /// fetch; a repair tries again at its next round instead).
+    async fn run_fetch(&self, fetch: &mut Fetch, grace: bool) {
+        // Each round moves every failed page to its next holder: SLOTS rounds at most;
+        // the bound also ends a round whose replies were lost (a panicked task).
+        for _ in 0..=SLOTS {
+            let requests = self.brain().get_requests(fetch);
+            if requests.is_empty() {
+                return;
+            }
+            let mut set = JoinSet::new();
+            for (k, r) in requests.iter().enumerate() {
+                let (peer, ids, last_chance) = (r.peer, r.ids.clone(), r.last_chance && grace);
+                let peers = self.pool().1.clone();
+                let slots = self.slots(peer);
+                let grace = self.peer_grace;
+                set.spawn(async move {
+                    let _slot = slots.acquire_owned().await.expect("never closed");
+                    let request = Request::Get { pages: ids };
+                    let r = if last_chance {
+                        request_within_grace(&peers, peer, request, grace).await
+                    } else {
+                        peers.request(peer, request).await
+                    };
+                    (k, r)
+                });
+            }
+            while let Some(joined) = set.join_next().await {
+                let Ok((k, result)) = joined else {
+                    continue;
+                };
+                if let Err(e) = &result {
+                    tracing::debug!(peer = %requests[k].peer, error = %e,
+                        "get failed; its pages are read from their next holder");
+                }
+                self.brain().got(fetch, &requests[k], result);
             }
         }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-        Ok(out.into_iter().map(|b| b.unwrap_or_default()).collect())
     }
 
     async fn delete_on(&self, peer: NodeId, ids: Vec<PageId>) -> Result<(), RemoteError> {
@@ -595,10 +655,14 @@ impl RemoteService {
         if found.is_empty() {
             return Ok(0);
         }
-        for chunk in found.chunks(spillway_meta::limits::BATCH_UPDATES_MAX) {
+        // One record per replica slot: each extent is removed once (from every slot).
+        let mut extents: Vec<Extent> = found.iter().map(|(e, _)| *e).collect();
+        extents.sort_by_key(|e| (e.buffer, e.first_page, e.page_count));
+        extents.dedup();
+        for chunk in extents.chunks(spillway_meta::limits::BATCH_UPDATES_MAX) {
             let removes = chunk
                 .iter()
-                .map(|(extent, _)| Update::Remove { extent: *extent })
+                .map(|extent| Update::Remove { extent: *extent })
                 .collect();
             meta.propose(removes).await?;
         }
@@ -623,9 +687,17 @@ impl RemoteService {
         Ok(pages)
     }
 
-    /// Every [`PENDING_DELETES_RETRY`] until `cancel`: retries the pending deletes and
-    /// reconciles the reservation ledger with the group.
+    /// Until `cancel`: every [`PENDING_DELETES_RETRY`], retries the pending deletes and
+    /// reconciles the reservation ledger with the group; and, beside it, re-replicates
+    /// this node's pages whose copies died ([`RemoteService::run_repair`]).
     pub(crate) async fn run_upkeep(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
+        tokio::join!(
+            self.clone().run_repair(cancel.clone()),
+            self.run_housekeeping(cancel)
+        );
+    }
+
+    async fn run_housekeeping(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -640,9 +712,114 @@ impl RemoteService {
         }
     }
 
+    /// Re-replication until `cancel`: repairs batches of this node's pages whose copies
+    /// died ([`RemoteService::repair_once`]), paced to `repair_bytes_per_s` (after a batch
+    /// of N bytes it waits N / rate), scanning every [`REPAIR_IDLE`] while there is
+    /// nothing to do. One batch at a time, each request taking one of its peer's
+    /// [`REQUESTS_IN_FLIGHT_PER_PEER`] slots, so demand fetches keep the others.
+    pub(crate) async fn run_repair(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
+        let rate = self.repair_bytes_per_s.max(1);
+        let batch_pages = (rate / 4 / self.page_bytes.max(1)).clamp(1, REPAIR_BATCH_PAGES_MAX);
+        let mut wait = REPAIR_IDLE;
+        let mut fingerprint = None;
+        let mut last_scan = Instant::now();
+        let mut more = false;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            wait = REPAIR_IDLE;
+            let pool = self.candidates();
+            let now = pool_fingerprint(&pool);
+            let due = more
+                || fingerprint != Some(now)
+                || self.brain().take_repair_dirty()
+                || last_scan.elapsed() >= REPAIR_RESCAN;
+            if !due {
+                continue;
+            }
+            fingerprint = Some(now);
+            last_scan = Instant::now();
+            // A batch cut short by the shutdown leaves at most copies no record names
+            // (deleted by nobody: the node is going) and reservations that lapse.
+            let moved = tokio::select! {
+                _ = cancel.cancelled() => return,
+                moved = self.repair_once(&pool, batch_pages as usize) => moved,
+            };
+            more = moved > 0;
+            if moved > 0 {
+                wait = Duration::from_secs_f64(moved as f64 / rate as f64).max(REPAIR_PACE_MIN);
+            }
+        }
+    }
+
+    /// One repair batch: up to `max_pages` of this node's pages with a dead copy are read
+    /// from a live copy (checksum checked), then spilled into their dead slots on new
+    /// holders (distinct from the live copies) and placed there. Returns the bytes copied.
+    pub(crate) async fn repair_once(&self, pool: &[Candidate], max_pages: usize) -> u64 {
+        let jobs = self.brain().repair_jobs(pool, max_pages);
+        let mut moved = 0u64;
+        let mut start = 0;
+        while start < jobs.len() {
+            let client = jobs[start].client;
+            let end = start
+                + jobs[start..]
+                    .iter()
+                    .take_while(|j| j.client == client)
+                    .count();
+            let batch = &jobs[start..end];
+            start = end;
+            match self.repair_client(client, batch, pool).await {
+                Ok(bytes) => moved += bytes,
+                Err(e) => {
+                    self.brain().repair_errors += 1;
+                    tracing::debug!(client, error = %e, "repair batch failed; retried later");
+                }
+            }
+        }
+        moved
+    }
+
+    async fn repair_client(
+        &self,
+        client: u32,
+        jobs: &[crate::placement::RepairJob],
+        pool: &[Candidate],
+    ) -> Result<u64, RemoteError> {
+        let pages: Vec<PageId> = jobs.iter().map(|j| j.page).collect();
+        let held: Vec<Option<Held>> = jobs.iter().map(|j| Some(j.live)).collect();
+        let mut fetch =
+            self.brain()
+                .start_fetch(client, pages, &held, pool, self.zone.as_deref())?;
+        self.run_fetch(&mut fetch, false).await;
+        let items = Placement::repair_items(jobs, fetch.finish_partial());
+        if items.is_empty() {
+            return Ok(0);
+        }
+        let planned = self.plan_and_reserve(client, items, &[]).await?;
+        if planned.is_empty() {
+            return Ok(0);
+        }
+        let failures = self.move_pages(&planned).await;
+        if let Some((_, e)) = failures.into_iter().next() {
+            self.abandon(client, &planned).await;
+            return Err(e);
+        }
+        if let Err(e) = self.place(client, &planned, false).await {
+            self.drop_copies(client, &planned).await;
+            return Err(e);
+        }
+        let stale = self.brain().repaired(client, &planned);
+        self.delete_all_or_queue(stale).await;
+        let bytes: u64 = planned.iter().map(|p| p.data.len() as u64).sum();
+        tracing::debug!(client, copies = planned.len(), bytes, "repaired copies");
+        Ok(bytes)
+    }
+
     /// Bytes this node's clients may keep on peers now: the up and reachable peers' lent
     /// capacity not used or reserved, plus what this node holds reserved there and has not
-    /// spent.
+    /// spent, divided by the copies a page takes.
     pub fn capacity_bytes(&self) -> u64 {
         let candidates = self.candidates();
         self.brain().capacity_bytes(&candidates, now_ms())
@@ -651,8 +828,18 @@ impl RemoteService {
     /// Counters: bytes and pages spilled/fetched per peer, errors.
     pub fn counters(&self) -> RemoteCounters {
         let brain = self.brain();
+        let under = brain.under_replicated;
         let mut c = RemoteCounters {
             errors: brain.errors,
+            replicas: brain.replicas(),
+            fetch_failovers: brain.fetch_failovers,
+            short_copies: brain.short_copies,
+            under_replicated_pages: under.pages,
+            under_replicated_bytes: under.bytes,
+            lost_pages: under.lost_pages,
+            repaired_pages: brain.repaired_pages,
+            repaired_bytes: brain.repaired_bytes,
+            repair_errors: brain.repair_errors,
             reserved_unspent_bytes: brain.ledger().remaining().values().sum(),
             deletes_pending: brain.pending_deletes_len() as u64,
             per_peer: brain.per_peer.clone(),
@@ -706,6 +893,20 @@ async fn request_within_grace(
             }
         }
     }
+}
+
+/// Shortest pause between two repair batches: 10 ms (yields the links to demand fetches
+/// even at a high `repair_bytes_per_s`).
+const REPAIR_PACE_MIN: Duration = Duration::from_millis(10);
+
+/// What the repair loop watches of the pool: members, their states and epochs.
+fn pool_fingerprint(pool: &[Candidate]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for c in pool {
+        (c.id, c.state, c.epoch.0, c.reachable).hash(&mut h);
+    }
+    h.finish()
 }
 
 /// Whether a request's failure may pass if the peer is waited for (the connection, not the

@@ -173,6 +173,24 @@ pub struct RemoteCounters {
     pub reserved_unspent_bytes: u64,
     /// Page copies on peers whose delete waits for the peer to answer.
     pub deletes_pending: u64,
+    /// Holders wanted per page (the node's `replicas`).
+    pub replicas: u8,
+    /// Pages read from a further holder after a nearer one failed.
+    pub fetch_failovers: u64,
+    /// Copies spills could not place for want of distinct peers (repaired later).
+    pub short_copies: u64,
+    /// This node's pages with fewer live copies than `replicas` (at the last repair scan).
+    pub under_replicated_pages: u64,
+    /// Their missing copies, in bytes (page size each): what re-replication has left.
+    pub under_replicated_bytes: u64,
+    /// This node's pages with no live copy left (lost with their holders).
+    pub lost_pages: u64,
+    /// Copies re-replication made.
+    pub repaired_pages: u64,
+    /// Bytes re-replication copied.
+    pub repaired_bytes: u64,
+    /// Repair batches that failed (retried later).
+    pub repair_errors: u64,
     /// Per peer.
     pub per_peer: BTreeMap<NodeId, PeerRemoteCounters>,
 }

@@ -32,7 +32,9 @@ async fn three_nodes_elect_spill_fetch_and_discard() {
     assert!((1..=3).contains(&leader.0));
     let n1 = nodes[0].as_ref().unwrap();
     let remote = n1.remote();
-    assert_eq!(remote.capacity_bytes(), 2 * 256 * PAGE);
+    // Two peers lending 256 pages each, two copies of every page (replicas = 2).
+    assert_eq!(n1.config().replicas, 2);
+    assert_eq!(remote.capacity_bytes(), 256 * PAGE);
 
     // Two buffers of client 5, the last page short.
     let mut pages = Vec::new();
@@ -55,10 +57,10 @@ async fn three_nodes_elect_spill_fetch_and_discard() {
         assert!(n1.net_stats().total().bytes_out < total);
     }
 
-    // On peers, never on node 1 itself, and all of it.
+    // On peers, never on node 1 itself, and all of it twice: one copy on each peer.
     let held_by = |i: usize| nodes[i].as_ref().unwrap().store().used_bytes_of(NodeId(1));
     assert_eq!(held_by(0), 0);
-    assert_eq!(held_by(1) + held_by(2), total);
+    assert_eq!((held_by(1), held_by(2)), (total, total));
     assert!(
         held_by(1) > 0 && held_by(2) > 0,
         "both peers hold some: {} {}",
@@ -72,12 +74,13 @@ async fn three_nodes_elect_spill_fetch_and_discard() {
     for ((_, sent), got) in pages.iter().rev().zip(&back) {
         assert!(sent == got, "a page came back different");
     }
+    // Spilled counts copies (two per page), fetched pages (each read once).
     let c = remote.counters();
-    assert_eq!((c.pages_spilled, c.pages_fetched), (40, 40));
-    assert_eq!((c.bytes_out, c.bytes_in), (total, total));
+    assert_eq!((c.pages_spilled, c.pages_fetched), (80, 40));
+    assert_eq!((c.bytes_out, c.bytes_in), (2 * total, total));
     assert_eq!(
         c.per_peer.values().map(|p| p.pages_spilled).sum::<u64>(),
-        40
+        80
     );
 
     // The directory entries are committed and applied on every node.
@@ -105,9 +108,9 @@ async fn three_nodes_elect_spill_fetch_and_discard() {
             "{holders:?}"
         );
     }
-    // The members' used bytes count whole pages.
+    // The members' used bytes count whole pages, of both copies.
     let used: u64 = n1.members().iter().map(|m| m.used_bytes).sum();
-    assert_eq!(used, 40 * PAGE);
+    assert_eq!(used, 80 * PAGE);
 
     // An unknown page is not found; discard ignores it.
     let err = remote.fetch(5, vec![page_id(9, 0)]).await.unwrap_err();
@@ -144,6 +147,8 @@ async fn placement_follows_free_capacity() {
     // Node 2 lends 64 pages, node 3 only 16.
     let mut pool = Pool::new("placement", PAGE, [64, 64, 16]);
     pool.configs[1].lend_bytes = 64 * PAGE;
+    // One copy per page: where the pages go is the room of each peer alone.
+    pool.configs[0].replicas = 1;
     let nodes = pool.start_all().await;
     settled(&nodes).await;
     let n1 = nodes[0].as_ref().unwrap();
@@ -177,7 +182,12 @@ async fn placement_follows_free_capacity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
-    let pool = Pool::new("failover", PAGE, [128, 128, 128]);
+    // One copy per page: the killed node's pages are lost with it (what this test
+    // checks of the directory); replicas are sim_pool's and the peer-death tests'.
+    let mut pool = Pool::new("failover", PAGE, [128, 128, 128]);
+    for c in &mut pool.configs {
+        c.replicas = 1;
+    }
     let mut nodes = pool.start_all().await;
     let leader = settled(&nodes).await;
     let li = (leader.0 - 1) as usize;
@@ -498,7 +508,8 @@ async fn a_restarted_node_releases_the_pages_its_gone_clients_spilled() {
             .map(|n| n.store().used_bytes_of(NodeId(1)))
             .sum()
     };
-    assert_eq!(held(&nodes), 12 * PAGE);
+    // Two copies of each page, one on each peer.
+    assert_eq!(held(&nodes), 2 * 12 * PAGE);
     // Node 1 goes away with its clients and comes back.
     let n1 = nodes[0].take().unwrap();
     within("shutdown node 1", n1.shutdown()).await;

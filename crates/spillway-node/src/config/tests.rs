@@ -100,6 +100,27 @@ fn the_page_transport_parses_and_ucx_needs_the_feature() {
 }
 
 #[test]
+fn replicas_zone_and_repair_bandwidth_parse_with_their_defaults() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(
+        (c.replicas, c.zone.as_deref(), c.repair_bytes_per_s),
+        (2, None, 256 << 20)
+    );
+    let c = parse(&format!(
+        "{MINIMAL}replicas = 4\nzone = \"rack-7\"\nrepair_bytes_per_s = \"64MiB\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        (c.replicas, c.zone.as_deref(), c.repair_bytes_per_s),
+        (4, Some("rack-7"), 64 << 20)
+    );
+    assert_eq!(
+        parse(&format!("{MINIMAL}replicas = 1\n")).unwrap().replicas,
+        1
+    );
+}
+
+#[test]
 fn members_and_raft_timing_parse() {
     let text = format!(
         "{MINIMAL}listen_addr = \"0.0.0.0:7700\"\ntick_ms = 50\nelection_ticks = 10\nelection_ticks_max = 20\nlend_bytes = 4194304\nclient_socket = \"/run/s.sock\"\nmembers = [{{ id = 3, addr = \"10.0.0.3:7700\" }}, {{ id = 4, addr = \"10.0.0.4:7700\" }}]\n"
@@ -144,6 +165,14 @@ fn new_fields_are_named_when_wrong() {
             "reserve_chunk_bytes",
         ),
         (MINIMAL.replace("node_id = 3", "node_id = 5000"), "node_id"),
+        (format!("{MINIMAL}replicas = 0\n"), "replicas"),
+        (format!("{MINIMAL}replicas = 5\n"), "replicas"),
+        (format!("{MINIMAL}zone = \"\"\n"), "zone"),
+        (format!("{MINIMAL}zone = \"{}\"\n", "z".repeat(65)), "zone"),
+        (
+            format!("{MINIMAL}repair_bytes_per_s = 1000\n"),
+            "repair_bytes_per_s",
+        ),
         (
             format!(
                 "{MINIMAL}listen_addr = \"127.0.0.1:7700\"\nmembers = [{{ id = 3, addr = \"10.0.0.3:7700\" }}]\n"
@@ -188,6 +217,8 @@ fn a_full_file_round_trips() {
     c.page_size = PageSize::new(64 << 10).unwrap();
     c.quic.connections_per_peer = 2;
     c.listen_addr = "10.0.0.7:7800".parse().unwrap();
+    c.replicas = 3;
+    c.zone = Some("rack-2".into());
     let text = toml::to_string(&c).unwrap();
     assert_eq!(parse(&text).unwrap(), c);
 }

@@ -1,0 +1,139 @@
+//! Re-replication without IO: which of this node's pages have fewer live copies than
+//! `replicas`, and how their missing copies are made again.
+//!
+//! Every origin node repairs its own pages (it spilled them, it knows their checksums and
+//! every copy; nobody else has to agree on who repairs what). A copy is live while its
+//! holder is a member, not declared down, and of the incarnation that took the copy
+//! ([`super::is_live`]). A page with a dead or missing copy and at least one live copy is
+//! a [`RepairJob`]: the driver reads it from a live copy (a fetch, checksum checked),
+//! plans its dead slots as a spill that keeps the live copies (so the new holders are
+//! distinct from them), moves and places it, then calls [`Placement::repaired`]. A page
+//! with no live copy is lost (counted, not repairable).
+//!
+//! Bounds: a scan visits every page this node spilled once (it runs at most every
+//! repair round of the driver) and yields at most `max_pages` jobs.
+
+use bytes::Bytes;
+use spillway_types::PageId;
+
+use super::{Candidate, Deletes, Held, Placement, Planned, Replica, SLOTS, SpillPage, ToPlace};
+
+/// How many of this node's pages lack copies, from the last scan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct UnderReplicated {
+    /// Pages with fewer live copies than `replicas` (and at least one).
+    pub(crate) pages: u64,
+    /// Their copies missing, in page bytes (each page counted at the page size).
+    pub(crate) bytes: u64,
+    /// Pages with no live copy left.
+    pub(crate) lost_pages: u64,
+}
+
+/// One page to repair.
+#[derive(Clone, Debug)]
+pub(crate) struct RepairJob {
+    /// The local client that spilled it.
+    pub(crate) client: u32,
+    /// Its id for that client.
+    pub(crate) page: PageId,
+    /// Its live copies (and its checksum).
+    pub(crate) live: Held,
+    /// Slots to fill, one bit each.
+    pub(crate) slots: u8,
+}
+
+impl Placement {
+    /// Whether a repair scan is due whatever the pool (a spill came out short since the
+    /// last call).
+    pub(crate) fn take_repair_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.repair_dirty)
+    }
+
+    /// Scans this node's pages against `pool`: counts the under-replicated and lost ones
+    /// (kept for [`Placement::under_replicated`]), and returns up to `max_pages`
+    /// repairable ones, in page order per client (so a batch makes few extents).
+    pub(crate) fn repair_jobs(&mut self, pool: &[Candidate], max_pages: usize) -> Vec<RepairJob> {
+        let mut count = UnderReplicated::default();
+        let mut jobs = Vec::new();
+        let wanted = self.replicas as usize;
+        for (&(client, page), held) in &self.pages {
+            let mut live = Held {
+                replicas: [None; SLOTS],
+                checksum: held.checksum,
+            };
+            let mut slots = 0u8;
+            for s in 0..wanted {
+                match held.replicas[s] {
+                    Some(r) if super::is_live(pool, &r) => live.replicas[s] = Some(r),
+                    _ => slots |= 1 << s,
+                }
+            }
+            // Copies past `replicas` (a node restarted with fewer) count as live copies.
+            for s in wanted..SLOTS {
+                if let Some(r) = held.replicas[s].filter(|r| super::is_live(pool, r)) {
+                    live.replicas[s] = Some(r);
+                }
+            }
+            if slots == 0 {
+                continue;
+            }
+            if live.copies().next().is_none() {
+                count.lost_pages += 1;
+                continue;
+            }
+            count.pages += 1;
+            count.bytes += u64::from(slots.count_ones()) * self.page_bytes;
+            jobs.push(RepairJob {
+                client,
+                page,
+                live,
+                slots,
+            });
+        }
+        self.under_replicated = count;
+        jobs.sort_by_key(|j| (j.client, j.page));
+        jobs.truncate(max_pages);
+        jobs
+    }
+
+    /// The spill items of `jobs` whose bytes were read (`data`, in job order; `None`:
+    /// not read this round): their dead slots, keeping their live copies.
+    pub(crate) fn repair_items(jobs: &[RepairJob], data: Vec<Option<Bytes>>) -> Vec<ToPlace> {
+        jobs.iter()
+            .zip(data)
+            .filter_map(|(j, d)| {
+                Some(ToPlace {
+                    page: SpillPage {
+                        page: j.page,
+                        data: d?,
+                        checksum: j.live.checksum,
+                    },
+                    slots: j.slots,
+                    keep: j.live.replicas,
+                })
+            })
+            .collect()
+    }
+
+    /// Records the new copies of a repair of `client`'s pages (placed in the directory):
+    /// each fills its slot. A page discarded or spilled again meanwhile (its record gone
+    /// or of another checksum) keeps its record; the copies made for it come back, to
+    /// delete.
+    pub(crate) fn repaired(&mut self, client: u32, planned: &[Planned]) -> Deletes {
+        let mut stale = Deletes::new();
+        for p in planned {
+            match self.pages.get_mut(&(client, p.client_page)) {
+                Some(h) if h.checksum == p.checksum => {
+                    h.replicas[p.slot as usize] = Some(Replica {
+                        holder: p.holder,
+                        epoch: p.epoch,
+                    });
+                    self.repaired_pages += 1;
+                    self.repaired_bytes += p.data.len() as u64;
+                }
+                _ => stale.entry(p.holder).or_default().push(p.remote),
+            }
+        }
+        stale
+    }
+}
