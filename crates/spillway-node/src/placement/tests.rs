@@ -3,6 +3,7 @@
 //! back), reservations, batches, move verdicts, placements, fetch routing with fail-over
 //! and checks, repair of dead copies, pending deletes.
 use super::*;
+use crate::tier::RUN_PAGES;
 
 const PAGE: u64 = 2 << 20;
 
