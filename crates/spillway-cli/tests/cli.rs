@@ -2,11 +2,10 @@
 
 use std::process::Command;
 
-
 mod common;
 use common::{
-    COMPARE_BUDGET_BYTES, COMPARE_MOE, SMALL, Scratch, read_json, spillway_command, spillway_err,
-    spillway_ok, stdout_json, trace_path,
+    COMPARE_BUDGET_BYTES, COMPARE_MOE, SMALL, Scratch, assert_contains_all, f64s, read_json,
+    spillway_command, spillway_err, spillway_ok, stdout_json, trace_path,
 };
 
 fn spillway(args: &[&str]) -> std::process::Output {
@@ -118,12 +117,7 @@ fn offload_bench_json_has_every_variant_with_its_spread_and_the_load() {
     );
     let v = stdout_json(&out);
     assert_eq!(v["repeats"], 2);
-    let floors: Vec<f64> = v["floors_s"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_f64().unwrap())
-        .collect();
+    let floors = f64s(&v["floors_s"]);
     assert_eq!(floors.len(), 2);
     // serde_json reads floats to within an ulp: compare with a tolerance.
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(b.abs()).max(1.0);
@@ -142,12 +136,7 @@ fn offload_bench_json_has_every_variant_with_its_spread_and_the_load() {
         ["resident", "copy_only", "on_demand", "clock", "learned"]
     );
     for x in v["variants"].as_array().unwrap() {
-        let ratios: Vec<f64> = x["ratios"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r.as_f64().unwrap())
-            .collect();
+        let ratios = f64s(&x["ratios"]);
         assert_eq!(ratios.len(), 2, "{x}");
         let (lo, hi) = (ratios[0].min(ratios[1]), ratios[0].max(ratios[1]));
         assert!(close(x["ratio_min"].as_f64().unwrap(), lo), "{x}");
@@ -588,13 +577,15 @@ fn cluster_up_prints_the_client_socket_and_what_to_try_next() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let spec = read_json(&pool.0.path().join("cluster.json"));
     let socket = spec["nodes"][0]["client_socket"].as_str().unwrap();
-    for expected in [
-        format!("spillway demo --connect {socket}"),
-        format!("spillway status --dir {dir}"),
-        format!("spillway cluster down --dir {dir}"),
-    ] {
-        assert!(stdout.contains(&expected), "{expected} missing:\n{stdout}");
-    }
+    assert_contains_all(
+        "its output",
+        &stdout,
+        &[
+            &format!("spillway demo --connect {socket}"),
+            &format!("spillway status --dir {dir}"),
+            &format!("spillway cluster down --dir {dir}"),
+        ],
+    );
     let help = String::from_utf8(spillway(&["demo", "--help"]).stdout).unwrap();
     let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
@@ -723,15 +714,17 @@ fn replay_of_a_trace_that_cannot_fit_fails_at_once_naming_the_sizes() {
     let started = std::time::Instant::now();
     let err = spillway_err(&["replay", &path, "--device", "sim", "--host-budget", "1GiB"]);
     let took = started.elapsed();
-    for size in [
-        "300000 buffers",
-        "19660800000 bytes",
-        "78643200000 bytes",
-        "1073741824 bytes",
-    ] {
-        assert!(err.contains(size), "{size} missing: {err}");
-    }
-    assert!(err.contains("--host-budget"), "{err}");
+    assert_contains_all(
+        "the error",
+        &err,
+        &[
+            "300000 buffers",
+            "19660800000 bytes",
+            "78643200000 bytes",
+            "1073741824 bytes",
+            "--host-budget",
+        ],
+    );
     assert!(took.as_secs() < 10, "took {took:?}");
     println!("300k x 64 KiB against a 1 GiB host budget: refused in {took:?}");
 

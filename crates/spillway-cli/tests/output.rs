@@ -7,8 +7,8 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    COMPARE_BUDGET_BYTES, COMPARE_MOE, SMALL, Scratch, read_json, spillway_ok as spillway,
-    stdout_json, trace_path,
+    COMPARE_BUDGET_BYTES, COMPARE_MOE, SMALL, Scratch, assert_contains_all, read_json,
+    spillway_ok as spillway, stdout_json, trace_path,
 };
 
 /// No Markdown and no colour codes: what a table drawn for a pipe looks like.
@@ -25,28 +25,27 @@ fn assert_terminal_table(stdout: &str) {
     );
 }
 
+/// `command` on the small model, its files in `dir` and its Markdown recorded there.
+fn small_run_recorded(dir: &Scratch, command: &[&str]) -> std::process::Output {
+    spillway(&[command, &dir.out_args(), &dir.record_args(), SMALL].concat())
+}
+
 #[test]
 fn offload_draws_its_table_with_the_spread_and_records_markdown_only_to_the_file() {
     let dir = Scratch::new("offload-table");
-    let out = spillway(
-        &[
-            &["bench", "offload", "--repeats", "1"][..],
-            &dir.out_args(),
-            &dir.record_args(),
-            SMALL,
-        ]
-        .concat(),
-    );
+    let out = small_run_recorded(&dir, &["bench", "offload", "--repeats", "1"]);
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_terminal_table(&stdout);
-    for needle in [
-        "ratio min–max",
-        "to GPU MiB/step",
-        "1 repeats interleaved",
-        "load average (1 min)",
-    ] {
-        assert!(stdout.contains(needle), "{needle:?} not in:\n{stdout}");
-    }
+    assert_contains_all(
+        "the table",
+        &stdout,
+        &[
+            "ratio min–max",
+            "to GPU MiB/step",
+            "1 repeats interleaved",
+            "load average (1 min)",
+        ],
+    );
     let v = read_json(&dir.join("offload.json"));
     // The table's learned row carries the JSON's figures.
     let learned = v["variants"][4].clone();
@@ -173,14 +172,16 @@ fn replay_compare_draws_a_table_with_both_gpu_peaks_and_plots_every_policy() {
         "{stdout}"
     );
     let svg = std::fs::read_to_string(dir.join("replay.svg")).unwrap();
-    for needle in [
-        "on_demand",
-        "clock",
-        "learned",
-        "Stall (waiting for copies) per step",
-    ] {
-        assert!(svg.contains(needle), "{needle} not in the plot");
-    }
+    assert_contains_all(
+        "the plot",
+        &svg,
+        &[
+            "on_demand",
+            "clock",
+            "learned",
+            "Stall (waiting for copies) per step",
+        ],
+    );
 }
 
 /// `spillway_types::fmt_bytes` of a size of at least 1 MiB and under 1 GiB.
@@ -346,15 +347,7 @@ fn bench_remote_draws_one_unit_and_records_markdown_with_its_json() {
 #[test]
 fn demo_records_its_steps_and_totals_as_markdown() {
     let dir = Scratch::new("demo-record");
-    let out = spillway(
-        &[
-            &["demo", "--nodes", "1"][..],
-            &dir.out_args(),
-            &dir.record_args(),
-            SMALL,
-        ]
-        .concat(),
-    );
+    let out = small_run_recorded(&dir, &["demo", "--nodes", "1"]);
     let stdout = String::from_utf8(out.stdout).unwrap();
     let md = dir.recorded();
     let v = read_json(&dir.join("demo.json"));

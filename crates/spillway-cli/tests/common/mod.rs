@@ -49,6 +49,23 @@ pub fn stdout_json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
 }
 
+/// A JSON array of numbers.
+pub fn f64s(array: &Value) -> Vec<f64> {
+    array
+        .as_array()
+        .expect("a JSON array")
+        .iter()
+        .map(|x| x.as_f64().expect("a number"))
+        .collect()
+}
+
+/// Asserts that `text` (what `what` is) contains every one of `needles`.
+pub fn assert_contains_all(what: &str, text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} not in {what}:\n{text}");
+    }
+}
+
 /// A JSON file a run wrote.
 pub fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
