@@ -26,6 +26,9 @@
 //!   overhead), checked at start against the cgroup's limit and `RLIMIT_MEMLOCK`.
 //! - [`local`]: the Unix socket for this machine's clients, and the `ClientPages` seam
 //!   behind it (with its in-memory twin, `MemClientPages`).
+//! - [`membership`]: joining with a token (the bootstrap endpoint on the node holding
+//!   the CA key, [`join_pool`] on the joining host), promotion of learners and removal
+//!   of drained leaving members by the leader, [`NodeHandle::leave`].
 //! - [`node`]: [`Node::start`] and the [`NodeHandle`] with the counters and the graceful
 //!   shutdown.
 //! - `ucx_pages` (feature `ucx`): page requests over UCX (`transport = "ucx"`), each UCX
@@ -36,6 +39,7 @@ mod config_size;
 pub mod http;
 mod ledger;
 pub mod local;
+pub mod membership;
 pub mod memory;
 pub mod meta;
 pub mod node;
@@ -50,6 +54,7 @@ mod ucx_pages;
 
 pub use config::{FieldDoc, MemberAddr, NodeConfig, NodeConfigError, PageTransport};
 pub use http::{HostTierStatus, MemberStatus, NodeStatus, RemoteStatus};
+pub use membership::{JoinNodeError, LeaveError, ServeJoinsError, join_pool};
 pub use memory::{HostBudget, MemoryError, MemoryLimits, MemoryPlan};
 pub use meta::{MemberView, MetaView, Outcome, ProposeFailure};
 pub use node::{Node, NodeCounters, NodeError, NodeHandle};

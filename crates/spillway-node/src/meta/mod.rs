@@ -64,8 +64,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use spillway_meta::storage::EngineStorage;
 use spillway_meta::{
-    Applied, Batch, Epoch, InitialCluster, MemberInfo, MemberState, MetaConfig, MetaNode,
-    MetaState, ProposalFailed, ProposeError, RaftMessage, Role, Ticket, Update,
+    Applied, Batch, Epoch, InitialCluster, MemberInfo, MemberState, MembershipChange, MetaConfig,
+    MetaNode, MetaState, ProposalFailed, ProposeError, RaftMessage, Role, Ticket, Update,
 };
 use spillway_net::{Request, Response};
 use spillway_types::NodeId;
@@ -290,7 +290,36 @@ enum Input {
     Query(Query),
     /// Hand leadership to the most caught-up active follower, if this node leads.
     Transfer,
+    /// Propose a membership change if this node leads; else ask the leader to hand
+    /// leadership to this node (`crate::membership`), and say so.
+    Membership(MembershipChange, MembershipReply),
     Stop,
+}
+
+/// The answer to a membership change: applied, or why not.
+type MembershipReply = oneshot::Sender<Result<(), MembershipFailure>>;
+
+/// Why a membership change did not apply.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipFailure {
+    /// This node does not lead (it asked for the lead); try again.
+    #[error("this node does not lead")]
+    NotLeader,
+    /// Another change is in progress, or leadership changed under it; try again.
+    #[error("another membership change is in progress")]
+    Busy,
+    /// The change is invalid, or failed.
+    #[error("{reason}")]
+    Failed {
+        /// Why.
+        reason: String,
+    },
+    /// It did not apply within [`PROPOSAL_TIMEOUT`].
+    #[error("not applied within {} ms", PROPOSAL_TIMEOUT.as_millis())]
+    TimedOut,
+    /// The metadata group of this node is stopped or degraded.
+    #[error("the metadata group of this node is stopped or degraded")]
+    Stopped,
 }
 
 /// The running driver (see the module docs). Cheap to share behind an `Arc`.
@@ -369,6 +398,7 @@ impl MetaDriver {
                 .collect(),
             page_bytes: config.page_size.bytes(),
         };
+        let joined = crate::membership::joined(config);
         let (inputs_tx, inputs_rx) = std::sync::mpsc::sync_channel(INPUTS_MAX);
         let view = Arc::new(RwLock::new(MetaView::default()));
         let queued = Arc::new(AtomicU64::new(0));
@@ -406,6 +436,7 @@ impl MetaDriver {
             stop: stop.clone(),
             meta_config: meta_config.clone(),
             initial: initial.clone(),
+            joined,
             failed: failed.clone(),
         };
         let (opened_tx, opened_rx) = oneshot::channel();
@@ -414,7 +445,9 @@ impl MetaDriver {
             .spawn(move || {
                 // raft-engine caches blocks per thread: the node is opened and used on
                 // this thread only.
-                let node = match MetaNode::open(meta_config, Some(&initial)) {
+                // A node that joined with a token waits for the leader's snapshot.
+                let initial = (!joined).then_some(&initial);
+                let node = match MetaNode::open(meta_config, initial) {
                     Ok(node) => {
                         let _ = opened_tx.send(Ok(()));
                         node
@@ -513,6 +546,38 @@ impl MetaDriver {
         };
         self.send(Input::Propose(pending))?;
         rx.await.unwrap_or(Err(ProposeFailure::Stopped))
+    }
+
+    /// Makes a membership change through Raft, waiting (at most [`PROPOSAL_TIMEOUT`])
+    /// until it applied. On a follower it first asks for the lead (see
+    /// `crate::membership`), and retries while another change is in progress.
+    pub async fn change_membership(
+        &self,
+        change: MembershipChange,
+    ) -> Result<(), MembershipFailure> {
+        let deadline = Instant::now() + PROPOSAL_TIMEOUT;
+        loop {
+            let (tx, rx) = oneshot::channel();
+            self.send(Input::Membership(change.clone(), tx))
+                .map_err(|_| MembershipFailure::Stopped)?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let result = match tokio::time::timeout(left, rx).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(MembershipFailure::Stopped),
+                Err(_) => Err(MembershipFailure::TimedOut),
+            };
+            match result {
+                Err(MembershipFailure::NotLeader | MembershipFailure::Busy)
+                    if Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(MembershipFailure::NotLeader | MembershipFailure::Busy) => {
+                    return Err(MembershipFailure::TimedOut);
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Runs `f` on the applied state, on the Raft thread, and returns its result.

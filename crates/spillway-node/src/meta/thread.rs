@@ -24,6 +24,8 @@ pub(super) struct ThreadCtx {
     /// What the node is reopened with after a storage failure (as at start).
     pub(super) meta_config: MetaConfig,
     pub(super) initial: InitialCluster,
+    /// Whether this node joined with a token (its log starts from a snapshot).
+    pub(super) joined: bool,
     /// Cancelled when the thread stops on a failure it cannot recover from.
     pub(super) failed: CancellationToken,
 }
@@ -110,6 +112,9 @@ pub(super) fn run(node: MetaNode, inputs: Receiver<Input>, mut ctx: ThreadCtx) {
     // Why the thread stops for good, if it does (see the module docs).
     let mut fatal: Option<String> = None;
     let mut stopping = false;
+    // Membership changes asked for, by ticket, and when the leader last looked for one.
+    let mut changes: HashMap<Ticket, MembershipReply> = HashMap::new();
+    let mut last_reconcile = Instant::now();
     if let Member::Up(node) = &member {
         publish(node, &ctx, &mut last_view, true);
     }
@@ -135,6 +140,9 @@ pub(super) fn run(node: MetaNode, inputs: Receiver<Input>, mut ctx: ThreadCtx) {
         for input in batch {
             match (&mut member, input) {
                 (_, Input::Stop) => stopping = true,
+                (Member::Up(node), Input::Membership(change, reply)) => {
+                    propose_membership(node, change, reply, &mut changes, &ctx);
+                }
                 (Member::Up(node), input) => take_input(node, input, &mut queue, &ctx),
                 (Member::Degraded(d), input) => refuse_input(d, input),
             }
@@ -193,6 +201,10 @@ pub(super) fn run(node: MetaNode, inputs: Receiver<Input>, mut ctx: ThreadCtx) {
             }
             expire(&mut queue, &ctx, node.leader());
             sync_capacity(node, &mut queue, &ctx, &mut last_capacity_sync);
+            if node.is_leader() && last_reconcile.elapsed() >= crate::membership::RECONCILE_EVERY {
+                last_reconcile = Instant::now();
+                crate::membership::reconcile(node);
+            }
         }
         flush(node, &mut queue, &mut in_flight, &ctx);
         let ready = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| node.handle_ready()));
@@ -216,6 +228,16 @@ pub(super) fn run(node: MetaNode, inputs: Receiver<Input>, mut ctx: ThreadCtx) {
         }
         route(node, &mut ctx);
         for c in node.take_completions() {
+            if let Some(reply) = changes.remove(&c.ticket) {
+                let _ = reply.send(match c.result {
+                    Ok(_) => Ok(()),
+                    Err(ProposalFailed::Lost) => Err(MembershipFailure::Busy),
+                    Err(e) => Err(MembershipFailure::Failed {
+                        reason: e.to_string(),
+                    }),
+                });
+                continue;
+            }
             let Some(waiters) = in_flight.remove(&c.ticket) else {
                 continue;
             };
@@ -333,6 +355,10 @@ fn take_input(node: &mut MetaNode, input: Input, queue: &mut VecDeque<Pending>, 
         Input::Unreachable(peer) => node.report_unreachable(peer),
         Input::Snapshot(peer, ok) => node.report_snapshot(peer, ok),
         Input::Query(f) => f(Ok(node.state())),
+        Input::Membership(_, reply) => {
+            // Handled by the loop (it keeps the waiters); never reaches here.
+            let _ = reply.send(Err(MembershipFailure::Busy));
+        }
         Input::Transfer => {
             let best = node
                 .peers()
@@ -359,6 +385,9 @@ fn refuse_input(d: &Degraded, input: Input) {
             }
         }
         Input::Query(f) => f(Err(d.failure())),
+        Input::Membership(_, reply) => {
+            let _ = reply.send(Err(MembershipFailure::Stopped));
+        }
         Input::Raft(_)
         | Input::Unreachable(_)
         | Input::Snapshot(..)
@@ -415,7 +444,39 @@ fn degrade(
 /// (a log on a full disk opens, and fails at its next write).
 fn reopen(ctx: &ThreadCtx) -> Result<MetaNode, spillway_meta::MetaError> {
     EngineStorage::open(&ctx.meta_config.dir)?.check_writable()?;
-    MetaNode::open(ctx.meta_config.clone(), Some(&ctx.initial))
+    let initial = (!ctx.joined).then_some(&ctx.initial);
+    MetaNode::open(ctx.meta_config.clone(), initial)
+}
+
+/// Proposes `change` if this node leads (its completion answers `reply`); else asks the
+/// leader to hand leadership here (raft-rs forwards a follower's transfer to itself) and
+/// answers [`MembershipFailure::NotLeader`], for the caller to try again.
+fn propose_membership(
+    node: &mut MetaNode,
+    change: MembershipChange,
+    reply: MembershipReply,
+    changes: &mut HashMap<Ticket, MembershipReply>,
+    ctx: &ThreadCtx,
+) {
+    match node.propose_membership(&change) {
+        Ok(ticket) => {
+            changes.insert(ticket, reply);
+        }
+        Err(ProposeError::NotLeader { .. }) => {
+            if node.leader().is_some() {
+                node.transfer_leader(ctx.id);
+            }
+            let _ = reply.send(Err(MembershipFailure::NotLeader));
+        }
+        Err(ProposeError::ConfChangePending | ProposeError::TooManyInFlight { .. }) => {
+            let _ = reply.send(Err(MembershipFailure::Busy));
+        }
+        Err(e) => {
+            let _ = reply.send(Err(MembershipFailure::Failed {
+                reason: e.to_string(),
+            }));
+        }
+    }
 }
 
 fn answer(p: Pending, result: Result<Vec<Outcome>, ProposeFailure>) {
@@ -689,6 +750,18 @@ fn publish(
     }
     *last = Some(key);
     let state = node.state();
+    // Every member's address, for pages as well as Raft (a joined member was not in the
+    // config).
+    for m in state.members() {
+        if m.id != ctx.id
+            && let Some(addr) = m
+                .addresses
+                .first()
+                .and_then(|a| a.parse::<SocketAddr>().ok())
+        {
+            ctx.peers.learn(m.id, addr);
+        }
+    }
     let members = state
         .members()
         .map(|m| {
