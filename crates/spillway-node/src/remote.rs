@@ -576,8 +576,13 @@ impl RemoteService {
     }
 
     /// Deletes `ids` on `peer`, or queues them for [`RemoteService::retry_pending_deletes`]
-    /// when the peer does not answer or refuses.
+    /// when the peer does not answer or refuses. A peer in its reconnect backoff (dead or
+    /// paused: a repair's dead copies are on one) is not waited for: queued at once.
     async fn delete_or_queue(&self, peer: NodeId, ids: Vec<PageId>) {
+        if !self.peers.reachable(peer) {
+            self.brain().queue_deletes(peer, ids);
+            return;
+        }
         if let Err(e) = self.delete_on(peer, ids.clone()).await {
             tracing::debug!(%peer, error = %e, pages = ids.len(), "delete queued for retry");
             self.brain().queue_deletes(peer, ids);

@@ -116,18 +116,24 @@ impl Placement {
     }
 
     /// Records the new copies of a repair of `client`'s pages (placed in the directory):
-    /// each fills its slot. A page discarded or spilled again meanwhile (its record gone
-    /// or of another checksum) keeps its record; the copies made for it come back, to
-    /// delete.
+    /// each fills its slot, and the dead copy it replaces comes back to delete (a holder
+    /// that was only paused still has it; a restarted one answers the delete as missing).
+    /// A page discarded or spilled again meanwhile (its record gone or of another
+    /// checksum) keeps its record; the copies made for it come back, to delete.
     pub(crate) fn repaired(&mut self, client: u32, planned: &[Planned]) -> Deletes {
         let mut stale = Deletes::new();
         for p in planned {
             match self.pages.get_mut(&(client, p.client_page)) {
                 Some(h) if h.checksum == p.checksum => {
-                    h.replicas[p.slot as usize] = Some(Replica {
+                    let new = Replica {
                         holder: p.holder,
                         epoch: p.epoch,
-                    });
+                    };
+                    if let Some(dead) = h.replicas[p.slot as usize].replace(new)
+                        && dead.holder != p.holder
+                    {
+                        stale.entry(dead.holder).or_default().push(p.remote);
+                    }
                     self.repaired_pages += 1;
                     self.repaired_bytes += p.data.len() as u64;
                 }

@@ -478,7 +478,10 @@ fn a_dead_copy_is_repaired_on_a_new_holder_keeping_the_live_one() {
     let outcomes = vec![Outcome::Accepted; p.proposal().len()];
     let copies = b.reserved(p, &outcomes).unwrap();
     assert!(copies.iter().all(|c| c.slot == 0));
-    assert!(b.repaired(1, &copies).is_empty());
+    // The dead copies on node 2 are to delete (it may have been paused, not gone).
+    let dead = b.repaired(1, &copies);
+    assert_eq!(dead.keys().copied().collect::<Vec<_>>(), vec![NodeId(2)]);
+    assert_eq!(dead[&NodeId(2)].len(), 4);
     assert_eq!((b.repaired_pages, b.repaired_bytes), (4, 4));
     assert!(b.repair_jobs(&after, 100).is_empty());
     assert_eq!(b.under_replicated, UnderReplicated::default());
