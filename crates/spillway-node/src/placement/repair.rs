@@ -8,7 +8,9 @@
 //! a [`RepairJob`]: the driver reads it from a live copy (a fetch, checksum checked),
 //! plans its dead slots as a spill that keeps the live copies (so the new holders are
 //! distinct from them), moves and places it, then calls [`Placement::repaired`]. A page
-//! with no live copy is lost (counted, not repairable).
+//! with no live copy is lost (counted, not repairable). A copy on a member that is
+//! leaving is live (read from, kept apart from) but its slot is refilled elsewhere, so a
+//! leaving node drains.
 //!
 //! Bounds: a scan visits every page this node spilled once (it runs at most every
 //! repair round of the driver) and yields at most `max_pages` jobs.
@@ -17,6 +19,12 @@ use bytes::Bytes;
 use spillway_types::PageId;
 
 use super::{Candidate, Deletes, Held, Placement, Planned, Replica, SLOTS, SpillPage, ToPlace};
+
+/// Whether `node` is a member that is leaving the pool.
+fn leaving(pool: &[Candidate], node: spillway_types::NodeId) -> bool {
+    pool.iter()
+        .any(|c| c.id == node && c.state == spillway_meta::MemberState::Leaving)
+}
 
 /// How many of this node's pages lack copies, from the last scan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,7 +72,14 @@ impl Placement {
             let mut slots = 0u8;
             for s in 0..wanted {
                 match held.replicas[s] {
-                    Some(r) if super::is_live(pool, &r) => live.replicas[s] = Some(r),
+                    Some(r) if super::is_live(pool, &r) => {
+                        live.replicas[s] = Some(r);
+                        // A leaving holder still serves its copy (a repair reads it) but
+                        // drains: its slot is refilled elsewhere.
+                        if leaving(pool, r.holder) {
+                            slots |= 1 << s;
+                        }
+                    }
                     _ => slots |= 1 << s,
                 }
             }

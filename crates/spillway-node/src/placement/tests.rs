@@ -545,3 +545,30 @@ fn a_respill_removes_the_earlier_records_first_and_a_repair_does_not() {
     // A repair fills slots only.
     assert_eq!(b.placements(&first, 1, false).removes, 0);
 }
+
+#[test]
+fn a_leaving_holder_is_drained_from_its_own_copy() {
+    let mut b = brain(2, 8);
+    let pool = [peer(2, 50), peer(3, 40), peer(4, 30)];
+    spilled(&mut b, 2, &pool);
+    let mut after = pool.to_vec();
+    after[0].state = MemberState::Leaving;
+    let jobs = b.repair_jobs(&after, 100);
+    assert_eq!(jobs.len(), 2);
+    // Node 2's copy stays a source (live), its slot is refilled.
+    assert!(
+        jobs.iter()
+            .all(|j| j.slots == 0b01 && j.live.held_on(NodeId(2)))
+    );
+    let data = vec![Some(Bytes::from_static(b"x")); 2];
+    let p = b
+        .plan(1, Placement::repair_items(&jobs, data), &after, &[], 0)
+        .unwrap();
+    // The new copy goes to the one peer holding none: node 4.
+    assert!(p.holders().iter().all(|h| *h == vec![NodeId(4)]));
+    let outcomes = vec![Outcome::Accepted; p.proposal().len()];
+    let copies = b.reserved(p, &outcomes).unwrap();
+    let drained = b.repaired(1, &copies);
+    assert_eq!(drained[&NodeId(2)].len(), 2);
+    assert!(b.repair_jobs(&after, 100).is_empty());
+}
