@@ -23,13 +23,19 @@
 //! one mutex, by whichever thread submits. Every op is in the in-flight set from before
 //! its frame is written until its completion; whoever takes it out of the set completes
 //! it, so each op completes exactly once. When the socket dies (the node exits, a write
-//! fails, a frame is malformed), the first cause is kept, every op in flight completes
-//! with it, and every later op fails with it at once.
+//! fails, a frame is malformed), the first cause ([`LinkDown`]) is kept, every op in
+//! flight completes with it as [`RemoteError::TierGone`], and every later op fails with
+//! it at once: the pool then fails every acquire with `CoreError::RemoteTierGone` at
+//! once (no backoff, no hang). The pages the node held for this client went with the
+//! node (a node that starts again removes its earlier clients' pages), so there is no
+//! resuming a pool: once the node is back, [`DaemonLink::connect`] again and build a new
+//! pool. A fetch the node answers `PageLost` (every holder of the page is gone) is
+//! [`RemoteError::Lost`]: the pool loses that page's buffer only.
 //!
 //! Lock order: the tier's state, then nothing; the writer, then nothing. Neither is held
 //! while the sink runs. The only `unsafe` is in the private `shm` module.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
@@ -42,7 +48,7 @@ use std::time::Duration;
 use spillway_device::HostMemory;
 use spillway_types::local::{
     self, ClientMessage, DISCARD_PAGES_MAX, Discard, FrameHeader, HEADER_BYTES, Hello,
-    LocalWireError, NodeMessage, PageOp, RefusedCode, Welcome,
+    LocalWireError, NodeMessage, OpError, OpErrorCode, PageOp, RefusedCode, Welcome,
 };
 use spillway_types::{PageId, PageSize};
 
@@ -122,6 +128,85 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
+}
+
+/// Why the link to the node died: the cause every op in flight, and every later one,
+/// fails with (as [`RemoteError::TierGone`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkDown {
+    /// The node closed the connection (it exited, or was killed).
+    #[error("{node} closed the connection")]
+    Closed {
+        /// The node, as the tier describes it (its socket, our client number).
+        node: String,
+    },
+    /// Reading from or writing to the socket failed.
+    #[error("the connection to {node} failed: {reason}")]
+    Io {
+        /// The node.
+        node: String,
+        /// What the socket said.
+        reason: String,
+    },
+    /// The node sent a frame that breaks the local protocol (a bad header or body, a
+    /// message a client never gets after the handshake, the answer to an op not in
+    /// flight).
+    #[error("{node} broke the local protocol: {problem}")]
+    Protocol {
+        /// The node.
+        node: String,
+        /// What was wrong.
+        problem: FrameProblem,
+    },
+    /// A frame for the node could not be encoded (a bug: every frame we send is bounded).
+    #[error("cannot encode a frame for the node: {0}")]
+    Encode(LocalWireError),
+    /// The pool closed the link (its normal end).
+    #[error("{node} was closed by the pool")]
+    ClosedByPool {
+        /// The node.
+        node: String,
+    },
+}
+
+/// What was wrong with a frame from the node ([`LinkDown::Protocol`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameProblem {
+    /// The connection ended inside a frame.
+    #[error("the connection ended inside a frame")]
+    Truncated,
+    /// The header or body did not decode.
+    #[error(transparent)]
+    Wire(#[from] LocalWireError),
+    /// A message other than `Done` after the handshake.
+    #[error("an unexpected {0} after the handshake")]
+    Unexpected(&'static str),
+    /// The answer to an op that is not in flight.
+    #[error("the answer to op {0}, which is not in flight")]
+    UnknownOp(u64),
+}
+
+/// Why reading one frame failed (the private `read_frame`).
+#[derive(Debug)]
+enum ReadError {
+    Io(io::Error),
+    Frame(FrameProblem),
+}
+
+/// The core's error for an op the node answered with `error`: `PageLost` is
+/// [`RemoteError::Lost`] (the pool loses that page's buffer only), `Unavailable` (the
+/// node is going away) is [`RemoteError::TierGone`], the rest the node's words.
+fn op_error(page: PageId, error: OpError) -> RemoteError {
+    match error.code {
+        OpErrorCode::PageLost => RemoteError::Lost {
+            page,
+            message: error.message,
+        },
+        OpErrorCode::Unavailable => RemoteError::TierGone {
+            message: error.message,
+        },
+        OpErrorCode::BadRequest | OpErrorCode::Remote => RemoteError::tier(error),
+    }
 }
 
 /// A client's link to its node: the shared host memory and the socket. See the module
@@ -352,10 +437,10 @@ struct Conn {
 
 #[derive(Default)]
 struct ConnState {
-    /// Ids of the ops sent and not completed.
-    in_flight: HashSet<u64>,
+    /// The ops sent and not completed: id to page.
+    in_flight: HashMap<u64, PageId>,
     /// Why the connection is dead, once it is.
-    dead: Option<String>,
+    dead: Option<LinkDown>,
 }
 
 impl DaemonRemote {
@@ -412,56 +497,58 @@ impl DaemonRemote {
 }
 
 impl Conn {
-    /// Completes op `id`; an error is the node's message or why the link is gone.
-    fn complete(&self, id: u64, result: Result<(), String>) {
+    /// Completes op `id` with `result`.
+    fn complete(&self, id: u64, result: Result<(), RemoteError>) {
         let c = RemoteCompletion {
             id: spillway_types::TransferId(id),
-            result: result.map_err(RemoteError::tier),
+            result,
         };
         // The completion thread lives while any sender does; ours is one.
         let _ = self.completions.send(c);
     }
 
     /// Reads `Done` frames until the socket fails; returns why it stopped.
-    fn read_loop(&self, mut reader: UnixStream) -> String {
+    fn read_loop(&self, mut reader: UnixStream) -> LinkDown {
+        let node = || self.describe.clone();
+        let protocol = |problem| LinkDown::Protocol {
+            node: node(),
+            problem,
+        };
         loop {
             let message = match read_frame(&mut reader) {
                 Ok(Some(m)) => m,
-                Ok(None) => return format!("{} closed the connection", self.describe),
-                Err(e) => return format!("the connection to {} failed: {e}", self.describe),
+                Ok(None) => return LinkDown::Closed { node: node() },
+                Err(ReadError::Io(e)) => return self.io_down(e),
+                Err(ReadError::Frame(problem)) => return protocol(problem),
             };
             let done = match message {
                 NodeMessage::Done(d) => d,
-                other => {
-                    return format!("{} sent an unexpected {other:?}", self.describe);
-                }
+                NodeMessage::Welcome(_) => return protocol(FrameProblem::Unexpected("Welcome")),
+                NodeMessage::Refused(_) => return protocol(FrameProblem::Unexpected("Refused")),
             };
-            if !self
+            let page = self
                 .state
                 .lock()
                 .expect("tier state lock")
                 .in_flight
-                .remove(&done.id)
-            {
-                return format!(
-                    "{} answered op {} that is not in flight",
-                    self.describe, done.id
-                );
-            }
-            self.complete(done.id, done.result.map_err(|e| e.to_string()));
+                .remove(&done.id);
+            let Some(page) = page else {
+                return protocol(FrameProblem::UnknownOp(done.id));
+            };
+            self.complete(done.id, done.result.map_err(|e| op_error(page, e)));
         }
     }
 
     /// Marks the connection dead with `cause` (the first cause wins) and fails every op
     /// in flight with it.
-    fn die(&self, cause: String) {
+    fn die(&self, cause: LinkDown) {
         self.die_as(cause, false);
     }
 
     /// [`Self::die`]; `by_us` when the pool itself closes the link (its normal end, not
     /// worth an error in the log).
-    fn die_as(&self, cause: String, by_us: bool) {
-        let failed: Vec<u64> = {
+    fn die_as(&self, cause: LinkDown, by_us: bool) {
+        let (failed, cause): (Vec<u64>, LinkDown) = {
             let mut state = self.state.lock().expect("tier state lock");
             if state.dead.is_none() {
                 if by_us {
@@ -471,53 +558,73 @@ impl Conn {
                 }
                 state.dead = Some(cause);
             }
-            state.in_flight.drain().collect()
+            let first = state.dead.clone().expect("set above");
+            (state.in_flight.drain().map(|(id, _)| id).collect(), first)
         };
-        let cause = self.cause();
         for id in failed {
-            self.complete(id, Err(cause.clone()));
+            self.complete(id, Err(gone(&cause)));
         }
         // Wakes the reader (if it is not the caller) and a writer blocked on a full socket.
         let _ = self.closer.shutdown(Shutdown::Both);
     }
 
-    fn cause(&self) -> String {
-        let state = self.state.lock().expect("tier state lock");
-        state.dead.clone().unwrap_or_default()
+    /// Why the link is down after the socket said `e`: the node closed it (a reset, a
+    /// broken pipe: it exited while we wrote), or some other failure.
+    fn io_down(&self, e: io::Error) -> LinkDown {
+        let node = self.describe.clone();
+        match e.kind() {
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => LinkDown::Closed { node },
+            _ => LinkDown::Io {
+                node,
+                reason: e.to_string(),
+            },
+        }
     }
 
     fn send(&self, message: &ClientMessage) {
         let frame = match local::encode_frame(message) {
             Ok(f) => f,
-            Err(e) => return self.die(format!("cannot encode a frame for the node: {e}")),
+            Err(e) => return self.die(LinkDown::Encode(e)),
         };
         let written = self.writer.lock().expect("writer lock").write_all(&frame);
         if let Err(e) = written {
-            self.die(format!("writing to {} failed: {e}", self.describe));
+            self.die(self.io_down(e));
         }
     }
 }
 
+/// The error of an op that cannot reach the node for `cause`.
+fn gone(cause: &LinkDown) -> RemoteError {
+    RemoteError::TierGone {
+        message: cause.to_string(),
+    }
+}
+
 /// Reads one frame from the node; `None` at a clean end between frames.
-fn read_frame(reader: &mut UnixStream) -> Result<Option<NodeMessage>, String> {
+fn read_frame(reader: &mut UnixStream) -> Result<Option<NodeMessage>, ReadError> {
     let mut header = [0u8; HEADER_BYTES];
     let mut got = 0;
     while got < HEADER_BYTES {
         match reader.read(&mut header[got..]) {
             Ok(0) if got == 0 => return Ok(None),
-            Ok(0) => return Err("the connection ended inside a frame".into()),
+            Ok(0) => return Err(ReadError::Frame(FrameProblem::Truncated)),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(ReadError::Io(e)),
         }
     }
-    let header = FrameHeader::decode(&header).map_err(|e| e.to_string())?;
-    header.check_version().map_err(|e| e.to_string())?;
+    let wire = |e: LocalWireError| ReadError::Frame(e.into());
+    let header = FrameHeader::decode(&header).map_err(wire)?;
+    header.check_version().map_err(wire)?;
     let mut body = vec![0u8; header.body_bytes as usize];
-    reader.read_exact(&mut body).map_err(|e| e.to_string())?;
-    local::decode_body(&body)
-        .map(Some)
-        .map_err(|e| e.to_string())
+    reader.read_exact(&mut body).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            ReadError::Frame(FrameProblem::Truncated)
+        } else {
+            ReadError::Io(e)
+        }
+    })?;
+    local::decode_body(&body).map(Some).map_err(wire)
 }
 
 impl RemoteTier for DaemonRemote {
@@ -538,16 +645,18 @@ impl RemoteTier for DaemonRemote {
         {
             let mut state = self.conn.state.lock().expect("tier state lock");
             if let Some(cause) = &state.dead {
-                let cause = cause.clone();
+                let error = gone(cause);
                 drop(state);
-                return self.conn.complete(id, Err(cause));
+                return self.conn.complete(id, Err(error));
             }
-            if !state.in_flight.insert(id) {
+            if state.in_flight.contains_key(&id) {
                 drop(state);
-                return self
-                    .conn
-                    .complete(id, Err(format!("op {id} is already in flight")));
+                return self.conn.complete(
+                    id,
+                    Err(RemoteError::tier(format!("op {id} is already in flight"))),
+                );
             }
+            state.in_flight.insert(id, op.page);
         }
         let page_op = PageOp {
             id,
@@ -586,7 +695,9 @@ impl Drop for DaemonRemote {
         // Ends the reader thread (and with it the completion thread); the node then
         // discards this client's pages.
         self.conn.die_as(
-            format!("{} was closed by the pool", self.conn.describe),
+            LinkDown::ClosedByPool {
+                node: self.conn.describe.clone(),
+            },
             true,
         );
     }

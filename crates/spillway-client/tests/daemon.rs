@@ -13,13 +13,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use spillway_client::daemon::{DaemonError, DaemonLink};
+use spillway_client::remote::RemoteError;
 use spillway_client::remote::{
     RemoteCompletion, RemoteOp, RemoteOpKind, RemoteSetupError, RemoteSink, RemoteTier,
 };
 use spillway_client::{
-    Device, DeviceChoice, DeviceConfig, HostSlot, PageSize, TransferId, make_device_in, pattern,
+    CoreError, Device, DeviceChoice, DeviceConfig, HostSlot, PageSize, PoolError, TransferId,
+    make_device_in, pattern,
 };
-use spillway_node::RemoteError;
+use spillway_node::RemoteError as NodeRemoteError;
 use spillway_node::local::{
     ClientPages, LocalCounters, LocalServer, LocalServerConfig, MemClientPages,
 };
@@ -245,16 +247,23 @@ fn the_remote_tier_moves_slots_through_the_node() {
             "page {page}"
         );
     }
-    // A page the node does not hold fails with the node's reason.
+    // A page the node does not hold is lost, typed, with the node's reason.
     tier.submit(op(20, RemoteOpKind::Fetch, 9, 0, PAGE));
     let c = rx.recv_timeout(WAIT).unwrap();
     assert_eq!(c.id, TransferId(20));
-    assert!(
-        c.result
-            .unwrap_err()
-            .to_string()
-            .contains("is not in the remote tier")
-    );
+    match c.result.unwrap_err() {
+        RemoteError::Lost { page, message } => {
+            assert_eq!(
+                page,
+                PageId {
+                    buffer: BufferId(1),
+                    index: 9
+                }
+            );
+            assert!(message.contains("is not in the remote tier"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
     // Discarded pages are gone; a long list goes in several frames (pages 2 and 3 are
     // in the last one, past DISCARD_PAGES_MAX).
     let mut pages: Vec<PageId> = (100..2200)
@@ -290,16 +299,16 @@ impl ClientPages for Stuck {
         &self,
         _client: u32,
         _pages: Vec<(PageId, Bytes)>,
-    ) -> impl Future<Output = Result<(), RemoteError>> + Send {
+    ) -> impl Future<Output = Result<(), NodeRemoteError>> + Send {
         std::future::pending()
     }
-    async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, RemoteError> {
-        Err(RemoteError::PeerRefused {
+    async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, NodeRemoteError> {
+        Err(NodeRemoteError::PeerRefused {
             peer: spillway_types::NodeId(2),
             reason: format!("nothing here for {client}: {} pages", pages.len()),
         })
     }
-    async fn discard(&self, _client: u32, _pages: Vec<PageId>) -> Result<(), RemoteError> {
+    async fn discard(&self, _client: u32, _pages: Vec<PageId>) -> Result<(), NodeRemoteError> {
         Ok(())
     }
     fn capacity_bytes(&self) -> u64 {
@@ -335,12 +344,180 @@ fn ops_in_flight_fail_with_the_cause_when_the_node_goes() {
     for (_, cause) in &failed {
         assert!(cause.contains("closed the connection"), "{cause}");
         assert!(cause.contains("client.sock"), "{cause}");
+        assert!(cause.starts_with("the remote tier is gone"), "{cause}");
     }
     // Later ops fail at once with the same cause.
     tier.submit(op(8, RemoteOpKind::Fetch, 0, 0, PAGE));
     let c = rx.recv_timeout(WAIT).unwrap();
     assert_eq!(c.id, TransferId(8));
-    assert_eq!(c.result.unwrap_err().to_string(), failed[0].1);
+    let err = c.result.unwrap_err();
+    assert!(matches!(err, RemoteError::TierGone { .. }), "{err:?}");
+    assert_eq!(err.to_string(), failed[0].1);
+}
+
+/// Starts a node's local server again on `node`'s socket, with a fresh backend (a node
+/// that restarts has lost its clients' pages).
+fn restart(node: &mut Node<MemClientPages>, remote_pages: u64) {
+    let config = LocalServerConfig::new(node.path.clone(), page_size(), 64 * PAGE);
+    node.backend = Arc::new(MemClientPages::new(remote_pages * PAGE));
+    let backend = node.backend.clone();
+    let server = node
+        .rt
+        .block_on(async { LocalServer::start(config, backend) })
+        .unwrap();
+    node.server = Some(server);
+}
+
+#[test]
+fn a_pool_whose_node_dies_fails_at_once_and_a_new_link_works_when_it_is_back() {
+    let mut node = node(64);
+    let link = DaemonLink::connect(&node.path, 8 * PAGE, page_size()).unwrap();
+    // 24 buffers of 2 pages through 4 frames and 8 slots: most pages are on the node.
+    let (pool, bufs) = common::spill_through_link(&link, DeviceChoice::Sim, 24);
+    assert!(node.backend.pages_of(link.client_id()) > 0);
+    // The node's side of the socket goes (the node process died).
+    node.shutdown();
+    let started = std::time::Instant::now();
+    // Every buffer is acquired in turn: those whose pages are on the node need it, and
+    // the first such acquire fails, typed, and so does every later one.
+    let first = bufs
+        .iter()
+        .find_map(|b| pool.acquire(b).err())
+        .expect("an acquire needs the node");
+    match &first {
+        PoolError::Pool(CoreError::RemoteTierGone {
+            reason: RemoteError::TierGone { message },
+        }) => assert!(message.contains("closed the connection"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        first.to_string().contains("connect to the node again"),
+        "{first}"
+    );
+    for b in &bufs {
+        assert!(matches!(
+            pool.acquire(b),
+            Err(PoolError::Pool(CoreError::RemoteTierGone { .. }))
+        ));
+    }
+    // At once: no spill backoff (120 s) and no peer grace (30 s) in between.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(pool);
+    drop(link);
+    // The node is back: connecting again gives a new pool that works.
+    restart(&mut node, 64);
+    let link = DaemonLink::connect(&node.path, 8 * PAGE, page_size()).unwrap();
+    let (pool, bufs) = common::spill_through_link(&link, DeviceChoice::Sim, 24);
+    assert!(node.backend.pages_of(link.client_id()) > 0);
+    assert_eq!(pool.stats().core.pages_lost, 0);
+    drop(bufs);
+}
+
+/// A backend whose one holder of buffers 1 to 6 died: their fetches fail (and are
+/// recorded); it holds the rest.
+struct LostSome {
+    pages: MemClientPages,
+    failed: std::sync::Mutex<std::collections::BTreeSet<BufferId>>,
+}
+
+impl ClientPages for LostSome {
+    async fn spill(&self, client: u32, pages: Vec<(PageId, Bytes)>) -> Result<(), NodeRemoteError> {
+        self.pages.spill(client, pages).await
+    }
+    async fn fetch(&self, client: u32, pages: Vec<PageId>) -> Result<Vec<Bytes>, NodeRemoteError> {
+        if let Some(p) = pages.iter().find(|p| (1..=6).contains(&p.buffer.0)) {
+            self.failed.lock().unwrap().insert(p.buffer);
+            return Err(NodeRemoteError::PeerUnreachable {
+                peer: spillway_types::NodeId(3),
+                reason: format!("holder of {p} is down"),
+            });
+        }
+        self.pages.fetch(client, pages).await
+    }
+    async fn discard(&self, client: u32, pages: Vec<PageId>) -> Result<(), NodeRemoteError> {
+        self.pages.discard(client, pages).await
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.pages.capacity_bytes()
+    }
+}
+
+#[test]
+fn pages_the_node_lost_fail_only_their_buffers() {
+    let node = node_with(
+        LostSome {
+            pages: MemClientPages::new(64 * PAGE),
+            failed: Default::default(),
+        },
+        64 * PAGE,
+    );
+    let link = DaemonLink::connect(&node.path, 8 * PAGE, page_size()).unwrap();
+    let pool = link
+        .pool_builder()
+        .gpu_budget_bytes(4 * PAGE)
+        .remote_budget_bytes(48 * PAGE)
+        .device(DeviceChoice::Sim)
+        .build()
+        .unwrap();
+    let bufs: Vec<_> = (0..24)
+        .map(|i| pool.alloc(&format!("b{i}"), 2 * PAGE).unwrap())
+        .collect();
+    assert_eq!(bufs[0].id(), BufferId(1));
+    // Every buffer written once (most leave for the node), then read back three times.
+    let mut lost = std::collections::BTreeSet::new();
+    for pass in 0..4 {
+        for (i, b) in bufs.iter().enumerate() {
+            let result = if pass == 0 {
+                pool.acquire_mut(b).map(|mut g| {
+                    for page in 0..g.pages() {
+                        g.fill_pattern(page, i as u64).unwrap();
+                    }
+                })
+            } else {
+                pool.acquire(b).map(|g| {
+                    for page in 0..g.pages() {
+                        let want = pattern::expected_checksum(i as u64, g.page_len(page) as usize);
+                        assert_eq!(g.checksum(page).unwrap(), want, "buffer {i} page {page}");
+                    }
+                })
+            };
+            match result {
+                Ok(()) => assert!(!lost.contains(&b.id()), "a lost buffer came back"),
+                Err(PoolError::Pool(CoreError::PageLost {
+                    buffer,
+                    page,
+                    reason: RemoteError::Lost { message, .. },
+                })) => {
+                    assert_eq!(buffer, b.id());
+                    assert!(page < 2);
+                    assert!(message.contains("is down"), "{message}");
+                    lost.insert(buffer);
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+    }
+    // Exactly the buffers whose pages the node could not fetch are lost, and the stats
+    // count them; every other buffer kept its bytes (checked above).
+    let failed = node.backend.failed.lock().unwrap().clone();
+    assert!(!failed.is_empty(), "no page of buffers 1-6 left the client");
+    assert_eq!(lost, failed);
+    let s = pool.stats().core;
+    assert_eq!(s.buffers_lost, lost.len() as u64, "{s:?}");
+    assert!(s.pages_lost >= s.buffers_lost, "{s:?}");
+    // Freed, a lost buffer's room can be taken by a new buffer that works.
+    let first = bufs.iter().find(|b| lost.contains(&b.id())).unwrap();
+    pool.free(first).unwrap();
+    let again = pool.alloc("again", 2 * PAGE).unwrap();
+    pool.acquire_mut(&again)
+        .unwrap()
+        .fill_pattern(0, 7)
+        .unwrap();
+    assert_eq!(node.server().counters().frames_rejected, 0);
 }
 
 #[test]

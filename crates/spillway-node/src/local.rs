@@ -12,7 +12,10 @@
 //!    mapping and hands them to the [`ClientPages`] backend; `Fetch`: the backend's bytes
 //!    are copied into the slot; each is answered by `Done { id, result }` once the bytes
 //!    moved. Up to [`LocalServerConfig::ops_in_flight_per_client_max`] ops of a client run
-//!    at once, each its own task, so answers may come in any order.
+//!    at once, each its own task, so answers may come in any order. A fetch that finds no
+//!    copy of its page (every holder gone, after the remote tier's failover and grace) is
+//!    answered `PageLost`, which costs the client that page's buffer only; other failures
+//!    are `Remote` (`local/pages.rs` sorts the tier's errors).
 //! 3. `Discard { pages }` is done before the client's next frame is read: an op sent
 //!    after a discard never races it.
 //! 4. When the client goes (or breaks the protocol), its ops in flight finish, the pages it
@@ -911,7 +914,7 @@ impl<B: ClientPages> OpContext<B> {
                         format!("the remote tier returned {} pages for one", other.len()),
                     )),
                 },
-                Err(e) => Err(OpError::new(OpErrorCode::Remote, e.to_string())),
+                Err(e) => Err(OpError::new(pages::fetch_error_code(&e), e.to_string())),
             },
             Err(e) => Err(e),
         };

@@ -472,7 +472,7 @@ fn refused_hellos_say_why() {
 fn clients_take_their_host_tiers_from_the_nodes_host_budget() {
     let budget = Arc::new(HostBudget::new(24 * PAGE));
     let h = Harness::with(|c| c.host_budget = Some(budget.clone()));
-    // The peers' pages hold 8 pages of the budget; a client of 16 fits exactly.
+    // Other clients hold 8 pages of the budget; a client of 16 fits exactly.
     budget.try_take(8 * PAGE).unwrap();
     let first = connect(&h.path);
     assert_eq!(budget.used_bytes(), 24 * PAGE);

@@ -44,8 +44,8 @@ use crate::PageId;
 
 /// The first four bytes of every frame (`L` for local; peer frames use `SPWY`).
 pub const MAGIC: [u8; 4] = *b"SPWL";
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks. 2: [`OpErrorCode::PageLost`].
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_BYTES: usize = 12;
 /// Largest body: 32 KiB. The largest message is a [`Discard`] of [`DISCARD_PAGES_MAX`]
@@ -212,10 +212,14 @@ pub struct Discard {
 pub enum OpErrorCode {
     /// The slot or length lies outside the shared memory or a page.
     BadRequest,
-    /// The remote tier failed (no capacity, a page it does not hold, a peer lost).
+    /// The remote tier failed (no capacity, a peer that refused a spill).
     Remote,
     /// The node is shutting down.
     Unavailable,
+    /// A fetch found no copy of the page: every holder is gone (died, fenced, or answered
+    /// with other bytes) or none was ever recorded, after the node failed over between
+    /// holders and waited for them. The client loses that page's buffer, nothing else.
+    PageLost,
 }
 
 /// A failed op.
@@ -499,6 +503,10 @@ mod tests {
             NodeMessage::Done(Done {
                 id: 10,
                 result: Err(OpError::new(OpErrorCode::Remote, "page not held")),
+            }),
+            NodeMessage::Done(Done {
+                id: 11,
+                result: Err(OpError::new(OpErrorCode::PageLost, "holder 3 is down")),
             }),
         ]
     }

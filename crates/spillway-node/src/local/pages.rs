@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 use spillway_types::PageId;
+use spillway_types::local::OpErrorCode;
 
 use crate::remote::{CLIENT_BUFFER_BITS, RemoteError, RemoteService};
 
@@ -43,6 +44,25 @@ pub trait ClientPages: Send + Sync + 'static {
     /// default is what QUIC reaches on loopback on a small machine (1.2 GB/s).
     fn bandwidth_hint_bytes_per_s(&self) -> u64 {
         1_200_000_000
+    }
+}
+
+/// How a client is told that a fetch failed: [`OpErrorCode::PageLost`] when no copy of
+/// the page could be had (none recorded, every holder unreachable or refusing after the
+/// tier's failover and grace, or the bytes not the ones spilled), so the client loses
+/// that page's buffer and nothing else; [`OpErrorCode::Remote`] for the rest. Exhaustive:
+/// a new [`RemoteError`] variant must be placed here.
+pub(crate) fn fetch_error_code(e: &RemoteError) -> OpErrorCode {
+    match e {
+        RemoteError::NotFound { .. }
+        | RemoteError::Corrupt { .. }
+        | RemoteError::PeerUnreachable { .. }
+        | RemoteError::PeerRefused { .. } => OpErrorCode::PageLost,
+        RemoteError::NoRoom { .. }
+        | RemoteError::ReservationRefused { .. }
+        | RemoteError::PlacementRefused { .. }
+        | RemoteError::Meta(_)
+        | RemoteError::Invalid { .. } => OpErrorCode::Remote,
     }
 }
 
@@ -182,6 +202,35 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("2^40"), "{err}");
+    }
+
+    #[test]
+    fn a_fetch_with_no_copy_left_is_page_lost_and_other_failures_are_remote() {
+        let page = PageId {
+            buffer: BufferId(2),
+            index: 1,
+        };
+        let lost = [
+            RemoteError::NotFound { client: 1, page },
+            RemoteError::Corrupt {
+                client: 1,
+                page,
+                peer: spillway_types::NodeId(3),
+            },
+            RemoteError::PeerUnreachable {
+                peer: spillway_types::NodeId(3),
+                reason: "timed out".into(),
+            },
+        ];
+        for e in &lost {
+            assert_eq!(fetch_error_code(e), OpErrorCode::PageLost, "{e}");
+        }
+        let other = RemoteError::Invalid {
+            client: 1,
+            page,
+            reason: "too big".into(),
+        };
+        assert_eq!(fetch_error_code(&other), OpErrorCode::Remote);
     }
 
     #[tokio::test]
