@@ -113,6 +113,8 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
         print!("{}", toml::to_string(&config)?);
         return Ok(());
     }
+    // Freed pages go back to the system, so the node's RSS follows its host tier.
+    spillway_node::memory::return_page_buffers_to_the_os(config.page_size.bytes());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("spillway-node")

@@ -656,16 +656,17 @@ async fn welcome<'a, B: ClientPages>(
         stats: &shared.stats,
         host: None,
     };
-    // The client's host tier is memory this node maps: it comes out of the host budget
-    // the peers' pages share, so the two together stay within `host_budget`.
+    // The client's host tier is memory this node maps: it is admitted only while the
+    // room the node's cgroup leaves the clients (crate::memory) holds it.
     if let Some(budget) = &config.host_budget {
         if let Err(used) = budget.try_take(hello.host_bytes) {
             let r = Refused::new(
                 RefusedCode::HostBytesTooLarge,
                 format!(
-                    "host_bytes {} do not fit this node's host budget: {} of {} bytes are \
-                     held by its peers' pages and other clients' host tiers; ask for less, \
-                     or give the node a larger host_budget",
+                    "host_bytes {} do not fit the memory this node may map for its clients: \
+                     {} of {} bytes are taken by other clients' host tiers (its cgroup's \
+                     limit less the node's own plan); ask for less, lower the node's \
+                     host_budget, or raise the cgroup's memory limit",
                     hello.host_bytes,
                     used,
                     budget.budget_bytes()

@@ -1,21 +1,30 @@
 //! Memory honesty: how much RAM a node takes, checked at start against what the machine
-//! lets it have, and the one host budget its pages and its clients' memory share.
+//! lets it have, and the local clients' host tiers admitted only while it has room.
 //!
 //! What a node holds resident (`VmRSS`), at most ([`MemoryPlan`]):
 //!
-//! - the **host budget** (`host_budget`), one [`HostBudget`] shared by the pages the node
-//!   keeps for its peers ([`crate::store::HostStore`]) and the host tiers of its local
-//!   clients (shared memory the node maps, [`crate::local`]): a put that would pass it is
-//!   refused (`NoCapacity`), and so is a client whose host tier would;
+//! - the **host budget** (`host_budget`): the pages the node keeps for its peers
+//!   ([`crate::store::HostStore`], a [`HostBudget`] of its own; a put past it is
+//!   `NoCapacity`);
 //! - times [`HOST_BUDGET_SLACK`] (1.05): the allocator's rounding and the page index
-//!   (about 100 bytes a page);
+//!   (about 100 bytes a page). Page buffers are their own mappings
+//!   ([`return_page_buffers_to_the_os`]), so a page freed is memory returned: glibc's
+//!   heap otherwise kept up to 25 % of the budget after the pages that used it were gone;
 //! - plus [`NODE_BASE_OVERHEAD_BYTES`] (32 MiB): code, the async runtime, QUIC state, the
 //!   Raft log's cache, the metrics (an idle node of a 3-node pool: 15 MiB, 10 of them code);
 //! - plus the **buffers in flight**, bounded by the config: page payloads received from
 //!   peers and not yet stored, at most `quic.peer_bytes_in_flight_max` per peer (64 MiB
 //!   each by default), and the page copies of one local client's ops,
 //!   [`crate::local::OPS_IN_FLIGHT_PER_CLIENT_DEFAULT`] x `page_size` (128 MiB with 2 MiB
-//!   pages; each further client busy at that rate adds as much).
+//!   pages; each further client busy at that rate adds as much);
+//! - plus the **host tiers of its local clients**: shared memory the node creates and
+//!   maps (`VmRSS` counts it as `RssShmem`), each of the size the client asked for (its
+//!   own host budget). They are not the node's to shrink, so they are admitted instead:
+//!   with a cgroup limit, the clients' host tiers together get what the limit leaves
+//!   after the node's plan (a [`HostBudget`] in [`crate::local::LocalServerConfig`]), and
+//!   a client past it is refused at its hello with the numbers, not OOM-killed later.
+//!   A node of `host_budget` H serving a client of host tier C holds up to H + C (the
+//!   "1.9x" seen with C close to H): size the two together.
 //!
 //! [`check`] compares that figure with the cgroup's memory limit (cgroup v2
 //! `memory.max`, v1 `memory.limit_in_bytes`, of this process's own cgroup and every
@@ -351,9 +360,10 @@ pub fn check(plan: &MemoryPlan, limits: &MemoryLimits) -> Result<(), MemoryError
     Ok(())
 }
 
-/// The host budget shared by the host tier's pages and the local clients' host tiers
-/// (see the module docs). Invariant: `used_bytes <= budget_bytes`, every taker gives back
-/// exactly what it took.
+/// A byte budget that several holders take from and give back to: the host tier's pages
+/// ([`crate::store::HostStore`]), the local clients' host tiers
+/// ([`crate::local::LocalServerConfig::host_budget`]). Invariant: `used_bytes <=
+/// budget_bytes`; every taker gives back exactly what it took.
 #[derive(Debug)]
 pub struct HostBudget {
     budget_bytes: u64,
@@ -403,6 +413,49 @@ impl PartialEq for HostBudget {
 }
 
 impl Eq for HostBudget {}
+
+/// The room a cgroup limit leaves the local clients' host tiers after the node's own
+/// plan: `None` without a limit (clients are then bounded only per client).
+pub fn client_room_bytes(plan: &MemoryPlan, limits: &MemoryLimits) -> Option<u64> {
+    limits
+        .cgroup
+        .as_ref()
+        .map(|c| c.limit_bytes.saturating_sub(plan.resident_max_bytes()))
+}
+
+/// `M_MMAP_THRESHOLD` of glibc's `mallopt`.
+const M_MMAP_THRESHOLD: i32 = -3;
+/// Smallest threshold set: 128 KiB, glibc's own starting value (smaller pages stay in
+/// the heap, where they are cheap and their waste is small).
+const MMAP_THRESHOLD_MIN_BYTES: u64 = 128 << 10;
+
+/// Makes every allocation of half a page or more its own mapping, returned to the system
+/// when freed (glibc's `M_MMAP_THRESHOLD`, fixed, which also stops glibc from raising it).
+/// Without it glibc raises the threshold after the first large free and serves pages
+/// from its heaps, which keep freed pages' memory: a node whose store held 128 MiB had a
+/// peak of 178-190 MiB; with it, 156-158 MiB (`bench/cluster/node_memory.py`). The cost
+/// is a fresh mapping (page faults) per page received. Process-wide: the `spillway node`
+/// binary calls it before starting; a library embedding a node decides for itself.
+pub fn return_page_buffers_to_the_os(page_bytes: u64) {
+    let threshold = (page_bytes / 2).clamp(MMAP_THRESHOLD_MIN_BYTES, 32 << 20);
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        // SAFETY: mallopt only sets an allocator parameter; any value is accepted or
+        // refused (returns 0), never undefined behaviour. `threshold` fits an i32.
+        let ok = unsafe { mallopt(M_MMAP_THRESHOLD, threshold as i32) };
+        if ok == 0 {
+            tracing::warn!(
+                threshold,
+                "glibc refused M_MMAP_THRESHOLD; freed pages may stay in its heap"
+            );
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = (threshold, M_MMAP_THRESHOLD);
+}
 
 #[cfg(test)]
 mod tests;

@@ -141,7 +141,7 @@ impl Node {
     /// serves the host tier. Must be called inside a tokio runtime.
     pub async fn start(config: NodeConfig) -> Result<NodeHandle, NodeError> {
         config.validate()?;
-        check_memory(&config, &MemoryLimits::read())?;
+        let client_room = check_memory(&config, &MemoryLimits::read())?;
         let identity = NodeIdentity::load(&config.pool_dir, config.node_id).map_err(|source| {
             NodeError::Identity {
                 node: config.node_id,
@@ -157,7 +157,7 @@ impl Node {
         let transport = QuicTransport::bind(addr, identity, config.quic.clone())
             .map_err(|source| NodeError::Bind { addr, source })?;
         let transport = Arc::new(transport);
-        Node::start_inner(config, transport.clone(), Some(transport)).await
+        Node::start_inner(config, transport.clone(), Some(transport), client_room).await
     }
 
     /// Starts a node over `transport` (bound already) instead of QUIC: the same node,
@@ -180,24 +180,23 @@ impl Node {
         limits: &MemoryLimits,
     ) -> Result<NodeHandle, NodeError> {
         config.validate()?;
-        check_memory(&config, limits)?;
+        let client_room = check_memory(&config, limits)?;
         std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
             path: config.data_dir.clone(),
             source,
         })?;
-        Node::start_inner(config, Arc::new(transport), None).await
+        Node::start_inner(config, Arc::new(transport), None, client_room).await
     }
 
     async fn start_inner<T: Transport>(
         config: NodeConfig,
         transport: Arc<T>,
         quic: Option<Arc<QuicTransport>>,
+        client_room: Option<u64>,
     ) -> Result<NodeHandle, NodeError> {
         let addr = transport.local_addr();
         let bind_err = |source| NodeError::Bind { addr, source };
-        // One host budget for the peers' pages and the local clients' host tiers.
-        let budget = Arc::new(HostBudget::new(config.host_tier_bytes));
-        let store = Arc::new(HostStore::sharing(budget, config.page_size));
+        let store = Arc::new(HostStore::new(config.host_tier_bytes, config.page_size));
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let addrs = config
@@ -313,8 +312,11 @@ impl Node {
             handle.config.client_socket.clone(),
             handle.config.page_size,
             handle.config.host_tier_bytes,
-        )
-        .sharing(handle.store.budget().clone());
+        );
+        let local = match client_room {
+            Some(room) => local.sharing(Arc::new(HostBudget::new(room))),
+            None => local,
+        };
         let (remote, clients) = (handle.remote.clone(), handle.clients.clone());
         match crate::local::spawn_gated_in(
             local,
@@ -341,11 +343,13 @@ impl Node {
     }
 }
 
-/// Checks `config`'s memory plan against `limits`; logs the plan.
-fn check_memory(config: &NodeConfig, limits: &MemoryLimits) -> Result<(), MemoryError> {
+/// Checks `config`'s memory plan against `limits` and logs it; the room the limit leaves
+/// the local clients' host tiers (`None`: no limit).
+fn check_memory(config: &NodeConfig, limits: &MemoryLimits) -> Result<Option<u64>, MemoryError> {
     let ucx_tls = std::env::var("UCX_TLS").ok();
     let plan = MemoryPlan::of(config, ucx_tls.as_deref());
     crate::memory::check(&plan, limits)?;
+    let client_room = crate::memory::client_room_bytes(&plan, limits);
     tracing::info!(
         host_budget_bytes = plan.host_budget_bytes,
         overhead_bytes = plan.overhead_bytes(),
@@ -353,9 +357,10 @@ fn check_memory(config: &NodeConfig, limits: &MemoryLimits) -> Result<(), Memory
         cgroup_limit_bytes = limits.cgroup.as_ref().map(|c| c.limit_bytes),
         memlock_bytes = limits.memlock_bytes,
         pinned_bytes = plan.pinned_bytes,
+        client_room_bytes = client_room,
         "memory plan fits"
     );
-    Ok(())
+    Ok(client_room)
 }
 
 /// First wait before the incarnation announcement is proposed again: 100 ms, doubling

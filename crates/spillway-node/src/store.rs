@@ -6,11 +6,11 @@
 //! [`StoreError`]s into error replies of the matching [`ErrorCode`].
 //!
 //! Invariants:
-//! - `bytes_used` is the sum of the stored pages' lengths and is taken from the node's
-//!   [`HostBudget`], which the local clients' host tiers share
-//!   ([`crate::memory`]): the pages and the clients' memory together never exceed
-//!   `budget_bytes`; a put that would exceed it fails whole ([`StoreError::Full`]) and
-//!   changes nothing, so no page already held is lost or half-replaced.
+//! - `bytes_used` is the sum of the stored pages' lengths and is taken from the store's
+//!   [`HostBudget`] (its own in a node; [`HostStore::sharing`] lets others hold part of
+//!   it): what it holds never exceeds `budget_bytes`; a put that would exceed it fails
+//!   whole ([`StoreError::Full`]) and changes nothing, so no page already held is lost
+//!   or half-replaced.
 //! - every page is kept with the checksum it arrived with (computed where the page was
 //!   written, checked by the transport on arrival) and is checked again on every read: a
 //!   page corrupted in this node's memory is reported ([`StoreError::Corrupt`]), never
@@ -48,8 +48,8 @@ pub enum StoreError {
     Full {
         /// Bytes the put would add (net of the pages it replaces).
         requested_bytes: u64,
-        /// Bytes of the budget held before the put (pages, and local clients' host
-        /// tiers when they share it).
+        /// Bytes of the budget held before the put (the pages, and whatever else shares
+        /// the budget).
         used_bytes: u64,
         /// The budget ([`crate::NodeConfig::host_tier_bytes`]).
         budget_bytes: u64,
@@ -140,8 +140,7 @@ impl HostStore {
         HostStore::sharing(Arc::new(HostBudget::new(budget_bytes)), page_size)
     }
 
-    /// An empty store whose pages take their bytes from `budget`, which others (the
-    /// local clients' host tiers) may share.
+    /// An empty store whose pages take their bytes from `budget`, which others may share.
     pub fn sharing(budget: Arc<HostBudget>, page_size: PageSize) -> HostStore {
         HostStore {
             pages: Mutex::new(Pages::default()),

@@ -35,9 +35,10 @@ pub struct LocalServerConfig {
     /// Most ops in flight per client (1 to [`OPS_IN_FLIGHT_PER_CLIENT_MAX`]); each holds
     /// one page copy. More keeps a slow remote tier busier.
     pub ops_in_flight_per_client_max: usize,
-    /// The node's host budget, which the clients' host tiers take from (each its
-    /// `host_bytes`, from its welcome until it goes) and the peers' pages share
-    /// ([`crate::memory`]); `None`: clients are bounded only by `client_host_bytes_max`.
+    /// The budget the clients' host tiers take from together (each its `host_bytes`, from
+    /// its welcome until it goes): the room the node's cgroup limit leaves after the
+    /// node's own plan ([`crate::memory`]); `None`: clients are bounded only by
+    /// `client_host_bytes_max` each.
     pub host_budget: Option<Arc<HostBudget>>,
 }
 

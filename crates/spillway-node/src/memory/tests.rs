@@ -210,6 +210,25 @@ fn pinned_memory_above_memlock_is_refused() {
 }
 
 #[test]
+fn clients_get_the_room_the_cgroup_leaves_after_the_plan() {
+    let plan = MemoryPlan::of(&config(512 * MIB, 2), None);
+    let limits = MemoryLimits::read_under(&fixture("v2-namespace"), None);
+    assert_eq!(
+        client_room_bytes(&plan, &limits),
+        Some(GIB - plan.resident_max_bytes())
+    );
+    assert_eq!(client_room_bytes(&plan, &MemoryLimits::unlimited()), None);
+}
+
+#[test]
+fn the_allocator_setting_is_accepted() {
+    // Process-wide and harmless to the other tests: pages are still allocated and freed.
+    return_page_buffers_to_the_os(2 * MIB);
+    let v = vec![1u8; 4 * MIB as usize];
+    assert_eq!(v.iter().map(|&b| u64::from(b)).sum::<u64>(), 4 * MIB);
+}
+
+#[test]
 fn the_host_budget_is_taken_and_given_back_whole() {
     let b = HostBudget::new(10);
     assert_eq!(b.try_take(6), Ok(()));
