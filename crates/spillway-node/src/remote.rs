@@ -116,6 +116,10 @@ pub struct RemoteService {
     /// Serializes planning and reserving, so two spills never spend one reservation twice.
     plan: tokio::sync::Mutex<()>,
     in_flight: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
+    /// What the metadata view does not carry of each member: (epoch, zone, group-clock
+    /// ms it came up), read from the replicated state by the repair loop every
+    /// [`REPAIR_IDLE`] ([`RemoteService::refresh_members`]).
+    member_extras: Mutex<HashMap<NodeId, MemberExtra>>,
 }
 
 impl RemoteService {
@@ -146,6 +150,7 @@ impl RemoteService {
             )),
             plan: tokio::sync::Mutex::new(()),
             in_flight: Mutex::new(HashMap::new()),
+            member_extras: Mutex::new(HashMap::new()),
         }
     }
 
@@ -161,17 +166,32 @@ impl RemoteService {
     /// from the connection cache.
     fn candidates(&self) -> Vec<Candidate> {
         let (meta, peers) = self.pool();
+        let extras = self
+            .member_extras
+            .lock()
+            .expect("member extras lock")
+            .clone();
+        let now = now_ms();
         meta.view()
             .members
             .iter()
-            .map(|m| Candidate {
+            .map(|m| {
+                // A member at another epoch than last read came back since: just up.
+                let (zone, up_since_ms) = match extras.get(&m.id) {
+                    Some((epoch, zone, up)) if *epoch == m.epoch => (zone.clone(), *up),
+                    Some((_, zone, _)) => (zone.clone(), now),
+                    None => (None, 0),
+                };
+                (m, zone, up_since_ms)
+            })
+            .map(|(m, zone, up_since_ms)| Candidate {
                 id: m.id,
                 state: m.state,
                 epoch: m.epoch,
                 free_bytes: m.free_bytes(),
                 reachable: m.id != self.node && peers.reachable(m.id),
-                zone: None,
-                up_since_ms: 0,
+                zone,
+                up_since_ms,
             })
             .collect()
     }
@@ -735,6 +755,7 @@ impl RemoteService {
                 _ = tokio::time::sleep(wait) => {}
             }
             wait = REPAIR_IDLE;
+            self.refresh_members().await;
             let pool = self.candidates();
             let now = pool_fingerprint(&pool);
             let due = more
@@ -756,6 +777,26 @@ impl RemoteService {
             if moved > 0 {
                 wait = Duration::from_secs_f64(moved as f64 / rate as f64).max(REPAIR_PACE_MIN);
             }
+        }
+    }
+
+    /// Reads each member's epoch, zone and the group-clock time it came up from the
+    /// replicated state (the placement ramp and zones need them; the view lacks them).
+    async fn refresh_members(&self) {
+        let read = self
+            .meta
+            .read(|s| {
+                s.members()
+                    .map(|m| {
+                        let zone = m.zone.as_deref().map(Arc::from);
+                        (m.id, (m.epoch, zone, m.up_since_ms))
+                    })
+                    .collect::<HashMap<NodeId, MemberExtra>>()
+            })
+            .await;
+        match read {
+            Ok(extras) => *self.member_extras.lock().expect("member extras lock") = extras,
+            Err(e) => tracing::debug!(error = %e, "could not read the members' zones"),
         }
     }
 
@@ -899,6 +940,9 @@ async fn request_within_grace(
         }
     }
 }
+
+/// A member's epoch, zone and the group-clock ms it came up (see `member_extras`).
+type MemberExtra = (spillway_meta::Epoch, Option<Arc<str>>, u64);
 
 /// Shortest pause between two repair batches: 10 ms (yields the links to demand fetches
 /// even at a high `repair_bytes_per_s`).
