@@ -13,11 +13,27 @@ use super::{
     JITTER_MARGIN, LEAD_FACTOR, MIN_LOOKAHEAD_ACCESSES, REMOTE_LEAD_FACTOR, SPECULATION_WASTE_RATIO,
 };
 
-/// Upcoming accesses asked of the predictor at each access between whole plans: the
-/// plans need the nearest (a window that ends before the horizon is widened to the whole
-/// lookahead), next uses further ahead change little from one access to the next. What
-/// keeps a plan's cost flat as the pool and its steps grow.
+/// Most upcoming accesses asked of the predictor at an access between whole plans: the
+/// plans need the nearest (a window that ends before the horizon is widened, to this
+/// and then to the whole lookahead), next uses further ahead change little from one
+/// access to the next. What keeps a plan's cost flat as the pool and its steps grow.
 pub const PARTIAL_LOOKAHEAD_ACCESSES: usize = 256;
+/// The least window asked between whole plans. The window follows the horizon: twice
+/// the upcoming accesses the last plan walked before its horizon ended, doubled while
+/// a plan's horizon reaches past it (up to [`PARTIAL_LOOKAHEAD_ACCESSES`]). The
+/// predictor's cost is linear in the window, so an access pays for the horizon the
+/// copies need, not for the rest of the step (issue 12: planning was 10-24 ms a step on
+/// the MoE traces, the predictor walking each earlier step's whole remainder at every
+/// acquire). Twice [`MIN_LOOKAHEAD_ACCESSES`].
+pub const WINDOW_MIN_ACCESSES: usize = 2 * MIN_LOOKAHEAD_ACCESSES as usize;
+/// Accesses one plan between whole plans serves at most, while each is the access it
+/// predicted surely next: such an access changes no prediction the plan was made from
+/// (the sure ones keep their absolute next uses), so planning again would give the same
+/// plan less the page just used, and pages entering the horizon wait at most this many
+/// accesses less one (the horizon is at least [`MIN_LOOKAHEAD_ACCESSES`]). An access
+/// the plan did not predict surely (a guess, a surprise, a step's end) plans at once.
+/// Cuts the planning on the caller's thread to about a quarter where the order holds.
+pub const PLAN_REUSE_ACCESSES_MAX: usize = 4;
 /// A plan from the whole lookahead at least every this many accesses, and at every
 /// step's end.
 pub const FULL_REPLAN_EVERY_ACCESSES: u64 = 64;
@@ -80,14 +96,15 @@ impl TierPlan {
     /// Plans the pages of `upcoming` accesses (after access `now`) not in the tier,
     /// within the horizon at `bytes_per_s`; a guess only within the speculation cap
     /// ([`SPECULATION_WASTE_RATIO`]).
-    /// Returns whether the horizon ended the plan (else the upcoming accesses ran out).
+    /// Returns where the horizon ended the plan, the index of the first entry of
+    /// `upcoming` beyond it (`None`: the upcoming accesses ran out first).
     fn replan(
         &mut self,
         upcoming: &[Upcoming],
         now: u64,
         bytes_per_s: f64,
         pages: &PageTable,
-    ) -> bool {
+    ) -> Option<usize> {
         self.queue.clear();
         self.horizon = now;
         let mut queued_bytes = 0u64;
@@ -101,13 +118,13 @@ impl TierPlan {
             .sum();
         let mut sure_bytes = 0f64;
         let mut guess_waste = 0f64;
-        for u in upcoming {
+        for (i, u) in upcoming.iter().enumerate() {
             if u.distance >= MIN_LOOKAHEAD_ACCESSES
                 && u.time_until.as_secs_f64()
                     > self.lead_factor * queued_bytes as f64 / bytes_per_s
                         + JITTER_MARGIN.as_secs_f64()
             {
-                return true;
+                return Some(i);
             }
             let Some(b) = pages.plannable(u.buffer) else {
                 continue;
@@ -149,7 +166,7 @@ impl TierPlan {
                 }
             }
         }
-        false
+        None
     }
 
     /// The furthest predicted use among the pages planned.
@@ -176,8 +193,17 @@ pub(super) struct Access {
     last_full: u64,
     /// The next plan uses the whole lookahead (a step ended).
     full_due: bool,
-    /// The buffer of the last access.
-    last_buffer: Option<BufferId>,
+    /// The window of the next plan between whole plans (see [`WINDOW_MIN_ACCESSES`]).
+    window: usize,
+    /// The accesses the last plan predicted surely next, in order (at most
+    /// [`PLAN_REUSE_ACCESSES_MAX`]), less those that came as predicted since.
+    expected: VecDeque<BufferId>,
+    /// The last access was the first of `expected`.
+    as_planned: bool,
+    /// Accesses served by the last plan.
+    reused: usize,
+    /// Buffers used since the last plan (their passed next uses go at the next one).
+    used_since_plan: Vec<BufferId>,
     /// Accesses (acquires) so far: the clock of next uses.
     accesses: u64,
     predictor: Box<dyn Predictor>,
@@ -205,7 +231,11 @@ impl Access {
             spare_next_use: HashMap::new(),
             last_full: 0,
             full_due: true,
-            last_buffer: None,
+            window: WINDOW_MIN_ACCESSES,
+            expected: VecDeque::new(),
+            as_planned: false,
+            reused: 0,
+            used_since_plan: Vec::new(),
             accesses: 0,
             predictor,
             learned,
@@ -225,7 +255,13 @@ impl Access {
     /// `buffer` is acquired at `now`: one more access.
     pub(super) fn on_access(&mut self, buffer: BufferId, now: Duration) {
         self.accesses += 1;
-        self.last_buffer = Some(buffer);
+        self.used_since_plan.push(buffer);
+        self.as_planned = self.expected.front() == Some(&buffer);
+        if self.as_planned {
+            self.expected.pop_front();
+        } else {
+            self.expected.clear();
+        }
         if self.learned {
             self.predictor.on_access(buffer, now);
         }
@@ -239,10 +275,25 @@ impl Access {
         }
     }
 
+    /// A plan was made from `upcoming`: the accesses it predicts surely next, in order,
+    /// are what may reuse it.
+    fn planned(&mut self, upcoming: &[Upcoming]) {
+        self.reused = 0;
+        self.expected.clear();
+        self.expected.extend(
+            upcoming
+                .iter()
+                .enumerate()
+                .take_while(|&(i, u)| u.distance == i as u64 && u.probability >= 1.0)
+                .take(PLAN_REUSE_ACCESSES_MAX)
+                .map(|(_, u)| u.buffer),
+        );
+    }
+
     /// Next uses from a window of the upcoming accesses, merged into those of the last
-    /// whole plan (uses further ahead keep their values until the next one); the buffer
-    /// just acquired leaves unless the window predicts it again. Returns the buffers whose
-    /// next use changed.
+    /// whole plan (uses further ahead keep their values until the next one); the buffers
+    /// acquired since the last plan leave unless the window predicts them again. Returns
+    /// the buffers whose next use changed.
     fn merge_next_uses(&mut self, upcoming: &[Upcoming]) -> Vec<BufferId> {
         let mut changed = Vec::new();
         for u in upcoming {
@@ -251,11 +302,13 @@ impl Access {
                 changed.push(u.buffer);
             }
         }
-        if let Some(b) = self.last_buffer
-            && self.next_use.get(&b).is_some_and(|&n| n <= self.accesses)
-        {
-            self.next_use.remove(&b);
-            changed.push(b);
+        // A buffer used since the last plan whose predicted use has passed and that the
+        // window does not predict again has no prediction until the next whole plan.
+        for b in self.used_since_plan.drain(..) {
+            if self.next_use.get(&b).is_some_and(|&n| n <= self.accesses) {
+                self.next_use.remove(&b);
+                changed.push(b);
+            }
         }
         changed
     }
@@ -281,26 +334,47 @@ impl Access {
         gpu_bytes_per_s: f64,
         remote_bytes_per_s: Option<f64>,
     ) -> Vec<BufferId> {
-        let window = lookahead.min(PARTIAL_LOOKAHEAD_ACCESSES);
-        if window < lookahead
+        let most = lookahead.min(PARTIAL_LOOKAHEAD_ACCESSES);
+        if most < lookahead
             && !self.full_due
             && self.accesses < self.last_full + FULL_REPLAN_EVERY_ACCESSES
         {
-            let upcoming = self.predictor.upcoming(window);
-            let gpu_closed = self
-                .gpu_plan
-                .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
-            let host_closed = match remote_bytes_per_s {
-                Some(bw) => self.host_plan.replan(&upcoming, self.accesses, bw, pages),
-                None => {
-                    self.host_plan.queue.clear();
-                    true
-                }
-            };
-            if (gpu_closed && host_closed) || upcoming.len() < window {
-                return self.merge_next_uses(&upcoming);
+            if self.as_planned && self.reused + 1 < PLAN_REUSE_ACCESSES_MAX {
+                self.reused += 1;
+                return Vec::new();
             }
-            // The horizon reaches past the window: plan from the whole lookahead.
+            let mut window = self.window.clamp(WINDOW_MIN_ACCESSES.min(most), most);
+            loop {
+                let upcoming = self.predictor.upcoming(window);
+                let gpu_end =
+                    self.gpu_plan
+                        .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
+                let host_end = match remote_bytes_per_s {
+                    Some(bw) => self.host_plan.replan(&upcoming, self.accesses, bw, pages),
+                    None => {
+                        self.host_plan.queue.clear();
+                        Some(0)
+                    }
+                };
+                if let (Some(g), Some(h)) = (gpu_end, host_end) {
+                    // The next access needs about as far: twice this, for the slack.
+                    self.window = (2 * g.max(h)).max(WINDOW_MIN_ACCESSES);
+                    self.planned(&upcoming);
+                    return self.merge_next_uses(&upcoming);
+                }
+                // Fewer than asked at the widest window: the predictor knows no more
+                // (fewer at a narrower one may be buffers used twice in it).
+                if window >= most {
+                    self.window = most;
+                    if upcoming.len() < window {
+                        self.planned(&upcoming);
+                        return self.merge_next_uses(&upcoming);
+                    }
+                    break;
+                }
+                window = (2 * window).min(most);
+            }
+            // The horizon reaches past the widest window: plan from the whole lookahead.
         }
         self.full_due = false;
         self.last_full = self.accesses;
@@ -322,6 +396,8 @@ impl Access {
                 .copied(),
         );
         self.spare_next_use = std::mem::replace(&mut self.next_use, next_use);
+        self.used_since_plan.clear();
+        self.planned(&upcoming);
         self.gpu_plan
             .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
         match remote_bytes_per_s {
@@ -411,6 +487,82 @@ mod tests {
         plan.replan(&ups, 5, 1e3, &pages);
         assert_eq!(plan.queue[0], (page(a, 1), 6));
         assert_eq!(plan.queue.len(), 3);
+    }
+
+    /// A predictor that predicts `seq` surely, one access a millisecond, and records the
+    /// window of each question.
+    struct Scripted {
+        seq: Vec<BufferId>,
+        at: usize,
+        asked: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    }
+
+    impl Predictor for Scripted {
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+        fn on_access(&mut self, _: BufferId, _: Duration) {
+            self.at += 1;
+        }
+        fn end_step(&mut self, _: Duration) {}
+        fn upcoming(&self, limit: usize) -> Vec<Upcoming> {
+            self.asked.lock().unwrap().push(limit);
+            (self.at..self.seq.len())
+                .take(limit)
+                .map(|i| {
+                    let k = (i - self.at) as u64;
+                    upcoming(self.seq[i].0, k, k)
+                })
+                .collect()
+        }
+        fn stats(&self) -> PredictorStats {
+            PredictorStats::default()
+        }
+        fn has_history(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_plan_serves_the_accesses_it_predicted_and_its_window_follows_the_horizon() {
+        let mut pages = PageTable::new(100);
+        let seq: Vec<BufferId> = (0..400)
+            .map(|_| pages.insert(100, vec![Page::new(None)]))
+            .collect();
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let predictor = Scripted {
+            seq: seq.clone(),
+            at: 0,
+            asked: asked.clone(),
+        };
+        let mut access = Access::new(Box::new(predictor), true);
+        let lookahead = 1024;
+        // At 1 TB/s the horizon is the jitter margin: 10 ms, the entry at 11 ms ends it.
+        let plan = |a: &mut Access| a.replan(lookahead, &pages, 1e12, None);
+        let step = |a: &mut Access, b: BufferId| {
+            a.on_access(b, Duration::ZERO);
+            plan(a);
+        };
+        let asked_now = || std::mem::take(&mut *asked.lock().unwrap());
+        plan(&mut access);
+        assert_eq!(asked_now(), [lookahead], "a first plan is whole");
+        assert_eq!(access.gpu_plan.queue.len(), 11);
+        // The next accesses come as it predicted surely: it serves them, then plans
+        // again from the least window, which the horizon does not pass.
+        for &b in &seq[..PLAN_REUSE_ACCESSES_MAX] {
+            step(&mut access, b);
+        }
+        assert_eq!(asked_now(), [WINDOW_MIN_ACCESSES]);
+        assert_eq!(access.gpu_plan.queue.len(), 11);
+        // A surprise plans at once, from twice the horizon's reach.
+        step(&mut access, seq[300]);
+        assert_eq!(asked_now(), [22]);
+        // The horizon widens (a slower tier): the window doubles until it holds it, and a
+        // horizon past the widest window takes the whole lookahead.
+        access.expected.clear();
+        access.on_access(seq[301], Duration::ZERO);
+        access.replan(lookahead, &pages, 1e4, None);
+        assert_eq!(asked_now(), [22, 44, 88, 176, 256, lookahead]);
     }
 
     #[test]
