@@ -1,4 +1,4 @@
-//! `spillway cluster init|up|down|failover-bench`: a pool of node processes on this
+//! `spillway cluster init|up|down|failover-bench|token create`: a pool of node processes on this
 //! machine, through [`spillway_cluster`].
 
 use std::path::{Path, PathBuf};
@@ -34,6 +34,73 @@ pub enum ClusterCommand {
     /// Kill the leader (SIGKILL) of a pool of real processes over and over and measure
     /// the time until another node reports itself leader; prints JSON.
     FailoverBench(FailoverArgs),
+    /// Join tokens, for hosts that join a running pool (`spillway node --join`).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `spillway cluster token ...`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a one-time join token (on the host holding the pool's CA key): it carries a
+    /// secret and the CA certificate's SHA-256, and expires after --ttl.
+    Create(TokenCreateArgs),
+}
+
+/// `spillway cluster token create`.
+#[derive(Debug, Args)]
+pub struct TokenCreateArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// The CA's directory (ca.pem, ca.key.pem) [default: the pool directory's pool/].
+    #[arg(long, value_name = "DIR")]
+    ca_dir: Option<PathBuf>,
+    /// How long the token may be used: a number and s, m, h or d (at most 30d).
+    #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+    ttl: Duration,
+}
+
+/// `90s`, `30m`, `1h`, `2d`.
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 90s, 30m, 1h or 2d"))?;
+    let secs = match unit {
+        "s" | "" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("{text:?}: the unit is s, m, h or d")),
+    };
+    Ok(Duration::from_secs(n.saturating_mul(secs)))
+}
+
+fn token_create(args: TokenCreateArgs) -> Result<()> {
+    let ca_dir = match args.ca_dir {
+        Some(d) => d,
+        None => args.dir.resolve().join(spec::CERTS_DIR),
+    };
+    let ca = spillway_net::certs::PoolCa::load(&ca_dir)
+        .with_context(|| format!("reading the pool's CA in {}", ca_dir.display()))?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let (token, _) = spillway_net::join::TokenStore::in_ca_dir(&ca_dir).create(
+        ca.fingerprint()?,
+        args.ttl,
+        now_ms,
+    )?;
+    println!("{token}");
+    eprintln!(
+        "one-time join token of pool {}, valid for {} s; on the new host:\n  spillway node --config node.toml --join <BOOTSTRAP_HOST:PORT> --token {token}",
+        ca.pool_id(),
+        args.ttl.as_secs()
+    );
+    Ok(())
 }
 
 /// `--host-budget`'s default: [`spec::HOST_TIER_BYTES_DEFAULT`] as a user writes it
@@ -186,6 +253,7 @@ pub fn run(cmd: ClusterCommand) -> Result<()> {
         ClusterCommand::Up(a) => up(a),
         ClusterCommand::Down(a) => down(a),
         ClusterCommand::FailoverBench(a) => failover_bench(a),
+        ClusterCommand::Token(TokenCommand::Create(a)) => token_create(a),
     }
 }
 
@@ -501,6 +569,15 @@ mod tests {
             crate::size::parse_size(HOST_BUDGET_DEFAULT),
             Ok(spec::HOST_TIER_BYTES_DEFAULT)
         );
+    }
+
+    #[test]
+    fn ttls_take_a_unit() {
+        assert_eq!(parse_ttl("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_ttl("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_ttl("2d"), Ok(Duration::from_secs(172_800)));
+        assert!(parse_ttl("1w").is_err());
+        assert!(parse_ttl("h").is_err());
     }
 
     #[test]

@@ -27,6 +27,34 @@ pub struct NodeArgs {
     /// Check the configuration, print it with every default filled in, and exit.
     #[arg(long)]
     check: bool,
+    /// Join a running pool through its bootstrap endpoint (HOST:PORT, a node started with
+    /// --bootstrap-addr) with --token: this host makes its own key, the pool's CA signs
+    /// it, and the node starts as a learner. Ignored once the node has its certificate.
+    #[arg(long, value_name = "HOST:PORT", requires = "token")]
+    join: Option<String>,
+    /// The one-time join token (`spillway cluster token create`).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "SPILLWAY_JOIN_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// Serve joins with the CA in this directory (its key and its join-tokens/) on
+    /// --bootstrap-addr.
+    #[arg(long, value_name = "DIR", requires = "bootstrap_addr")]
+    ca_dir: Option<PathBuf>,
+    /// Where to serve joins (UDP, QUIC), e.g. 0.0.0.0:7400.
+    #[arg(long, value_name = "ADDR", requires = "ca_dir")]
+    bootstrap_addr: Option<std::net::SocketAddr>,
+    /// On SIGINT or SIGTERM, leave the pool before stopping: declare this node leaving,
+    /// wait until its pages were copied to other nodes and the pool removed it (at most
+    /// --leave-timeout-s), then stop. Without it the node stops and stays a member (down).
+    #[arg(long)]
+    leave_on_stop: bool,
+    /// Seconds --leave-on-stop waits for the pages to move and the removal.
+    #[arg(long, default_value_t = spillway_node::membership::LEAVE_TIMEOUT_DEFAULT.as_secs())]
+    leave_timeout_s: u64,
 }
 
 /// Every field of [`NodeConfig`] as (TOML key, default as TOML), by key. Required
@@ -108,7 +136,7 @@ impl NodeArgs {
 
 /// Runs `spillway node`.
 pub fn run_node(args: NodeArgs) -> Result<()> {
-    let config = NodeConfig::load(&args.config)?;
+    let mut config = NodeConfig::load(&args.config)?;
     if args.check {
         print!("{}", toml::to_string(&config)?);
         return Ok(());
@@ -122,6 +150,11 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
         .context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let config_path = args.config.display().to_string();
+        if let (Some(server), Some(token)) = (&args.join, &args.token) {
+            spillway_node::join_pool(&mut config, server, token)
+                .await
+                .with_context(|| format!("joining the pool through {server}"))?;
+        }
         let node = Node::start(config)
             .await
             .with_context(|| format!("starting the node of {config_path}"))?;
@@ -133,11 +166,29 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
             config = %config_path,
             "node running; SIGINT or SIGTERM stops it"
         );
+        let bootstrap = match (&args.ca_dir, args.bootstrap_addr) {
+            (Some(dir), Some(addr)) => {
+                let server = node
+                    .serve_joins(dir, addr)
+                    .with_context(|| format!("serving joins with the CA in {}", dir.display()))?;
+                tracing::info!(addr = %server.local_addr(), "serving joins (spillway cluster token create makes tokens)");
+                Some(server)
+            }
+            _ => None,
+        };
         tokio::select! {
             signal = shutdown_signal() => {
                 tracing::info!(signal = signal?, "shutting down");
+                if let Some(b) = &bootstrap {
+                    b.shutdown().await;
+                }
+                let left = if args.leave_on_stop {
+                    node.leave(std::time::Duration::from_secs(args.leave_timeout_s)).await
+                } else {
+                    Ok(())
+                };
                 node.shutdown().await;
-                Ok(())
+                left.context("leaving the pool")
             }
             () = node.raft_failed() => {
                 let (id, cause) = (node.node_id(), node.meta_view().error.unwrap_or_default());
