@@ -21,6 +21,7 @@
 //!
 //! Markers (`bytes` 0) are checked like any line, then dropped; their `compute_us`, if any,
 //! is added to the access before them, so the replay keeps the time the job spent there.
+//! The sum keeps [`COMPUTE_US_MAX`] too: no access has more `compute_us` than that.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -273,7 +274,8 @@ pub enum TraceError {
         /// The line before.
         previous_line: u64,
     },
-    /// `compute_us` is negative, not finite, or above [`COMPUTE_US_MAX`].
+    /// `compute_us` is negative, not finite, or above [`COMPUTE_US_MAX`]; or a marker's
+    /// `compute_us`, added to the access before it, takes that access above it.
     #[error("line {line}: `compute_us` must be a number from 0 to {limit_us}, found {value}")]
     BadComputeTime {
         /// The line.
@@ -399,8 +401,22 @@ fn parse_with_limits(mut reader: impl BufRead, limits: Limits) -> Result<Trace, 
         if checked.bytes == 0 {
             trace.markers_skipped += 1;
             if let (Some(marker_us), Some(last)) = (checked.compute_us, trace.accesses.last_mut()) {
-                // The time after a marker is time after the access before it.
-                last.compute_us = Some(last.compute_us.unwrap_or(0.0) + marker_us);
+                // The time after a marker is time after the access before it, and that
+                // access's whole gap keeps COMPUTE_US_MAX (each line alone does not bound
+                // the sum).
+                let access_us = last.compute_us.unwrap_or(0.0);
+                let gap_us = access_us + marker_us;
+                if gap_us > COMPUTE_US_MAX {
+                    return Err(TraceError::BadComputeTime {
+                        line,
+                        value: format!(
+                            "{marker_us} after the {access_us} us of the access before it \
+                             ({gap_us} us in all)"
+                        ),
+                        limit_us: COMPUTE_US_MAX,
+                    });
+                }
+                last.compute_us = Some(gap_us);
             }
             continue;
         }

@@ -294,6 +294,34 @@ fn bad_compute_times() {
     );
 }
 
+/// Found while writing the `trace` fuzz target's oracle (fuzz/oracles/trace.rs), whose
+/// invariant `compute_us <= COMPUTE_US_MAX` it broke (the 10-minute run did not reach it):
+/// markers added their time to the access before them without a bound, so an access could
+/// hold any multiple of COMPUTE_US_MAX, and a replay would stall for as long.
+#[test]
+fn marker_time_added_to_an_access_keeps_the_limit() {
+    let line = |bytes: u64, us: &str| {
+        format!(
+            "{{\"step\": 0, \"buffer\": \"a\", \"bytes\": {bytes}, \"phase\": \"fwd\", \"compute_us\": {us}}}\n"
+        )
+    };
+    let at_limit = format!("{}{}", line(8, "3000000000"), line(0, "600000000"));
+    let trace = parse(&at_limit).unwrap();
+    assert_eq!(trace.accesses[0].compute_us, Some(COMPUTE_US_MAX));
+    let over = format!(
+        "{}{}{}",
+        line(8, "3000000000"),
+        line(0, "600000000"),
+        line(0, "1")
+    );
+    let e = parse_err(&over);
+    assert!(
+        matches!(e, TraceError::BadComputeTime { line: 3, limit_us, .. } if limit_us == COMPUTE_US_MAX),
+        "{e}"
+    );
+    assert!(e.to_string().contains("3600000001 us in all"), "{e}");
+}
+
 #[test]
 fn empty_buffer_name() {
     let e = parse_err(r#"{"step": 0, "buffer": "", "bytes": 8, "phase": "fwd"}"#);
