@@ -186,7 +186,7 @@ const FIELD_DOCS: &[FieldDoc] = &[
     },
     FieldDoc {
         key: "host_budget",
-        doc: "RAM the host tier may hold in pages, a size such as \"64GiB\" (at least one page; was host_tier_bytes)",
+        doc: "RAM the host tier may hold in pages, a size such as \"64GiB\" (at least one page; was host_tier_bytes); the node holds up to 1.05 x this + 32 MiB + buffers in flight (64 MiB per peer) + its local clients' host tiers, checked at start against the cgroup's memory limit",
         default: "required",
     },
     FieldDoc {
