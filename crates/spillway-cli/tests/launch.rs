@@ -278,3 +278,41 @@ fn host_budget_is_a_share_of_the_host_or_refused_above_it() {
         .expect("a host tier line");
     assert!(bytes > 0 && bytes.is_multiple_of(2 << 20), "{bytes}");
 }
+
+#[test]
+fn a_pinned_host_budget_above_memlock_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = |pinned: &str| {
+        let mut c = launch(
+            tmp.path(),
+            18160,
+            &["--dry-run", "--host-budget", "64MiB", "--pinned", pinned],
+            "true",
+        );
+        // RLIMIT_MEMLOCK of 8 MiB for launch alone (lowering a limit needs no privilege).
+        // SAFETY: setrlimit is a plain system call, safe between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+                let limit = rustix::process::Rlimit {
+                    current: Some(8 << 20),
+                    maximum: Some(8 << 20),
+                };
+                rustix::process::setrlimit(rustix::process::Resource::Memlock, limit)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        c.output().unwrap()
+    };
+    let out = plan("on");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--host-budget 67108864 bytes would be page-locked"),
+        "{err}"
+    );
+    assert!(err.contains("allows 8388608 bytes"), "{err}");
+    assert!(err.contains("ulimit -l"), "{err}");
+    // A job that pins nothing is not held to memlock.
+    let out = plan("off");
+    assert!(out.status.success(), "{out:?}");
+}

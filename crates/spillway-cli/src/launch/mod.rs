@@ -74,6 +74,11 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "SIZE", default_value = "1GiB",
           value_parser = sizing::parse_budget)]
     host_budget: sizing::BudgetArg,
+    /// Whether the job page-locks its host tier (a client with a GPU does), so that
+    /// --host-budget must fit RLIMIT_MEMLOCK (`ulimit -l`): auto (where the host has an
+    /// NVIDIA device), on or off.
+    #[arg(long, value_enum, default_value = "auto")]
+    pinned: sizing::Pinned,
     /// Seconds to wait for the pool (and, on other ranks, for the host's node).
     #[arg(long, default_value_t = 120)]
     timeout_s: u64,
@@ -113,7 +118,11 @@ pub fn run_launch(args: LaunchArgs) -> Result<i32> {
         },
     };
     let run_base = args.run_base.clone().unwrap_or_else(std::env::temp_dir);
-    let host_budget = sizing::host_budget(args.host_budget, sizing::HostMemory::read())?;
+    let host_budget = sizing::host_budget(
+        args.host_budget,
+        sizing::HostMemory::read(),
+        args.pinned.pins(sizing::host_has_gpu()),
+    )?;
     let plan = Plan::new(
         placement,
         &pool_dir,
