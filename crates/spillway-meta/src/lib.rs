@@ -22,11 +22,10 @@
 //! [`limits::TICK_MS_RECOMMENDED`] ms, authenticated connections carrying
 //! `poll_messages` output to peers, and forwarding proposals to the leader.
 //!
-//! Kept for the node-failure work, not proposed by any node yet: [`Update::SetMemberState`]
-//! (with the epochs it bumps, which fence placements) is applied and tested here, but no
-//! failure detector proposes it today; the node's sans-IO brain (`spillway-node`'s
-//! `placement`) already leaves down members out of placements, so the detector lands
-//! there. Client leases were cut (nothing granted or read them); a snapshot of the
+//! Failure detection runs inside [`MetaNode::tick`] (`node/detector.rs`): the leader
+//! proposes [`Update::SetMemberState`] down for a member it has not heard from for
+//! [`MetaConfig::down_after_ticks`], and a node its state says is down proposes itself
+//! up, at a new epoch, which fences what it held before. Client leases were cut (nothing granted or read them); a snapshot of the
 //! earlier format is refused with [`state::SnapshotError::Format`] (format 3 now: 2 had one
 //! holder per page and no zones).
 

@@ -83,6 +83,13 @@ pub const ELECTION_TICKS_DEFAULT: usize = 5;
 /// With the defaults a new leader is elected within about 0.7 s of the old one's death.
 pub const ELECTION_TICKS_MAX_DEFAULT: usize = 8;
 
+/// Default failure-detection timeout: 20 ticks (2 s at the recommended tick). The leader
+/// proposes down a member it has not heard from for this long (it hears from every live
+/// member each heartbeat, 100 ms). Shorter starts re-replication sooner after a death;
+/// longer forgives longer stalls (a node declared down comes back at a new epoch, and
+/// every copy it held is made again elsewhere).
+pub const DOWN_AFTER_TICKS_DEFAULT: u64 = 20;
+
 /// raft-engine: target size of one log file, 32 MiB. Smaller files are purged sooner after
 /// compaction; larger ones mean fewer files.
 pub const ENGINE_FILE_BYTES_TARGET: u64 = 32 << 20;

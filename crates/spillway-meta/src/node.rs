@@ -63,7 +63,9 @@ use crate::state::{MetaState, Rejection, SnapshotError};
 use crate::storage::{EngineStorage, StorageError};
 
 mod config;
+mod detector;
 pub use config::{ConfigError, MetaConfig};
+use detector::Detector;
 
 /// A failure of the node itself (not of one proposal).
 #[derive(Debug, thiserror::Error)]
@@ -285,6 +287,8 @@ pub struct MetaCounters {
     pub completions_dropped: u64,
     /// Peer messages refused by `step`.
     pub messages_refused: u64,
+    /// Member state changes the failure detector proposed (members down, this node up).
+    pub member_state_proposals: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,6 +312,10 @@ pub struct MetaNode {
     snapshot_index: u64,
     counters: MetaCounters,
     poisoned: bool,
+    detector: Detector,
+    /// The caller's clock as last told ([`MetaNode::observe_clock_ms`]), for the batches
+    /// the detector proposes.
+    clock_ms: u64,
 }
 
 impl MetaNode {
@@ -367,6 +375,7 @@ impl MetaNode {
                 source,
             }
         })?;
+        let detector = Detector::new(config.down_after_ticks, config.election_ticks_max as u64);
         let mut node = MetaNode {
             id,
             rng: SimRng::new(config.seed),
@@ -381,6 +390,8 @@ impl MetaNode {
             snapshot_index,
             counters: MetaCounters::default(),
             poisoned: false,
+            detector,
+            clock_ms: 0,
         };
         node.redraw_election_timeout();
         // Replay the entries this node knows are committed, so the state is as current as
@@ -398,16 +409,42 @@ impl MetaNode {
 
     // ---- input ----
 
-    /// Advances Raft's clock by one tick.
+    /// Advances Raft's clock by one tick, and runs the failure detector (see
+    /// [`MetaConfig::down_after_ticks`]): the leader proposes down the members it has not
+    /// heard from for that long, and a node that the state says is down proposes itself up.
     pub fn tick(&mut self) {
         self.raw.tick();
         self.redraw_election_timeout();
+        let leading = self.is_leader().then(|| self.term());
+        let updates = self.detector.tick(self.id, leading, &self.state);
+        if !updates.is_empty() && !self.poisoned {
+            let batch = Batch {
+                now_ms: self.clock_ms.max(self.state.clock_ms()),
+                updates,
+            };
+            // No ticket: nobody waits for it; the detector looks at the state again.
+            // A follower's proposal goes to the leader (raft-rs forwards it).
+            match self.raw.propose(Vec::new(), command::encode(&batch)) {
+                Ok(()) => self.counters.member_state_proposals += batch.len() as u64,
+                Err(e) => {
+                    tracing::debug!(node = %self.id, error = %e, "member state proposal dropped")
+                }
+            }
+        }
+    }
+
+    /// Tells the node the caller's clock (milliseconds, as in [`Batch::now_ms`]), which
+    /// stamps the batches the failure detector proposes. Optional: without it they carry
+    /// the group clock.
+    pub fn observe_clock_ms(&mut self, now_ms: u64) {
+        self.clock_ms = self.clock_ms.max(now_ms);
     }
 
     /// Hands a message from a peer to Raft. Messages that Raft refuses (local message
     /// types, responses from peers it does not track) are counted and dropped.
     pub fn step(&mut self, msg: Message) -> Result<(), MetaError> {
         self.check_poisoned()?;
+        self.detector.heard_from(NodeId(msg.from));
         if let Err(e) = self.raw.step(msg) {
             self.counters.messages_refused += 1;
             tracing::debug!(node = %self.id, error = %e, "peer message refused");

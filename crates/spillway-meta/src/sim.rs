@@ -83,6 +83,8 @@ pub struct SimConfig {
     pub log_entries_kept_after_snapshot: u64,
     /// See [`MetaConfig::proposals_in_flight_max`].
     pub proposals_in_flight_max: usize,
+    /// See [`MetaConfig::down_after_ticks`].
+    pub down_after_ticks: u64,
 }
 
 impl SimConfig {
@@ -105,6 +107,7 @@ impl SimConfig {
             snapshot_interval_entries: limits::SNAPSHOT_INTERVAL_ENTRIES_DEFAULT,
             log_entries_kept_after_snapshot: limits::LOG_ENTRIES_KEPT_AFTER_SNAPSHOT_DEFAULT,
             proposals_in_flight_max: limits::PROPOSALS_IN_FLIGHT_MAX_DEFAULT,
+            down_after_ticks: limits::DOWN_AFTER_TICKS_DEFAULT,
         }
     }
 
@@ -327,6 +330,7 @@ impl SimCluster {
         mc.snapshot_interval_entries = self.config.snapshot_interval_entries;
         mc.log_entries_kept_after_snapshot = self.config.log_entries_kept_after_snapshot;
         mc.proposals_in_flight_max = self.config.proposals_in_flight_max;
+        mc.down_after_ticks = self.config.down_after_ticks;
         mc.seed = seed;
         mc
     }
@@ -511,7 +515,11 @@ impl SimCluster {
                     .get(&node)
                     .is_some_and(|n| n.generation == generation && n.host.is_some());
                 if current {
-                    self.drive(node, MetaNode::tick);
+                    let now_ms = self.now_us / 1000;
+                    self.drive(node, move |n| {
+                        n.observe_clock_ms(now_ms);
+                        n.tick()
+                    });
                     let next = self.now_us + self.config.tick_ms * 1000;
                     self.schedule(next, EventKind::Tick { node, generation });
                 }

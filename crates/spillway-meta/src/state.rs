@@ -629,10 +629,12 @@ impl MetaState {
                 // A new incarnation: what the old one held is not trusted any more. Its
                 // records stay, dead, so that their slots are found and repaired; they no
                 // longer count against the member's capacity.
+                // Only the records of the epoch that ends were counted: those of earlier
+                // ones were uncounted when their epoch ended.
+                let ended = m.epoch;
                 m.epoch = Epoch(m.epoch.0 + 1);
                 m.up_since_ms = self.clock_ms;
-                let epoch = m.epoch;
-                let pages = self.directory.pages_where(node, |h| h.epoch < epoch);
+                let pages = self.directory.pages_where(node, |h| h.epoch == ended);
                 self.usage_mut(node).used_bytes -= pages * self.page_bytes;
             }
             (_, MemberState::Down) => self.drop_reservations_of(node),

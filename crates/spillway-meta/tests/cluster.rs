@@ -458,6 +458,9 @@ fn chaos(seed: u64) {
         cfg.drop_rate = 0.05;
         cfg.snapshot_interval_entries = 24;
         cfg.log_entries_kept_after_snapshot = 6;
+        // Agreement is what this checks: placements name epoch 1 at random holders, so
+        // no member may be declared down (tests/failure_detection.rs checks that part).
+        cfg.down_after_ticks = 0;
     });
     let mut rng = spillway_meta::rng::SimRng::new(seed ^ 0xC4A05);
     let mut committed = Vec::new();

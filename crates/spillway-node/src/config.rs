@@ -68,6 +68,11 @@ pub const PEER_GRACE_MS_DEFAULT: u64 = 30_000;
 pub const PEER_GRACE_MS_MIN: u64 = 1_000;
 /// Longest peer grace accepted: 10 min (a client waits this long at most on one fetch).
 pub const PEER_GRACE_MS_MAX: u64 = 600_000;
+/// Default failure-detection timeout: 2 s (`spillway_meta::limits::DOWN_AFTER_TICKS_DEFAULT`
+/// at the default tick). The Raft leader declares a member down when it has not heard
+/// from it for this long; the member's copies are then made again elsewhere, and when it
+/// comes back it does so at a new epoch, with nothing it held before.
+pub const DOWN_AFTER_MS_DEFAULT: u64 = 2_000;
 /// Default number of holders of a page spilled to peers: 2 (a peer's death loses
 /// nothing; spilled pages take twice their bytes of the pool's lent memory).
 pub const REPLICAS_DEFAULT: u8 = 2;
@@ -113,6 +118,9 @@ fn default_reserve_chunk_bytes() -> u64 {
 }
 fn default_peer_grace_ms() -> u64 {
     PEER_GRACE_MS_DEFAULT
+}
+fn default_down_after_ms() -> u64 {
+    DOWN_AFTER_MS_DEFAULT
 }
 fn default_replicas() -> u8 {
     REPLICAS_DEFAULT
@@ -248,6 +256,11 @@ const FIELD_DOCS: &[FieldDoc] = &[
         key: "peer_grace_ms",
         doc: "how long a peer that stops answering is waited for (fetches retried with backoff) before a fetch from it fails; longer rides out pauses, shorter fails a job sooner",
         default: "30000",
+    },
+    FieldDoc {
+        key: "down_after_ms",
+        doc: "how long the Raft leader waits without hearing from a member before it declares it down (its copies are made again elsewhere); 0 never; at least election_ticks_max ticks",
+        default: "2000",
     },
     FieldDoc {
         key: "replicas",
@@ -435,6 +448,12 @@ pub struct NodeConfig {
     /// job sooner when a peer is really gone.
     #[serde(default = "default_peer_grace_ms")]
     pub peer_grace_ms: u64,
+    /// How long the Raft leader goes without hearing from a member before it declares it
+    /// down, in milliseconds (default 2 000; 0: never; else at least `election_ticks_max`
+    /// ticks). Shorter starts re-replication sooner; longer forgives longer stalls (a node
+    /// declared down that was only paused comes back at a new epoch, its copies dead).
+    #[serde(default = "default_down_after_ms")]
+    pub down_after_ms: u64,
     /// Holders of each page this node spills to peers (default 2, from 1 to
     /// [`REPLICAS_MAX`]), on distinct nodes, and on distinct zones when every member has a
     /// `zone`. A spill completes when every holder acknowledged the bytes and the directory
@@ -535,6 +554,7 @@ impl NodeConfig {
             lend_bytes: LEND_BYTES_UNSET,
             reserve_chunk_bytes: RESERVE_CHUNK_BYTES_DEFAULT,
             peer_grace_ms: PEER_GRACE_MS_DEFAULT,
+            down_after_ms: DOWN_AFTER_MS_DEFAULT,
             replicas: REPLICAS_DEFAULT,
             zone: None,
             repair_bytes_per_s: REPAIR_BYTES_PER_S_DEFAULT,
@@ -787,6 +807,16 @@ impl NodeConfig {
                 format!(
                     "is {} but must be from {PEER_GRACE_MS_MIN} to {PEER_GRACE_MS_MAX} ms",
                     self.peer_grace_ms
+                ),
+            );
+        }
+        let election_ms = self.election_ticks_max as u64 * self.tick_ms;
+        if self.down_after_ms != 0 && self.down_after_ms < election_ms {
+            return err(
+                "down_after_ms",
+                format!(
+                    "is {} but must be 0 (never) or at least election_ticks_max ticks ({election_ms} ms)",
+                    self.down_after_ms
                 ),
             );
         }

@@ -45,6 +45,13 @@ pub struct MetaConfig {
     pub appends_in_flight: usize,
     /// Bytes of uncommitted entries the leader accepts before dropping proposals.
     pub uncommitted_bytes_max: u64,
+    /// Ticks without a message from a member after which the leader proposes it down
+    /// (0: never). Shorter finds a dead node sooner, and so starts re-replicating its
+    /// pages sooner; too short declares down a node that merely stalled (a long fsync, a
+    /// GC pause), which then comes back at a new epoch with every copy it held dead. At
+    /// least `election_ticks_max`: a member must have missed heartbeats for longer than
+    /// the group waits before it elects a new leader.
+    pub down_after_ticks: u64,
     /// Seed of the election-timeout generator (see the module doc). Give every node a
     /// different one; a simulation derives them from its seed.
     pub seed: u64,
@@ -68,6 +75,7 @@ impl MetaConfig {
             append_bytes_per_message: limits::APPEND_BYTES_PER_MESSAGE_DEFAULT,
             appends_in_flight: limits::APPENDS_IN_FLIGHT_DEFAULT,
             uncommitted_bytes_max: limits::UNCOMMITTED_BYTES_MAX_DEFAULT,
+            down_after_ticks: limits::DOWN_AFTER_TICKS_DEFAULT,
             seed: id.0.wrapping_mul(0x2545_F491_4F6C_DD1D),
         }
     }
@@ -110,6 +118,12 @@ impl MetaConfig {
         }
         if self.uncommitted_bytes_max == 0 {
             return bad("uncommitted_bytes_max", "must be at least 1");
+        }
+        if self.down_after_ticks != 0 && self.down_after_ticks < self.election_ticks_max as u64 {
+            return bad(
+                "down_after_ticks",
+                "must be 0 (off) or at least election_ticks_max",
+            );
         }
         Ok(())
     }

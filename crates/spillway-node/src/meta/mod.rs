@@ -384,6 +384,7 @@ impl MetaDriver {
         meta_config.heartbeat_ticks = config.heartbeat_ticks;
         meta_config.election_ticks = config.election_ticks;
         meta_config.election_ticks_max = config.election_ticks_max;
+        meta_config.down_after_ticks = config.down_after_ms.div_ceil(config.tick_ms);
         meta_config.seed ^= now_ms();
         let initial = InitialCluster {
             members: config

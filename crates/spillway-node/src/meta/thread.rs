@@ -194,6 +194,8 @@ pub(super) fn run(node: MetaNode, inputs: Receiver<Input>, mut ctx: ThreadCtx) {
             continue;
         };
         if now >= next_tick {
+            // The failure detector's proposals carry this clock.
+            node.observe_clock_ms(now_ms());
             node.tick();
             next_tick += ctx.tick;
             if next_tick < now {

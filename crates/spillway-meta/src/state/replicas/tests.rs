@@ -254,6 +254,26 @@ fn liveness_follows_state_and_epoch() {
     // The dead record stays, uncounted.
     assert_eq!(s.holders_of(page(0)).len(), 1);
     assert_eq!(used(&s, 1), 0);
+    // A second comeback uncounts only what the second epoch held.
+    let second = place(P {
+        buffer: 2,
+        first: 0,
+        count: 3,
+        node: 1,
+        epoch: 2,
+        version: 1,
+        replica: 0,
+    });
+    assert_eq!(apply(&mut s, 5, vec![second]), vec![Ok(())]);
+    assert_eq!(used(&s, 1), 3 * PAGE);
+    apply(
+        &mut s,
+        6,
+        vec![set(1, MemberState::Down), set(1, MemberState::Up)],
+    );
+    assert_eq!(s.member(NodeId(1)).unwrap().epoch, Epoch(3));
+    assert_eq!(used(&s, 1), 0);
+    assert_eq!(s.extent_count(), 2);
 }
 
 #[test]
