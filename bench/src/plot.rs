@@ -20,6 +20,18 @@ fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("plot: {e}")
 }
 
+/// The legend of `chart`'s labelled series, the same box on every plot.
+fn draw_legend<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
+}
+
 /// One line per series of (step, value) points on `area`.
 fn lines(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
@@ -66,12 +78,7 @@ fn lines(
             });
         }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart)?;
     Ok(())
 }
 
@@ -169,12 +176,7 @@ pub fn time_split(r: &RunReport, path: &Path) -> Result<()> {
         .map_err(err)?
         .label("stall (waiting for copies)")
         .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], stall_colour.filled()));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart)?;
     root.present().map_err(err)?;
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::process::Command;
 mod common;
 use common::{
     COMPARE_BUDGET_BYTES, COMPARE_MOE, SMALL, Scratch, assert_contains_all, f64s, read_json,
-    spillway_command, spillway_err, spillway_ok, stdout_json, trace_path,
+    spillway_command, spillway_err, spillway_ok, stdout_json, strs, trace_path,
 };
 
 fn spillway(args: &[&str]) -> std::process::Output {
@@ -125,12 +125,7 @@ fn offload_bench_json_has_every_variant_with_its_spread_and_the_load() {
         v["floor_s"].as_f64().unwrap(),
         (floors[0] + floors[1]) / 2.0
     ));
-    let names: Vec<&str> = v["variants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["name"].as_str().unwrap())
-        .collect();
+    let names = strs(&v["variants"], "name");
     assert_eq!(
         names,
         ["resident", "copy_only", "on_demand", "clock", "learned"]
@@ -200,12 +195,7 @@ fn replay_compare_runs_every_policy() {
     let v = stdout_json(&spillway_ok(
         &[&["replay", &path, "--json"][..], COMPARE_MOE].concat(),
     ));
-    let policies: Vec<&str> = v["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["policy"].as_str().unwrap())
-        .collect();
+    let policies = strs(&v["runs"], "policy");
     assert_eq!(policies, ["on_demand", "clock", "learned"]);
     for r in v["runs"].as_array().unwrap() {
         assert_eq!(r["gpu_budget_bytes"], COMPARE_BUDGET_BYTES);

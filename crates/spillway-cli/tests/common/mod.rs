@@ -59,6 +59,16 @@ pub fn f64s(array: &Value) -> Vec<f64> {
         .collect()
 }
 
+/// The string `key` of every object of a JSON array.
+pub fn strs<'a>(array: &'a Value, key: &str) -> Vec<&'a str> {
+    array
+        .as_array()
+        .expect("a JSON array")
+        .iter()
+        .map(|x| x[key].as_str().expect("a string"))
+        .collect()
+}
+
 /// Asserts that `text` (what `what` is) contains every one of `needles`.
 pub fn assert_contains_all(what: &str, text: &str, needles: &[&str]) {
     for needle in needles {
