@@ -2,8 +2,9 @@
 //! hold pages; node 1 (holding the CA key) serves joins; a fourth host joins with a
 //! one-time token (its key made here, its certificate signed by the pool's CA) and every
 //! member lists it; the token used again, another pool's CA fingerprint and a taken node
-//! id are refused with typed errors; the joined host leaves gracefully and every member
-//! stops listing it; every page spilled before is read back byte for byte. Real time;
+//! id are refused with typed errors; a voter holding pages leaves gracefully (its pages
+//! drain to other holders), every member stops listing it and the joined learner is
+//! promoted; every page spilled before is read back byte for byte. Real time;
 //! every wait polls a condition with a deadline.
 
 mod common;
@@ -126,15 +127,27 @@ async fn a_host_joins_with_a_token_and_leaves_without_losing_a_page() {
         other => panic!("{other:?}"),
     }
 
-    // Host 4 leaves: declared leaving, drained, removed; no member lists it any more.
-    within("leave", n4.leave(Duration::from_secs(15)))
+    // Node 3, a voter holding pages, leaves: declared leaving, its pages copied to other
+    // holders, removed; no member lists it any more, and learner 4 takes its vote.
+    let held_by_3 = nodes[2].as_ref().unwrap().store().used_bytes_of(NodeId(1));
+    assert!(held_by_3 > 0, "node 3 holds some of node 1's pages");
+    let n3 = nodes[2].as_ref().unwrap();
+    within("leave", n3.leave(Duration::from_secs(15)))
         .await
         .unwrap();
-    wait_for("every member to drop node 4", WAIT, || {
-        nodes.iter().flatten().all(|n| !lists(n, 4)).then_some(())
+    wait_for("every member to drop node 3", WAIT, || {
+        (nodes[..2].iter().flatten().all(|n| !lists(n, 3)) && !lists(&n4, 3)).then_some(())
     })
     .await;
-    within("shutdown of the leaver", n4.shutdown()).await;
+    let role = wait_for_async(|| async {
+        let r = n1
+            .meta_read(|s| s.member(NodeId(4)).map(|m| m.role))
+            .await
+            .unwrap();
+        (r == Some(spillway_meta::RaftRole::Voter)).then_some(r)
+    })
+    .await;
+    assert_eq!(role, Some(spillway_meta::RaftRole::Voter));
 
     // Every page is still there, byte for byte.
     let wanted: Vec<PageId> = pages.iter().map(|(id, _)| *id).collect();
@@ -144,5 +157,6 @@ async fn a_host_joins_with_a_token_and_leaves_without_losing_a_page() {
         assert!(sent == got, "page {id:?} came back different");
     }
     bootstrap.shutdown().await;
+    within("shutdown of node 4", n4.shutdown()).await;
     shutdown_all(nodes).await;
 }
