@@ -408,6 +408,7 @@ pub fn replay_with(
             bytes_per_s: stats.remote_bytes_per_s,
         }),
         total_s: started.elapsed().as_secs_f64(),
+        lost_buffers: Vec::new(),
         steps,
     };
     Ok(ReplayReport {

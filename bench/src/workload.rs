@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use spillway_client::{
-    Buffer, DeviceChoice, Guard, PageSize, Policy, Pool, PoolBuilder, PoolStats, pattern,
+    Buffer, CoreError, DeviceChoice, Guard, PageSize, Policy, Pool, PoolBuilder, PoolError,
+    PoolStats, pattern,
 };
 
 /// The shape of the training-like loop.
@@ -48,6 +49,10 @@ pub struct TrainConfig {
     pub diverge_steps: Vec<usize>,
     /// Whether the job marks step boundaries (`false` exercises period detection).
     pub mark_steps: bool,
+    /// Go on past a buffer whose page the remote tier lost (`CoreError::PageLost`):
+    /// its kernels are skipped and its name reported ([`RunReport::lost_buffers`]).
+    /// Without it a lost page ends the run with an error naming the buffer.
+    pub skip_lost: bool,
 }
 
 impl TrainConfig {
@@ -67,6 +72,7 @@ impl TrainConfig {
             device: DeviceChoice::Auto,
             diverge_steps: Vec::new(),
             mark_steps: true,
+            skip_lost: false,
         }
     }
 
@@ -288,6 +294,9 @@ pub struct RunReport {
     pub remote: Option<RemoteReport>,
     /// Total wall time.
     pub total_s: f64,
+    /// Buffers lost with a page the remote tier could not give back (with
+    /// [`TrainConfig::skip_lost`]; the run went on without them), by name.
+    pub lost_buffers: Vec<String>,
     /// Per step.
     pub steps: Vec<StepReport>,
 }
@@ -360,6 +369,33 @@ fn compute_pages(g: &Guard<'_>, passes: u32) -> Result<u64> {
     Ok(sink)
 }
 
+/// The guard of an acquire of `buffer`; `None` when a page of it is lost
+/// (`CoreError::PageLost`) and `skip` says to go on without it (its name goes into
+/// `lost`); without `skip` that is an error naming the buffer.
+fn lost_or<'p>(
+    acquired: Result<Guard<'p>, PoolError>,
+    buffer: &Buffer,
+    skip: bool,
+    lost: &mut std::collections::BTreeSet<String>,
+) -> Result<Option<Guard<'p>>> {
+    match acquired {
+        Ok(g) => Ok(Some(g)),
+        Err(PoolError::Pool(e @ CoreError::PageLost { .. })) => {
+            if !skip {
+                bail!(
+                    "{} is lost ({e}); run with --skip-lost to go on without it",
+                    buffer.name()
+                );
+            }
+            if lost.insert(buffer.name().to_string()) {
+                tracing::warn!(buffer = buffer.name(), error = %e, "buffer lost; going on without it");
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A pool and the buffers of the loop, ready to run steps.
 pub struct Training {
     cfg: TrainConfig,
@@ -368,6 +404,8 @@ pub struct Training {
     acts: Vec<Buffer>,
     /// Step whose data each activation holds (None: never written).
     act_written: Vec<Option<usize>>,
+    /// Names of the buffers found lost (with `skip_lost`).
+    lost: std::collections::BTreeSet<String>,
     step: usize,
     /// Keeps the kernels' results alive so no work can be optimised away.
     pub sink: u64,
@@ -406,6 +444,7 @@ impl Training {
             weights,
             acts,
             act_written: vec![None; layers],
+            lost: Default::default(),
             step: 0,
             sink: 0,
         })
@@ -439,13 +478,18 @@ impl Training {
         let mut sink = 0;
         let passes = self.cfg.compute_passes;
         let order = self.order(diverged);
+        let skip = self.cfg.skip_lost;
         for &i in &order {
-            let g = self.pool.acquire(&self.weights[i])?;
-            c.record(&g);
-            c.verify(&g, weight_seed(i))?;
-            sink ^= compute_pages(&g, passes)?;
-            drop(g);
-            let mut g = self.pool.acquire_mut(&self.acts[i])?;
+            let w = &self.weights[i];
+            if let Some(g) = lost_or(self.pool.acquire(w), w, skip, &mut self.lost)? {
+                c.record(&g);
+                c.verify(&g, weight_seed(i))?;
+                sink ^= compute_pages(&g, passes)?;
+            }
+            let a = &self.acts[i];
+            let Some(mut g) = lost_or(self.pool.acquire_mut(a), a, skip, &mut self.lost)? else {
+                continue;
+            };
             c.record(&g);
             let seed = act_seed(step, i);
             for k in 0..g.pages() {
@@ -454,12 +498,16 @@ impl Training {
             self.act_written[i] = Some(step);
         }
         for &i in order.iter().rev() {
-            let g = self.pool.acquire(&self.weights[i])?;
-            c.record(&g);
-            c.verify(&g, weight_seed(i))?;
-            sink ^= compute_pages(&g, passes)?;
-            drop(g);
-            let g = self.pool.acquire(&self.acts[i])?;
+            let w = &self.weights[i];
+            if let Some(g) = lost_or(self.pool.acquire(w), w, skip, &mut self.lost)? {
+                c.record(&g);
+                c.verify(&g, weight_seed(i))?;
+                sink ^= compute_pages(&g, passes)?;
+            }
+            let a = &self.acts[i];
+            let Some(g) = lost_or(self.pool.acquire(a), a, skip, &mut self.lost)? else {
+                continue;
+            };
             c.record(&g);
             let written = self.act_written[i].context("activation read before it was written")?;
             c.verify(&g, act_seed(written, i))?;
@@ -507,6 +555,7 @@ impl Training {
                 bytes_per_s: s.remote_bytes_per_s,
             }),
             total_s: total.as_secs_f64(),
+            lost_buffers: self.lost.iter().cloned().collect(),
             steps,
         }
     }
@@ -559,6 +608,81 @@ pub(crate) mod tests {
             device: DeviceChoice::Sim,
             ..TrainConfig::demo_default()
         }
+    }
+
+    /// A remote tier in memory whose fetches of buffer `lost` fail as every holder gone.
+    fn losing_tier(lost: u64) -> spillway_client::RemoteFactory {
+        use spillway_client::remote::{MemRemote, RemoteError, RemoteOpKind};
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex};
+        let fetches: Arc<Mutex<HashMap<u64, spillway_client::PageId>>> = Default::default();
+        Box::new(move |device, sink| {
+            let seen = fetches.clone();
+            let inner = MemRemote::factory(1 << 30)(
+                device,
+                Arc::new(move |mut c: spillway_client::RemoteCompletion| {
+                    if let Some(page) = seen.lock().unwrap().remove(&c.id.0)
+                        && page.buffer.0 == lost
+                    {
+                        c.result = Err(RemoteError::Lost {
+                            page,
+                            message: "its holder died".into(),
+                        });
+                    }
+                    sink(c)
+                }),
+            )?;
+            struct Losing(
+                Arc<dyn spillway_client::RemoteTier>,
+                Arc<Mutex<HashMap<u64, spillway_client::PageId>>>,
+            );
+            impl spillway_client::RemoteTier for Losing {
+                fn describe(&self) -> String {
+                    self.0.describe()
+                }
+                fn capacity_bytes(&self) -> u64 {
+                    self.0.capacity_bytes()
+                }
+                fn bandwidth_hint_bytes_per_s(&self) -> f64 {
+                    self.0.bandwidth_hint_bytes_per_s()
+                }
+                fn submit(&self, op: spillway_client::RemoteOp) {
+                    if op.kind == RemoteOpKind::Fetch {
+                        self.1.lock().unwrap().insert(op.id.0, op.page);
+                    }
+                    self.0.submit(op)
+                }
+                fn discard(&self, pages: Vec<spillway_client::PageId>) {
+                    self.0.discard(pages)
+                }
+            }
+            Ok(Arc::new(Losing(inner, fetches)) as Arc<dyn spillway_client::RemoteTier>)
+        })
+    }
+
+    #[test]
+    fn a_lost_buffer_ends_the_run_or_is_skipped_and_reported() {
+        let mut cfg = small(Policy::Learned);
+        cfg.host_budget_bytes = Some(2 << 20);
+        // Buffer 1 is layers.0.weight (allocated first).
+        let pool = |cfg: &TrainConfig| {
+            cfg.pool_builder()
+                .remote_budget_bytes(64 << 20)
+                .remote(losing_tier(1))
+                .build()
+                .unwrap()
+        };
+        let err = run_training_in(cfg.clone(), pool(&cfg), |_| {}).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("layers.0.weight is lost"), "{text}");
+        assert!(text.contains("--skip-lost"), "{text}");
+        assert!(!text.contains('\n'), "one line: {text}");
+        cfg.skip_lost = true;
+        let report = run_training_in(cfg.clone(), pool(&cfg), |_| {}).unwrap();
+        assert_eq!(report.lost_buffers, vec!["layers.0.weight".to_string()]);
+        assert_eq!(report.corrupt_pages, 0);
+        assert_eq!(report.steps.len(), cfg.steps);
+        assert!(report.verified_bytes > 0);
     }
 
     #[test]

@@ -141,6 +141,11 @@ pub struct DemoArgs {
     /// Do not mark step boundaries: the pool must find the loop's period itself.
     #[arg(long)]
     no_step_marks: bool,
+    /// Go on past buffers whose pages the remote tier lost (every holder died): skip
+    /// their kernels and report them (count and names, in the table and the JSON's
+    /// `lost_buffers`). Without it a lost page ends the demo with an error.
+    #[arg(long)]
+    skip_lost: bool,
     /// Print one JSON object at the end instead of the table (progress still goes to
     /// stderr).
     #[arg(long)]
@@ -289,6 +294,7 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
     cfg.policy = args.policy;
     cfg.diverge_steps = args.diverge_step.clone();
     cfg.mark_steps = !args.no_step_marks;
+    cfg.skip_lost = args.skip_lost;
     if args.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
@@ -436,6 +442,13 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
         writeln!(out)?;
     } else {
         table.summary(&report);
+        if !report.lost_buffers.is_empty() {
+            println!(
+                "{} buffers lost with their pages (skipped): {}",
+                report.lost_buffers.len(),
+                report.lost_buffers.join(", ")
+            );
+        }
     }
     let all_s = started.elapsed().as_secs_f64();
     let all_line = format!(
