@@ -395,8 +395,9 @@ fn bad_ops_get_typed_errors_and_the_connection_stays() {
     assert_eq!(too_long.result.unwrap_err().code, OpErrorCode::BadRequest);
     let empty = c.op(spill(3, page(4, 0), 0, 0));
     assert_eq!(empty.result.unwrap_err().code, OpErrorCode::BadRequest);
+    // A page the tier has no copy of: the client loses that buffer, typed.
     let missing = c.op(fetch(4, page(4, 9), 0, PAGE)).result.unwrap_err();
-    assert_eq!(missing.code, OpErrorCode::Remote);
+    assert_eq!(missing.code, OpErrorCode::PageLost);
     assert!(
         missing.message.contains("is not in the remote tier"),
         "{}",
@@ -518,7 +519,7 @@ fn a_client_that_goes_has_its_pages_discarded() {
         }),
     );
     let gone = c.op(fetch(10, page(5, 0), 0, PAGE)).result.unwrap_err();
-    assert_eq!(gone.code, OpErrorCode::Remote);
+    assert_eq!(gone.code, OpErrorCode::PageLost);
     assert_eq!(h.backend.pages_of(client), 2);
 
     drop(c);
