@@ -156,6 +156,7 @@ def train_offload(args, config, weights, data, policy, ref=None):
     m = new_model(config, weights)
     pool = make_pool(args, policy, host_bytes_for(args, m, 4))
     handle = st.offload(m, pool)
+    handle.discard_overwritten = not args.no_discard
     reset_gpu()
     opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-4, foreach=False)
     times, losses, grads_equal = [], [], None
@@ -419,6 +420,8 @@ def main():
     ap.add_argument("--page-size", default="8MiB")
     ap.add_argument("--skip", nargs="*", default=[], help="variants to skip, e.g. fsdp2")
     ap.add_argument("--parts", nargs="*", default=["train", "infer"], help="train, infer")
+    ap.add_argument("--no-discard", action="store_true",
+                    help="acquire gradients and new optimizer state without discard (copy their old bytes in)")
     ap.add_argument("--out", default="bench-torch.json")
     args = ap.parse_args()
 
