@@ -18,9 +18,10 @@ inference (forward only under torch.no_grad(), batch --infer-batch x --infer-seq
   handwritten a side-stream prefetch of decoder layers into a ring of 2 GPU slots, the
              embedding, final norm and head resident (what a user writes by hand).
 
-Bit-identity: the learned training run's losses (every step) and the gradients of the
-last step and the weights after it are compared with the resident run's (same seed,
-same data, AdamW(foreach=False) in both).
+Bit-identity: the learned and on_demand training runs' losses (every step; the first
+step whose loss differs is recorded) and the gradients of the last step and the weights
+after it are compared with the resident run's (same seed, same data, AdamW(foreach=False)
+in both). `--train-steps 1` tells a wrong gradient from a wrong weight update.
 
 Prints a table and writes JSON (--out). Timing: median of the steps after the first.
 """
@@ -187,6 +188,8 @@ def train_offload(args, config, weights, data, policy, ref=None):
     if ref is not None:
         params = st.parameters(handle)
         out["losses_equal"] = losses == ref["losses"]
+        out["first_loss_differing"] = next(
+            (i + 1 for i, (a, b) in enumerate(zip(losses, ref["losses"])) if a != b), None)
         out["grads_equal"] = grads_equal
         out["weights_equal"] = all(torch.equal(params[n].cpu(), w) for n, w in ref["final"].items())
         del params
@@ -457,9 +460,10 @@ def main():
     if "learned" not in args.skip and "train" in args.parts:
         guarded(tr, "learned", lambda: train_offload(args, config, weights, data, "learned",
                                                      ref if ref else None))
-    ref.clear()
     if "on_demand" not in args.skip and "train" in args.parts:
-        guarded(tr, "on_demand", lambda: train_offload(args, config, weights, data, "on_demand"))
+        guarded(tr, "on_demand", lambda: train_offload(args, config, weights, data, "on_demand",
+                                                       ref if ref else None))
+    ref.clear()
     if "h2d_bytes_per_step" in tr.get("learned", {}):
         guarded(tr, "copy_floor", lambda: {"step_s": copy_floor(tr["learned"]["h2d_bytes_per_step"],
                                                                   tr["learned"]["d2h_bytes_per_step"])})
@@ -506,8 +510,12 @@ def main():
         print(f"\n{part}: {doc['weights_bytes'] / GiB:.2f} GiB weights, GPU budget "
               f"{args.gpu_budget}, pages {args.page_size}, floor {floor:.3f} s")
         print(table(list(rs.items()), floor))
-    checks = {k: tr.get("learned", {}).get(k) for k in ("losses_equal", "grads_equal", "weights_equal")}
-    print("\nbit-identical to resident training over", args.train_steps, "steps:", checks)
+    for variant in ("learned", "on_demand"):
+        if "losses_equal" in tr.get(variant, {}):
+            checks = {k: tr[variant].get(k) for k in ("losses_equal", "grads_equal", "weights_equal",
+                                                       "first_loss_differing")}
+            print(f"\n{variant}: bit-identical to resident training over", args.train_steps,
+                  "steps:", checks)
     for k in ("train_fsdp2_over_learned", "infer_accelerate_over_learned", "infer_handwritten_over_learned"):
         if k in doc:
             print(f"{k}: {doc[k]:.2f}")
