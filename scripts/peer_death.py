@@ -12,6 +12,10 @@ checks what the client saw and how the pool recovered:
   stop-peer     SIGSTOP a peer holding pages for 10 s, then SIGCONT
   replicas-1    replicas = 1 and a holder killed: the demo (--skip-lost) reports the
                 buffers that had pages there as lost and finishes the others
+  steady, steady-replicas-1
+                no fault, replicas 2 and 1: the hit rate from step 2 (what the second
+                copy costs; a measurement, run only when named: on a loaded machine the
+                client's compute and the nodes share the cores)
 
     scripts/peer_death.py [--bin target/release/spillway] [--scenario NAME ...] [--json OUT]
 
@@ -39,6 +43,7 @@ REPAIR_LIMIT_S = 30.0
 STOP_S = 10.0
 DEMO_LIMIT_S = 600.0
 SCENARIOS = ("kill-holder", "kill-leader", "stop-peer", "replicas-1")
+MEASUREMENTS = ("steady", "steady-replicas-1")
 
 
 class Failed(Exception):
@@ -122,8 +127,15 @@ class Pool:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def hit_rate(report, first, last=None):
+    """Hits per acquire over steps `first..=last` (1-based) of a demo report."""
+    steps = report.get("steps", [])[first - 1:last]
+    acquires = sum(s["acquires"] for s in steps)
+    return round(sum(s["hits"] for s in steps) / acquires, 4) if acquires else None
+
+
 def run_scenario(binary, name, base_port):
-    replicas = 1 if name == "replicas-1" else 2
+    replicas = 1 if name.endswith("replicas-1") else 2
     pool = Pool(binary, base_port, replicas)
     result = {"scenario": name, "replicas": replicas}
     try:
@@ -135,6 +147,17 @@ def run_scenario(binary, name, base_port):
             cmd.append("--skip-lost")
         out = tempfile.TemporaryFile("w+")
         demo = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
+        if name.startswith("steady"):
+            rest = demo.stderr.read()
+            demo.wait(timeout=DEMO_LIMIT_S)
+            out.seek(0)
+            report = json.loads(out.read() or "{}")
+            if demo.returncode != 0:
+                raise Failed(f"demo exited {demo.returncode}: {rest.strip().splitlines()[-1:]}")
+            result.update(hit_rate_from_step_2=hit_rate(report, 2),
+                          corrupt_pages=report.get("corrupt_pages"), steps=len(report["steps"]))
+            result["ok"] = report.get("corrupt_pages") == 0
+            return result
         # The demo prints "demo: steps K/N: ..." on stderr after each step.
         for line in demo.stderr:
             if line.startswith(f"demo: steps {FAULT_AFTER_STEP}/"):
@@ -165,6 +188,7 @@ def run_scenario(binary, name, base_port):
         steps = len(report.get("steps", []))
         lost = report.get("lost_buffers", [])
         result.update(steps=steps, corrupt_pages=report.get("corrupt_pages"),
+                      hit_rate_before_fault=hit_rate(report, 2, FAULT_AFTER_STEP),
                       lost_buffers=len(lost), verified_bytes=report.get("verified_bytes"))
         if steps != STEPS:
             raise Failed(f"{steps} of {STEPS} steps")
@@ -192,7 +216,7 @@ def run_scenario(binary, name, base_port):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="target/release/spillway")
-    ap.add_argument("--scenario", nargs="*", default=list(SCENARIOS), choices=SCENARIOS)
+    ap.add_argument("--scenario", nargs="*", default=list(SCENARIOS), choices=SCENARIOS + MEASUREMENTS)
     ap.add_argument("--base-port", type=int, default=8100)
     ap.add_argument("--json", help="write the results here as a JSON list")
     a = ap.parse_args()

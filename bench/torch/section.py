@@ -104,12 +104,30 @@ def memory(runs):
     return "GPU memory (goal: the budget plus activations): " + "; ".join(out) + "." if out else ""
 
 
+def bisect_lines(pairs):
+    """One line per identity run of another wheel (which code the bit-identity holds for)."""
+    out = []
+    for pair in pairs:
+        commit, path = pair.split("=", 1)
+        tl = json.load(open(path))["train"].get("learned", {})
+        same = all(tl.get(k) for k in ("losses_equal", "grads_equal", "weights_equal"))
+        first = tl.get("first_loss_differing")
+        out.append(f"- wheel of {commit}: {len(tl.get('losses', []))} steps, "
+                   + ("bit-identical" if same else
+                      "NOT bit-identical" + (f" (losses differ from step {first})" if first else ""))
+                   + f" (`{os.path.relpath(path)}`)")
+    return ("Bit-identity by wheel (same command, `--train-steps 3 --skip fsdp2 on_demand`):\n"
+            + "\n".join(out)) if out else ""
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("main")
     ap.add_argument("main_command")
     ap.add_argument("identity")
     ap.add_argument("identity_command")
+    ap.add_argument("--bisect", nargs="*", default=[], metavar="COMMIT=JSON",
+                    help="more identity runs, one per wheel, listed under the identity run")
     ap.add_argument("--write")
     a = ap.parse_args()
     main_doc, ident = json.load(open(a.main)), json.load(open(a.identity))
@@ -121,6 +139,7 @@ def main():
         "differ from step 2 on, as two resident runs do: its cuDNN backward is "
         "non-deterministic):",
         "\n".join(run_block(ident, a.identity_command)),
+        bisect_lines(a.bisect),
         f"Verdict: {v}.", where_time_goes(main_doc),
         memory([(main_doc["args"]["attn"], main_doc), (ident["args"]["attn"], ident)]),
     ] if x) + "\n"
