@@ -68,9 +68,64 @@ pub struct CudaDevice {
     pub(crate) frames: Frames,
     pub(crate) host: HostSlots,
     pub(crate) ctx: Arc<Context>,
+    /// Switches for finding a fault (module docs of `cuda`, "Diagnostics").
+    pub(crate) diagnostics: Diagnostics,
+}
+
+/// Switches that turn parts of the copy and view paths off, read once from the
+/// environment when a device is made, for telling which part a wrong result comes from
+/// (each costs speed, none changes what is copied where):
+/// - `SPILLWAY_CUDA_COPY_RUNS=0`: every page its own copy and event (no runs);
+/// - `SPILLWAY_CUDA_VIEWS=mapped`: an acquire is shown through its buffer's range even
+///   when its frames are consecutive (needs pages of a multiple of the granularity);
+/// - `SPILLWAY_CUDA_SYNC_RELEASES=1`: a release behind consumer streams synchronizes them
+///   on the releasing thread before the pool takes the pages back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Diagnostics {
+    /// Neighbouring pages go as one copy (default true).
+    pub copy_runs: bool,
+    /// Consecutive frames are shown in place (default true).
+    pub views_in_place: bool,
+    /// Releases wait for their consumer streams on the host (default false).
+    pub sync_releases: bool,
+}
+
+impl Default for Diagnostics {
+    fn default() -> Self {
+        Diagnostics {
+            copy_runs: true,
+            views_in_place: true,
+            sync_releases: false,
+        }
+    }
+}
+
+impl Diagnostics {
+    /// The switches set in the environment (unset or other values: the default).
+    pub fn from_env() -> Diagnostics {
+        let d = Diagnostics::parse(|name| std::env::var(name).ok());
+        if d != Diagnostics::default() {
+            tracing::warn!(diagnostics = ?d, "cuda device: diagnostic switches set (slower)");
+        }
+        d
+    }
+
+    /// The switches as `var` names them.
+    fn parse(var: impl Fn(&str) -> Option<String>) -> Diagnostics {
+        Diagnostics {
+            copy_runs: var("SPILLWAY_CUDA_COPY_RUNS").as_deref() != Some("0"),
+            views_in_place: var("SPILLWAY_CUDA_VIEWS").as_deref() != Some("mapped"),
+            sync_releases: var("SPILLWAY_CUDA_SYNC_RELEASES").as_deref() == Some("1"),
+        }
+    }
 }
 
 impl CudaDevice {
+    /// The diagnostic switches this device was made with.
+    pub fn diagnostics(&self) -> Diagnostics {
+        self.diagnostics
+    }
+
     /// Opens GPU `ordinal`, allocates `config.frames` frames of device memory and
     /// `config.host_slots` pinned host slots, loads the kernels and starts the two
     /// completion threads.
@@ -194,6 +249,7 @@ impl CudaDevice {
             frames,
             host,
             ctx,
+            diagnostics: Diagnostics::from_env(),
         };
         for (i, rx) in [h2d_rx, d2h_rx].into_iter().enumerate() {
             let lane = device.lanes[i].clone();
@@ -300,7 +356,7 @@ impl CudaDevice {
     /// slots), every one but the last whole, at most [`COPY_RUN_BYTES_MAX`] in all.
     pub(crate) fn run_len(&self, ops: &[CopyOp]) -> usize {
         let page = self.config.page_bytes;
-        if !self.frames.contiguous() || ops.is_empty() {
+        if !self.frames.contiguous() || !self.diagnostics.copy_runs || ops.is_empty() {
             return ops.len().min(1);
         }
         let mut bytes = ops[0].bytes;
@@ -578,5 +634,32 @@ impl Drop for DeviceAlloc {
                 let _ = sys::cuMemFree_v2(self.ptr);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Diagnostics;
+
+    #[test]
+    fn diagnostic_switches_are_off_unless_set_to_their_values() {
+        assert_eq!(Diagnostics::parse(|_| None), Diagnostics::default());
+        let set = |n: &str| {
+            Some(String::from(match n {
+                "SPILLWAY_CUDA_COPY_RUNS" => "0",
+                "SPILLWAY_CUDA_VIEWS" => "mapped",
+                _ => "1",
+            }))
+        };
+        assert_eq!(
+            Diagnostics::parse(set),
+            Diagnostics {
+                copy_runs: false,
+                views_in_place: false,
+                sync_releases: true
+            }
+        );
+        let other = |_: &str| Some("yes".to_string());
+        assert_eq!(Diagnostics::parse(other), Diagnostics::default());
     }
 }

@@ -190,7 +190,7 @@ impl Device for CudaDevice {
         let Some(&first) = frames.first() else {
             return Ok(None);
         };
-        if self.frames.contiguous() && consecutive(frames) {
+        if self.frames.contiguous() && self.diagnostics.views_in_place && consecutive(frames) {
             self.views.in_place();
             return Ok(Some(DevicePtr(self.frames.ptr(first))));
         }

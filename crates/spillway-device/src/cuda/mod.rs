@@ -67,6 +67,13 @@
 //! - `bench`: the raw pinned-copy benchmark ([`raw_pinned_bandwidth`]), the ceiling the
 //!   copy lanes are measured against.
 //!
+//! # Diagnostics
+//! [`Diagnostics`]: environment switches, read when a device is made, that turn off copy
+//! runs (`SPILLWAY_CUDA_COPY_RUNS=0`) or in-place views (`SPILLWAY_CUDA_VIEWS=mapped`),
+//! or make releases wait for their consumer streams on the host
+//! (`SPILLWAY_CUDA_SYNC_RELEASES=1`), to tell which part a wrong result comes from.
+//! A device made with any of them set logs a warning once.
+//!
 //! # Kernels
 //! Hand-written PTX (`cuda/kernels.ptx`, loaded by `kernels`) loaded with `cuModuleLoadData`: the driver
 //! compiles it for whatever GPU is present, so neither NVRTC nor nvcc is needed at build
@@ -131,7 +138,7 @@ pub use bench::{
     RawCopyBandwidth, RawCopyOptions, raw_pinned_bandwidth, raw_pinned_bandwidth_with,
 };
 pub use device::{
-    BANDWIDTH_HINT_BYTES_PER_S, COPY_RUN_BYTES_MAX, CudaDevice, DeviceAlloc,
+    BANDWIDTH_HINT_BYTES_PER_S, COPY_RUN_BYTES_MAX, CudaDevice, DeviceAlloc, Diagnostics,
     STREAMS_PER_DIRECTION_DEFAULT, STREAMS_PER_DIRECTION_MAX,
 };
 pub use driver::cuda_available;

@@ -33,6 +33,12 @@ impl CudaDevice {
         if streams.is_empty() {
             return self.after_queued_work(done);
         }
+        if self.diagnostics.sync_releases && self.ctx.bind().is_ok() {
+            for &s in streams {
+                // SAFETY: a live stream of the current context (the caller's guarantee).
+                let _ = unsafe { sys::cuStreamSynchronize(s as sys::CUstream) };
+            }
+        }
         if let Err(e) = self.wait_on_compute_stream(streams) {
             // No device-side wait could be set up: wait for the consumers here, so the
             // release still comes after their work.
