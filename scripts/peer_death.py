@@ -214,12 +214,16 @@ def run_scenario(binary, name, base_port):
 
 
 def main():
+    global NODES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="target/release/spillway")
     ap.add_argument("--scenario", nargs="*", default=list(SCENARIOS), choices=SCENARIOS + MEASUREMENTS)
     ap.add_argument("--base-port", type=int, default=8100)
+    ap.add_argument("--nodes", type=int, default=NODES,
+                    help=f"node processes in the pool (default {NODES}; the fault scenarios need 4)")
     ap.add_argument("--json", help="write the results here as a JSON list")
     a = ap.parse_args()
+    NODES = a.nodes
     results = []
     for i, name in enumerate(a.scenario):
         r = run_scenario(a.bin, name, a.base_port + 20 * i)
