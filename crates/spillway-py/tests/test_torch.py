@@ -89,10 +89,10 @@ class Net(torch.nn.Module):
         return self.head(h)
 
 
-def train(model, steps, opt_step, zero, grads_of):
+def train(model, steps, opt_step, zero, grads_of, device="cpu"):
     torch.manual_seed(1)
-    xs = [torch.randn(32, 16) for _ in range(steps)]
-    ys = [torch.randn(32, 8) for _ in range(steps)]
+    xs = [torch.randn(32, 16).to(device) for _ in range(steps)]
+    ys = [torch.randn(32, 8).to(device) for _ in range(steps)]
     losses, grads = [], []
     for x, y in zip(xs, ys):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -124,6 +124,7 @@ def test_offload_is_bit_identical_to_the_model_without_it(ckpt):
     losses, grads = train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle))
 
     assert losses == ref_losses  # bit-identical, every step
+    assert handle.saved_tensors_packed > 0  # backward read the weights as acquired then
     for g, rg in zip(grads, ref_grads):
         assert g.keys() == rg.keys()
         for name in rg:
@@ -135,6 +136,64 @@ def test_offload_is_bit_identical_to_the_model_without_it(ckpt):
     assert stats["steps"] == STEPS
     assert stats["evictions_dirty"] > 0 and stats["h2d_bytes"] > 0  # it really streamed
     assert stats["gpu_bytes_peak"] <= stats["gpu_budget_bytes"]
+
+
+def test_the_pools_device_matches_with_or_without_an_index():
+    assert st._same_device(torch.device("cuda", 0), torch.device("cuda"))
+    assert st._same_device(torch.device("cpu"), torch.device("cpu", 0))
+    assert not st._same_device(torch.device("cuda", 0), torch.device("cpu"))
+    assert not st._same_device(torch.device("cuda", 0), torch.device("cuda", 1))
+
+
+def test_saved_weights_are_the_pools_whatever_index_the_device_carries():
+    """On cuda a tensor reports ``cuda:0`` where the handle said ``cuda``, and the two did
+    not compare equal: autograd's saved weights were not recognised as the pool's, so
+    backward read them at the frames of the forward's acquire after other pages had
+    been loaded there (training not bit-identical on the H200). The same mismatch on
+    sim: the handle's device with an index, the tensors' without."""
+    torch.manual_seed(0)
+    ref = Net()
+    off = copy.deepcopy(ref)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    ref_losses, ref_grads = train(
+        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
+        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()})
+    pool = spillway.Pool(gpu_budget="512KiB", host_budget="64MiB", page_size="64KiB",
+                         device="sim")
+    handle = st.offload(off, pool)
+    handle.device = torch.device("cpu", 0)
+    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
+    losses, grads = train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle))
+    assert handle.saved_tensors_packed > 0
+    assert losses == ref_losses
+    for g, rg in zip(grads, ref_grads):
+        for name in rg:
+            assert torch.equal(g[name], rg[name]), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_offload_on_cuda_is_bit_identical_to_the_model_without_it():
+    torch.manual_seed(0)
+    ref = Net().cuda()
+    off = copy.deepcopy(ref)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    ref_losses, ref_grads = train(
+        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
+        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, device="cuda")
+    # 2 MiB pages, every buffer one page, 4 frames for 42 buffers: a group's frame is
+    # taken by others between its forward and its backward.
+    pool = spillway.Pool(gpu_budget="8MiB", host_budget="256MiB", page_size="2MiB",
+                         device="cuda")
+    handle = st.offload(off, pool)
+    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
+    losses, grads = train(off, STEPS, opt.step, opt.zero_grad,
+                          lambda: st.gradients(handle), device="cuda")
+    assert handle.saved_tensors_packed > 0
+    assert losses == ref_losses
+    for g, rg in zip(grads, ref_grads):
+        for name in rg:
+            assert torch.equal(g[name], rg[name]), name
+    assert pool.stats()["evictions_dirty"] > 0
 
 
 def test_offload_inference_streams_weights_and_steps_the_pool():

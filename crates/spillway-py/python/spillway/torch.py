@@ -27,7 +27,9 @@ Design (``docs/DESIGN.md``, "SDK: Python"):
   root module's forward packs such a tensor as *(group, offset, shape, strides)* and
   unpacks it against the group's memory as acquired at backward time, so a released
   group's frames may be reused in between. Other tensors go to the hooks that were
-  installed before (a checkpoint's), so activation recomputation keeps working.
+  installed before (a checkpoint's), so activation recomputation keeps working. The
+  pool's memory is recognised by device type (a CUDA tensor says ``cuda:0``, the handle
+  ``cuda``); ``Offloaded.saved_tensors_packed`` counts the tensors packed so.
 - **Gradients** accumulate into a gradient buffer per group (written back to the host
   tier when evicted); ``.grad`` is ``None`` outside the optimizer. :func:`gradients`
   reads them. The first store after ``zero_grad`` acquires the buffer with
@@ -100,6 +102,13 @@ class _open:
             self.opened.close()
         finally:
             self.view.release()
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are the pool's device. A CUDA tensor reports ``cuda:0`` while
+    ``torch.device("cuda")`` has no index, and the two do not compare equal: the pool has
+    one GPU, so the type and any index given must agree."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def _align(n: int) -> int:
@@ -215,6 +224,9 @@ class Offloaded:
         self._saved_hooks: list = []
         self._backward_callback_queued = False
         self.optimizer_steps_pool = False
+        self.saved_tensors_packed = 0
+        """How many tensors autograd saved were recognised as the pool's memory (packed as
+        a reference to their group, unpacked against the group as acquired in backward)."""
         self.discard_overwritten = True
         """Whether buffers about to be overwritten entirely (gradients at their first store
         after ``zero_grad``, optimizer state when it moves into the pool) are acquired with
@@ -298,8 +310,10 @@ class Offloaded:
     # -- saved tensors -----------------------------------------------------------------
     def _pack(self, outer_pack):
         def pack(t: torch.Tensor):
-            g = self._held.get(t.untyped_storage().data_ptr()) if t.device == self.device else None
+            mine = _same_device(t.device, self.device)
+            g = self._held.get(t.untyped_storage().data_ptr()) if mine else None
             if g is not None:
+                self.saved_tensors_packed += 1
                 return ("spillway", g, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype,
                         t.requires_grad)
             return ("outer", outer_pack(t) if outer_pack is not None else t)
