@@ -128,6 +128,7 @@ def main():
     ap.add_argument("identity_command")
     ap.add_argument("--bisect", nargs="*", default=[], metavar="COMMIT=JSON",
                     help="more identity runs, one per wheel, listed under the identity run")
+    ap.add_argument("--note", help="a paragraph after the identity runs (what is known since)")
     ap.add_argument("--write")
     a = ap.parse_args()
     main_doc, ident = json.load(open(a.main)), json.load(open(a.identity))
@@ -140,6 +141,7 @@ def main():
         "non-deterministic):",
         "\n".join(run_block(ident, a.identity_command)),
         bisect_lines(a.bisect),
+        a.note or "",
         f"Verdict: {v}.", where_time_goes(main_doc),
         memory([(main_doc["args"]["attn"], main_doc), (ident["args"]["attn"], ident)]),
     ] if x) + "\n"
