@@ -53,7 +53,7 @@ pub struct TokenCreateArgs {
     #[command(flatten)]
     dir: DirArg,
     /// The CA's directory (ca.pem, ca.key.pem) [default: the pool directory's pool/].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long = "ca", value_name = "DIR")]
     ca_dir: Option<PathBuf>,
     /// How long the token may be used: a number and s, m, h or d (at most 30d).
     #[arg(long, default_value = "1h", value_parser = parse_ttl)]

@@ -42,7 +42,7 @@ pub struct NodeArgs {
     token: Option<String>,
     /// Serve joins with the CA in this directory (its key and its join-tokens/) on
     /// --bootstrap-addr.
-    #[arg(long, value_name = "DIR", requires = "bootstrap_addr")]
+    #[arg(long = "ca", value_name = "DIR", requires = "bootstrap_addr")]
     ca_dir: Option<PathBuf>,
     /// Where to serve joins (UDP, QUIC), e.g. 0.0.0.0:7400.
     #[arg(long, value_name = "ADDR", requires = "ca_dir")]
