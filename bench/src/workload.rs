@@ -120,6 +120,9 @@ pub struct StepReport {
     pub acquires: u64,
     /// Acquires that did not wait for a copy.
     pub hits: u64,
+    /// Loads the pool started only when an acquire asked (no prefetch had): the misses
+    /// that prediction, not a late copy, is to blame for.
+    pub demand_loads: u64,
     /// Bytes copied host to device.
     pub h2d_bytes: u64,
     /// Bytes copied device to host.
@@ -188,6 +191,7 @@ impl StepReport {
             stall_s: 0.0,
             acquires: 0,
             hits: 0,
+            demand_loads: 0,
             h2d_bytes: 0,
             d2h_bytes: 0,
             verified_bytes: 0,
@@ -521,6 +525,7 @@ impl Training {
         c.overhead = StepOverhead::between(&before_all, &after_all);
         c.wall_s = started.elapsed().as_secs_f64();
         c.h2d_bytes = after.h2d_bytes - before.h2d_bytes;
+        c.demand_loads = after.demand_loads - before.demand_loads;
         c.d2h_bytes = after.d2h_bytes - before.d2h_bytes;
         c.remote_bytes_in = after.remote_bytes_in - before.remote_bytes_in;
         c.remote_bytes_out = after.remote_bytes_out - before.remote_bytes_out;
@@ -730,10 +735,19 @@ pub(crate) mod tests {
         let r = run_training(cfg, |_| {}).unwrap();
         let rates: Vec<f64> = r.steps.iter().map(StepReport::hit_rate).collect();
         assert!(rates[0] < 0.9, "nothing to learn from in step 1: {rates:?}");
-        assert!(rates[1] >= 0.99, "{rates:?}");
+        // Prediction: from step 2 every load but the diverging step's is a prefetch.
+        // Timing: on a loaded machine a prefetch can still land a little late (one
+        // acquire of 48 seen at load), so the hit rates allow two misses per step.
+        let demand: Vec<u64> = r.steps.iter().map(|s| s.demand_loads).collect();
+        assert!(demand[0] > 0, "step 1 loads on demand: {demand:?}");
+        assert!(
+            demand[1] == 0 && demand[3] == 0 && demand[4] == 0,
+            "demand loads per step: {demand:?}"
+        );
+        assert!(rates[1] >= 0.95, "{rates:?}");
         assert!(rates[2] >= 0.90, "the diverging step: {rates:?}");
         assert!(
-            rates[3] >= 0.99 && rates[4] >= 0.99,
+            rates[3] >= 0.95 && rates[4] >= 0.95,
             "after divergence: {rates:?}"
         );
         assert_eq!(r.corrupt_pages, 0);
