@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
-use support::{DEMO_MODEL, Pool, poll, up};
+use support::{DEMO_MODEL, Pool, poll, up, up_with_host_budget};
 
 /// The demo in daemon mode against node 1, as a child process printing its JSON report.
 fn demo(pool: &Pool, steps: usize) -> Child {
@@ -114,7 +114,12 @@ fn sixty_steps_of_the_demo_keep_reservations_flat_and_every_page_verified() {
 #[test]
 fn a_peer_paused_for_ten_seconds_costs_a_stall_not_the_job() {
     let pool = Pool::new();
-    up(&pool, 8);
+    // Room for two copies (replicas 2, the default) of the client's spilled pages and
+    // their repair while the paused node is down (the pause outlasts the failure
+    // detector's 2 s). With 64 MiB per node, sized for one copy, spills after the pause
+    // were refused for 120 s ("4194304 bytes asked for, 4194304 free on peers": not on
+    // two distinct holders) and the demo failed.
+    up_with_host_budget(&pool, 8, "128MiB");
     let spec = pool.spec();
     let node2 = &spec.nodes[1];
     let pid: i32 = std::fs::read_to_string(&node2.pid_file)

@@ -126,12 +126,17 @@ pub fn init(pool: &Pool, nodes: u16, slot: u16, extra: &[&str]) -> String {
     spillway_ok(&args)
 }
 
-/// `cluster up` of a pool of three nodes; its stdout.
+/// `cluster up` of a pool of three nodes of 64 MiB host budget each; its stdout.
 pub fn up(pool: &Pool, slot: u16) -> String {
+    up_with_host_budget(pool, slot, "64MiB")
+}
+
+/// `cluster up` of a pool of three nodes of `host_budget` each; its stdout.
+pub fn up_with_host_budget(pool: &Pool, slot: u16, host_budget: &str) -> String {
     let port = base_port(slot).to_string();
     let transport = test_transport();
     let mut args = cluster("up", pool, "3");
-    args.extend(["--base-port", &port, "--host-budget", "64MiB"]);
+    args.extend(["--base-port", &port, "--host-budget", host_budget]);
     args.extend(["--transport", &transport, "--timeout-s", "20"]);
     spillway_ok(&args)
 }
