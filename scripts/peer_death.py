@@ -18,6 +18,12 @@ checks what the client saw and how the pool recovered:
                 client's compute and the nodes share the cores)
 
     scripts/peer_death.py [--bin target/release/spillway] [--scenario NAME ...] [--json OUT]
+                          [--device sim|cuda|auto]
+
+The demo runs on the sim device unless --device says otherwise: the scenarios are about
+the remote tier, and on a GPU machine `auto` would pick the GPU, whose kernels take
+microseconds, so the loop would measure loopback QUIC rather than what a peer's death
+costs.
 
 Prints one line per scenario and exits non-zero when a check fails. Needs only the
 binary (loopback ports from --base-port).
@@ -134,7 +140,7 @@ def hit_rate(report, first, last=None):
     return round(sum(s["hits"] for s in steps) / acquires, 4) if acquires else None
 
 
-def run_scenario(binary, name, base_port):
+def run_scenario(binary, name, base_port, device="sim"):
     replicas = 1 if name.endswith("replicas-1") else 2
     pool = Pool(binary, base_port, replicas)
     result = {"scenario": name, "replicas": replicas}
@@ -142,7 +148,7 @@ def run_scenario(binary, name, base_port):
         leader = wait_for("a leader", pool.leader, 30)[0]
         client = next(i for i in range(1, NODES + 1) if i != leader) if name == "kill-leader" else 1
         sock = pool.node(client)["client_socket"]
-        cmd = [binary, "demo", "--connect", sock, "--steps", str(STEPS), "--json"]
+        cmd = [binary, "demo", "--connect", sock, "--steps", str(STEPS), "--device", device, "--json"]
         if name == "replicas-1":
             cmd.append("--skip-lost")
         out = tempfile.TemporaryFile("w+")
@@ -155,6 +161,9 @@ def run_scenario(binary, name, base_port):
             if demo.returncode != 0:
                 raise Failed(f"demo exited {demo.returncode}: {rest.strip().splitlines()[-1:]}")
             result.update(hit_rate_from_step_2=hit_rate(report, 2),
+                          hit_rate_per_step=[hit_rate(report, i, i) for i in range(1, len(report["steps"]) + 1)],
+                          stall_s_per_step=[round(s["stall_s"], 3) for s in report["steps"]],
+                          wall_s_per_step=[round(s["wall_s"], 3) for s in report["steps"]],
                           corrupt_pages=report.get("corrupt_pages"), steps=len(report["steps"]))
             result["ok"] = report.get("corrupt_pages") == 0
             return result
@@ -221,12 +230,14 @@ def main():
     ap.add_argument("--base-port", type=int, default=8100)
     ap.add_argument("--nodes", type=int, default=NODES,
                     help=f"node processes in the pool (default {NODES}; the fault scenarios need 4)")
+    ap.add_argument("--device", default="sim", choices=("sim", "cuda", "auto"),
+                    help="the demo client's device (default sim: see above)")
     ap.add_argument("--json", help="write the results here as a JSON list")
     a = ap.parse_args()
     NODES = a.nodes
     results = []
     for i, name in enumerate(a.scenario):
-        r = run_scenario(a.bin, name, a.base_port + 20 * i)
+        r = run_scenario(a.bin, name, a.base_port + 20 * i, a.device)
         results.append(r)
         print(json.dumps(r), flush=True)
     if a.json:
