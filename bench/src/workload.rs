@@ -754,6 +754,43 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn learned_with_a_remote_tier_prefetches_every_page_from_step_two() {
+        // The demo's shape with a remote tier: the working set 12x the GPU budget and 4x
+        // the GPU plus host budgets, so every layer's pages come from the remote tier;
+        // compute far heavier than copies, so only planning decides hits. Reusing a plan
+        // while its pages waited for frames left the weights of every other layer to a
+        // demand load (11 of 96 acquires a step missed in the demo).
+        let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cfg = small(Policy::Learned);
+        cfg.layers = 24;
+        cfg.compute_passes = 300;
+        cfg.steps = 4;
+        let ws = cfg.working_set_bytes();
+        let page = cfg.page_size.bytes();
+        cfg.gpu_budget_bytes = ws / 12 / page * page;
+        cfg.host_budget_bytes = Some(ws / 6 / page * page);
+        let pool = cfg
+            .pool_builder()
+            .remote_budget_bytes(4 * ws)
+            .remote(spillway_client::remote::MemRemote::factory(4 * ws))
+            .build()
+            .unwrap();
+        let r = run_training_in(cfg, pool, |_| {}).unwrap();
+        let demand: Vec<u64> = r.steps.iter().map(|s| s.demand_loads).collect();
+        let rates: Vec<f64> = r.steps.iter().map(StepReport::hit_rate).collect();
+        assert!(
+            r.steps.iter().all(|s| s.remote_bytes_in > 0),
+            "the remote tier is used"
+        );
+        assert!(
+            demand[1..].iter().all(|&d| d == 0),
+            "demand loads per step: {demand:?}, hit rates {rates:?}"
+        );
+        assert!(rates[1..].iter().all(|&h| h >= 0.95), "{rates:?}");
+        assert_eq!(r.corrupt_pages, 0);
+    }
+
+    #[test]
     fn period_is_found_when_steps_are_not_marked() {
         let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
         let mut cfg = small(Policy::Learned);
