@@ -11,7 +11,9 @@ checks what the client saw and how the pool recovered:
   kill-leader   the same with the Raft leader killed (the client on another node)
   stop-peer     SIGSTOP a peer holding pages for 10 s, then SIGCONT
   replicas-1    replicas = 1 and a holder killed: the demo (--skip-lost) reports the
-                buffers that had pages there as lost and finishes the others
+                buffers that had pages there as lost and finishes the others; no
+                buffer without a page on the victim (the client's node's /placements,
+                read with the demo paused just before the kill) is lost
   steady, steady-replicas-1
                 no fault, replicas 2 and 1: the hit rate from step 2 (what the second
                 copy costs; a measurement, run only when named: on a loaded machine the
@@ -62,6 +64,20 @@ def status(addr, timeout=1.0):
             return json.load(r)
     except OSError:
         return None
+
+
+def placements(addr, timeout=1.0):
+    """The node's `/placements`: holder node id -> buffer ids of its clients' pages there."""
+    try:
+        with urllib.request.urlopen(f"http://{addr}/placements", timeout=timeout) as r:
+            view = json.load(r)
+    except OSError:
+        return None
+    by_holder = {}
+    for holders in view["clients"].values():
+        for holder, buffers in holders.items():
+            by_holder.setdefault(int(holder), set()).update(buffers)
+    return by_holder, view["truncated"]
 
 
 def wait_for(what, cond, limit_s, every_s=0.1):
@@ -173,6 +189,21 @@ def run_scenario(binary, name, base_port, device="sim"):
                 break
         else:
             raise Failed(f"the demo ended before step {FAULT_AFTER_STEP}")
+        snapshot = None
+        if name == "replicas-1":
+            # What the kill will take: the demo paused, the client's node lists which
+            # buffers have a page on each holder once the moves in flight settle.
+            os.kill(demo.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            snapshot = placements(pool.node(client)["metrics_addr"])
+            while time.monotonic() - t0 < 10:
+                time.sleep(0.5)
+                again = placements(pool.node(client)["metrics_addr"])
+                if again == snapshot:
+                    break
+                snapshot = again
+            if snapshot is None or snapshot[1]:
+                raise Failed(f"no complete /placements from node {client}: {snapshot}")
         if name == "kill-leader":
             victim = leader
         else:
@@ -188,6 +219,8 @@ def run_scenario(binary, name, base_port, device="sim"):
             os.kill(pool.pid(victim), signal.SIGCONT)
         else:
             os.kill(pool.pid(victim), signal.SIGKILL)
+        if snapshot is not None:
+            os.kill(demo.pid, signal.SIGCONT)
         rest = demo.stderr.read()
         demo.wait(timeout=DEMO_LIMIT_S)
         out.seek(0)
@@ -206,6 +239,15 @@ def run_scenario(binary, name, base_port, device="sim"):
         if name == "replicas-1":
             if not lost:
                 raise Failed("replicas = 1 and a holder killed, yet no buffer reported lost")
+            # Lost: only buffers with a page on the victim. A buffer there whose pages
+            # were all in the client's tiers too, and were not fetched again, stays.
+            on_victim = snapshot[0].get(victim, set())
+            lost_ids = set(report.get("lost_buffer_ids", []))
+            result.update(buffers_on_victim=len(on_victim),
+                          lost_not_on_victim=sorted(lost_ids - on_victim),
+                          on_victim_not_lost=len(on_victim - lost_ids))
+            if lost_ids - on_victim:
+                raise Failed(f"buffers {sorted(lost_ids - on_victim)} lost with no page on node {victim}")
         elif lost:
             raise Failed(f"{len(lost)} buffers lost with replicas = {replicas}")
         if name != "replicas-1":

@@ -409,6 +409,7 @@ pub fn replay_with(
         }),
         total_s: started.elapsed().as_secs_f64(),
         lost_buffers: Vec::new(),
+        lost_buffer_ids: Vec::new(),
         steps,
     };
     Ok(ReplayReport {

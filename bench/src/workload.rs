@@ -301,6 +301,8 @@ pub struct RunReport {
     /// Buffers lost with a page the remote tier could not give back (with
     /// [`TrainConfig::skip_lost`]; the run went on without them), by name.
     pub lost_buffers: Vec<String>,
+    /// Their buffer ids, in the same order (the ids a node's `/placements` lists).
+    pub lost_buffer_ids: Vec<u64>,
     /// Per step.
     pub steps: Vec<StepReport>,
 }
@@ -380,7 +382,7 @@ fn lost_or<'p>(
     acquired: Result<Guard<'p>, PoolError>,
     buffer: &Buffer,
     skip: bool,
-    lost: &mut std::collections::BTreeSet<String>,
+    lost: &mut std::collections::BTreeMap<String, u64>,
 ) -> Result<Option<Guard<'p>>> {
     match acquired {
         Ok(g) => Ok(Some(g)),
@@ -391,7 +393,10 @@ fn lost_or<'p>(
                     buffer.name()
                 );
             }
-            if lost.insert(buffer.name().to_string()) {
+            if lost
+                .insert(buffer.name().to_string(), buffer.id().0)
+                .is_none()
+            {
                 tracing::warn!(buffer = buffer.name(), error = %e, "buffer lost; going on without it");
             }
             Ok(None)
@@ -408,8 +413,8 @@ pub struct Training {
     acts: Vec<Buffer>,
     /// Step whose data each activation holds (None: never written).
     act_written: Vec<Option<usize>>,
-    /// Names of the buffers found lost (with `skip_lost`).
-    lost: std::collections::BTreeSet<String>,
+    /// Names of the buffers found lost (with `skip_lost`), with their ids.
+    lost: std::collections::BTreeMap<String, u64>,
     step: usize,
     /// Keeps the kernels' results alive so no work can be optimised away.
     pub sink: u64,
@@ -560,7 +565,8 @@ impl Training {
                 bytes_per_s: s.remote_bytes_per_s,
             }),
             total_s: total.as_secs_f64(),
-            lost_buffers: self.lost.iter().cloned().collect(),
+            lost_buffers: self.lost.keys().cloned().collect(),
+            lost_buffer_ids: self.lost.values().copied().collect(),
             steps,
         }
     }
@@ -685,6 +691,7 @@ pub(crate) mod tests {
         cfg.skip_lost = true;
         let report = run_training_in(cfg.clone(), pool(&cfg), |_| {}).unwrap();
         assert_eq!(report.lost_buffers, vec!["layers.0.weight".to_string()]);
+        assert_eq!(report.lost_buffer_ids, vec![1]);
         assert_eq!(report.corrupt_pages, 0);
         assert_eq!(report.steps.len(), cfg.steps);
         assert!(report.verified_bytes > 0);

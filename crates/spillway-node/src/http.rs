@@ -26,7 +26,7 @@
 //! Both documents are built from `StatusSources`, shared handles to the node's parts,
 //! at request time: nothing is cached, so they are as fresh as the counters.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -272,6 +272,25 @@ fn state_name(state: MemberState) -> &'static str {
 }
 
 impl StatusSources {
+    /// The `/placements` view.
+    pub fn placements(&self) -> PlacementsView {
+        let (by, truncated) = self.remote.buffers_by_holder();
+        PlacementsView {
+            node_id: self.node_id,
+            clients: by
+                .into_iter()
+                .map(|(c, holders)| {
+                    let holders = holders
+                        .into_iter()
+                        .map(|(h, bufs)| (h.0, bufs.into_iter().map(|b| b.0).collect()))
+                        .collect();
+                    (c, holders)
+                })
+                .collect(),
+            truncated,
+        }
+    }
+
     /// The `/status` document now.
     pub fn status(&self, metrics_addr: SocketAddr) -> NodeStatus {
         let view = self.meta.view();
@@ -774,9 +793,27 @@ fn route(head: &[u8], sources: &StatusSources, bound: SocketAddr) -> Reply {
             "application/json",
             serde_json::to_string(&sources.status(bound)).unwrap_or_else(|_| "{}".into()),
         ),
+        "/placements" => (
+            200,
+            "application/json",
+            serde_json::to_string(&sources.placements()).unwrap_or_else(|_| "{}".into()),
+        ),
         _ => (404, "text/plain", "not found\n".into()),
     }
 }
+
+/// `/placements`: which buffers of this node's clients have a copy of a page on each
+/// holder, so a test (or an operator) knows what a holder's death takes.
+#[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct PlacementsView {
+    /// This node.
+    pub node_id: u64,
+    /// Client (connection number on this node) to holder node id to buffer ids.
+    pub clients: BTreeMap<u32, BTreeMap<u64, Vec<u64>>>,
+    /// More entries than the view lists were left out.
+    pub truncated: bool,
+}
+
 
 #[cfg(test)]
 mod tests {

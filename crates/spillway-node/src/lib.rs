@@ -53,7 +53,7 @@ mod tier;
 mod ucx_pages;
 
 pub use config::{FieldDoc, MemberAddr, NodeConfig, NodeConfigError, PageTransport};
-pub use http::{HostTierStatus, MemberStatus, NodeStatus, RemoteStatus};
+pub use http::{HostTierStatus, MemberStatus, NodeStatus, PlacementsView, RemoteStatus};
 pub use membership::{JoinNodeError, LeaveError, ServeJoinsError, join_pool};
 pub use memory::{HostBudget, MemoryError, MemoryLimits, MemoryPlan};
 pub use meta::{MemberView, MetaView, Outcome, ProposeFailure};

@@ -871,6 +871,12 @@ impl RemoteService {
         self.brain().capacity_bytes(&candidates, now_ms())
     }
 
+    /// Which buffers of this node's clients have a copy of a page on each holder (at
+    /// most [`crate::placement::PLACEMENTS_LISTED_MAX`] entries; `true`: more left out).
+    pub(crate) fn buffers_by_holder(&self) -> (crate::placement::HolderBuffers, bool) {
+        self.brain().buffers_by_holder()
+    }
+
     /// Counters: bytes and pages spilled/fetched per peer, errors.
     pub fn counters(&self) -> RemoteCounters {
         let brain = self.brain();

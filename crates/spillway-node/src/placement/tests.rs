@@ -572,3 +572,42 @@ fn a_leaving_holder_is_drained_from_its_own_copy() {
     assert_eq!(drained[&NodeId(2)].len(), 2);
     assert!(b.repair_jobs(&after, 100).is_empty());
 }
+
+#[test]
+fn buffers_by_holder_names_every_buffer_a_holder_has_a_page_of() {
+    let mut b = brain(2, 8);
+    let pool = [peer(2, 30), peer(3, 30), peer(4, 30)];
+    // Ten buffers of four pages.
+    let ids: Vec<PageId> = (0..40u32)
+        .map(|i| PageId {
+            buffer: BufferId(1 + u64::from(i / 4)),
+            index: i % 4,
+        })
+        .collect();
+    let items = b.spill_items(
+        ids.iter()
+            .map(|&page| SpillPage {
+                page,
+                data: Bytes::from_static(b"x"),
+                checksum: spillway_types::wire::page_checksum(b"x"),
+            })
+            .collect(),
+    );
+    let p = b.plan(1, items, &pool, &[], 0).unwrap();
+    let outcomes = vec![Outcome::Accepted; p.proposal().len()];
+    let planned = b.reserved(p, &outcomes).unwrap();
+    b.placed(1, &planned);
+    let mut want: BTreeMap<NodeId, BTreeSet<BufferId>> = BTreeMap::new();
+    for (id, held) in ids.iter().zip(b.known_holders(1, &ids)) {
+        for (_, r) in held.unwrap().copies() {
+            want.entry(r.holder).or_default().insert(id.buffer);
+        }
+    }
+    let (got, truncated) = b.buffers_by_holder();
+    assert!(!truncated);
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), [1], "one client");
+    assert_eq!(got[&1], want);
+    // Two copies of each page on distinct holders: every buffer is listed at least twice.
+    let listed: usize = want.values().map(BTreeSet::len).sum();
+    assert!(listed >= 20, "{want:?}");
+}
