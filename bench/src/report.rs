@@ -311,16 +311,26 @@ impl StepTable {
 /// from step 2, GPU peak against the budget, seconds.
 pub fn summary_line(r: &RunReport) -> String {
     format!(
-        "{} on {} | verified {} | corrupt pages {} | hit rate from step 2: {:.2}% | GPU peak {} of {} budget | {:.1} s",
+        "{} on {} | verified {} | corrupt pages {} | hit rate from step 2: {} | GPU peak {} of {} budget | {:.1} s",
         r.policy,
         r.device_description,
         fmt_bytes(r.verified_bytes),
         r.corrupt_pages,
-        100.0 * r.hit_rate_from(2),
+        hit_rate_from_step_2(r),
         fmt_bytes(r.gpu_bytes_peak),
         fmt_bytes(r.gpu_budget_bytes),
         r.total_s
     )
+}
+
+/// The hit rate over steps 2.. as a percentage, or "none" for a run of one step (step 1
+/// has nothing to learn from, so there is no rate to give).
+pub fn hit_rate_from_step_2(r: &RunReport) -> String {
+    if r.steps.iter().any(|s| s.step >= 2) {
+        format!("{:.2}%", 100.0 * r.hit_rate_from(2))
+    } else {
+        "none (one step)".to_string()
+    }
 }
 
 /// The per-step figures as a [`Table`] (for a results file), byte columns in the unit of

@@ -118,7 +118,7 @@ fn compare_table(runs: &[ReplayReport]) -> Table {
     for r in runs {
         t.row([
             r.run.policy.clone(),
-            format!("{:.2}%", 100.0 * r.run.hit_rate_from(2)),
+            spillway_bench::report::hit_rate_from_step_2(&r.run),
             format!("{:.4}", stall_from(&r.run, 2)),
             format!("{:.4}", r.run.median_step_s(2)),
             unit.value(r.run.gpu_bytes_peak),

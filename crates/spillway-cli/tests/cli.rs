@@ -36,6 +36,25 @@ fn demo_json_has_every_field_and_verifies_every_page() {
 }
 
 #[test]
+fn a_one_step_demo_gives_no_hit_rate_from_step_2() {
+    // Step 1 has nothing to learn from: one step has no rate from step 2 to report (it
+    // said 100.00%).
+    let mut args = vec!["demo", "--nodes", "1"];
+    let mut small = SMALL.to_vec();
+    let at = small
+        .iter()
+        .position(|a| *a == "--steps")
+        .expect("SMALL sets --steps");
+    small[at + 1] = "1";
+    args.extend(small);
+    let out = String::from_utf8(spillway_ok(&args).stdout).unwrap();
+    assert!(
+        out.contains("hit rate from step 2: none (one step)"),
+        "{out}"
+    );
+}
+
+#[test]
 fn demo_diverge_flag_marks_the_step() {
     let v = stdout_json(&spillway_ok(
         &[&["demo", "--json", "--diverge-step", "3"][..], SMALL].concat(),

@@ -814,7 +814,6 @@ pub struct PlacementsView {
     pub truncated: bool,
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
