@@ -156,6 +156,17 @@ def hit_rate(report, first, last=None):
     return round(sum(s["hits"] for s in steps) / acquires, 4) if acquires else None
 
 
+def finish(demo, out):
+    """Waits for the demo and returns its JSON report; raises Failed if it failed."""
+    rest = demo.stderr.read()
+    demo.wait(timeout=DEMO_LIMIT_S)
+    out.seek(0)
+    report = json.loads(out.read() or "{}")
+    if demo.returncode != 0:
+        raise Failed(f"demo exited {demo.returncode}: {rest.strip().splitlines()[-1:]}")
+    return report
+
+
 def run_scenario(binary, name, base_port, device="sim"):
     replicas = 1 if name.endswith("replicas-1") else 2
     pool = Pool(binary, base_port, replicas)
@@ -170,12 +181,7 @@ def run_scenario(binary, name, base_port, device="sim"):
         out = tempfile.TemporaryFile("w+")
         demo = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
         if name.startswith("steady"):
-            rest = demo.stderr.read()
-            demo.wait(timeout=DEMO_LIMIT_S)
-            out.seek(0)
-            report = json.loads(out.read() or "{}")
-            if demo.returncode != 0:
-                raise Failed(f"demo exited {demo.returncode}: {rest.strip().splitlines()[-1:]}")
+            report = finish(demo, out)
             result.update(hit_rate_from_step_2=hit_rate(report, 2),
                           hit_rate_per_step=[hit_rate(report, i, i) for i in range(1, len(report["steps"]) + 1)],
                           stall_s_per_step=[round(s["stall_s"], 3) for s in report["steps"]],
@@ -221,12 +227,7 @@ def run_scenario(binary, name, base_port, device="sim"):
             os.kill(pool.pid(victim), signal.SIGKILL)
         if snapshot is not None:
             os.kill(demo.pid, signal.SIGCONT)
-        rest = demo.stderr.read()
-        demo.wait(timeout=DEMO_LIMIT_S)
-        out.seek(0)
-        report = json.loads(out.read() or "{}")
-        if demo.returncode != 0:
-            raise Failed(f"demo exited {demo.returncode}: {rest.strip().splitlines()[-1:]}")
+        report = finish(demo, out)
         steps = len(report.get("steps", []))
         lost = report.get("lost_buffers", [])
         result.update(steps=steps, corrupt_pages=report.get("corrupt_pages"),

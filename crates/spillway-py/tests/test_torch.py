@@ -104,15 +104,32 @@ def train(model, steps, opt_step, zero, grads_of, device="cpu"):
     return losses, grads
 
 
+def train_reference(ref, device="cpu"):
+    """Trains `ref` as it is (AdamW): its losses and gradients per step."""
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    return train(ref, STEPS, ref_opt.step, ref_opt.zero_grad,
+                 lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, device=device)
+
+
+def train_offloaded(off, handle, device="cpu"):
+    """Trains the offloaded `off` through the pool's optimizer: losses and gradients."""
+    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
+    return train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle), device=device)
+
+
+def assert_same_gradients(grads, ref_grads):
+    for g, rg in zip(grads, ref_grads):
+        assert g.keys() == rg.keys()
+        for name in rg:
+            assert torch.equal(g[name], rg[name]), name
+
+
 @pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "checkpointed"])
 def test_offload_is_bit_identical_to_the_model_without_it(ckpt):
     torch.manual_seed(0)
     ref = Net(ckpt=ckpt)
     off = copy.deepcopy(ref)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
-    ref_losses, ref_grads = train(
-        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
-        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()})
+    ref_losses, ref_grads = train_reference(ref)
 
     # 64 KiB pages (every buffer one page: one tensor on sim), 8 of them on the "GPU":
     # weights, gradients and Adam state in 42 buffers go through evictions every step.
@@ -120,15 +137,11 @@ def test_offload_is_bit_identical_to_the_model_without_it(ckpt):
                          device="sim")
     handle = st.offload(off, pool)
     assert all(p.numel() == 0 for p in off.parameters())  # the storage is the pool's
-    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
-    losses, grads = train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle))
+    losses, grads = train_offloaded(off, handle)
 
     assert losses == ref_losses  # bit-identical, every step
     assert handle.saved_tensors_packed > 0  # backward read the weights as acquired then
-    for g, rg in zip(grads, ref_grads):
-        assert g.keys() == rg.keys()
-        for name in rg:
-            assert torch.equal(g[name], rg[name]), name
+    assert_same_gradients(grads, ref_grads)
     params = st.parameters(handle)
     for name, p in ref.named_parameters():
         assert torch.equal(params[name], p.detach()), name
@@ -154,21 +167,15 @@ def test_saved_weights_are_the_pools_whatever_index_the_device_carries():
     torch.manual_seed(0)
     ref = Net()
     off = copy.deepcopy(ref)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
-    ref_losses, ref_grads = train(
-        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
-        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()})
+    ref_losses, ref_grads = train_reference(ref)
     pool = spillway.Pool(gpu_budget="512KiB", host_budget="64MiB", page_size="64KiB",
                          device="sim")
     handle = st.offload(off, pool)
     handle.device = torch.device("cpu", 0)
-    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
-    losses, grads = train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle))
+    losses, grads = train_offloaded(off, handle)
     assert handle.saved_tensors_packed > 0
     assert losses == ref_losses
-    for g, rg in zip(grads, ref_grads):
-        for name in rg:
-            assert torch.equal(g[name], rg[name]), name
+    assert_same_gradients(grads, ref_grads)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
@@ -176,23 +183,16 @@ def test_offload_on_cuda_is_bit_identical_to_the_model_without_it():
     torch.manual_seed(0)
     ref = Net().cuda()
     off = copy.deepcopy(ref)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
-    ref_losses, ref_grads = train(
-        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
-        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, device="cuda")
+    ref_losses, ref_grads = train_reference(ref, device="cuda")
     # 2 MiB pages, every buffer one page, 4 frames for 42 buffers: a group's frame is
     # taken by others between its forward and its backward.
     pool = spillway.Pool(gpu_budget="8MiB", host_budget="256MiB", page_size="2MiB",
                          device="cuda")
     handle = st.offload(off, pool)
-    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
-    losses, grads = train(off, STEPS, opt.step, opt.zero_grad,
-                          lambda: st.gradients(handle), device="cuda")
+    losses, grads = train_offloaded(off, handle, device="cuda")
     assert handle.saved_tensors_packed > 0
     assert losses == ref_losses
-    for g, rg in zip(grads, ref_grads):
-        for name in rg:
-            assert torch.equal(g[name], rg[name]), name
+    assert_same_gradients(grads, ref_grads)
     assert pool.stats()["evictions_dirty"] > 0
 
 
