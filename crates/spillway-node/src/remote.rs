@@ -33,7 +33,7 @@
 //! Fetch reads each page from its nearest live holder (this node's record of every copy,
 //! else the replicated directory's `holders_of`) and fails over to the next holder within
 //! the same fetch ([`crate::placement::Fetch`]); only a page's last holder is waited for
-//! within the peer grace. A node that restarts has lost its clients (their links die with it), so
+//! within the peer grace, and only until the pool declares it down. A node that restarts has lost its clients (their links die with it), so
 //! before it takes a client it releases every page its earlier incarnation spilled
 //! ([`RemoteService::release_earlier_incarnation`]): new clients reuse client numbers,
 //! hence page ids. Every page's checksum is checked on
@@ -62,7 +62,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use spillway_meta::{Extent, ReservationId, Update};
+use spillway_meta::{Extent, MemberState, ReservationId, Update};
 use spillway_net::{NetError, Request, Response};
 use spillway_types::wire::page_checksum;
 use spillway_types::{NodeId, PageId};
@@ -520,11 +520,18 @@ impl RemoteService {
                 let peers = self.pool().1.clone();
                 let slots = self.slots(peer);
                 let grace = self.peer_grace;
+                let meta = self.meta.clone();
+                let declared_down = move || {
+                    meta.view()
+                        .members
+                        .iter()
+                        .any(|m| m.id == peer && m.state == MemberState::Down)
+                };
                 set.spawn(async move {
                     let _slot = slots.acquire_owned().await.expect("never closed");
                     let request = Request::Get { pages: ids };
                     let r = if last_chance {
-                        request_within_grace(&peers, peer, request, grace).await
+                        request_within_grace(&peers, peer, request, grace, declared_down).await
                     } else {
                         peers.request(peer, request).await
                     };
@@ -911,11 +918,17 @@ impl RemoteService {
 /// [`GRACE_RETRY_MIN`] doubling to [`GRACE_RETRY_MAX`]) until `grace` has passed since the
 /// first try: a peer that pauses (a GC, `SIGSTOP`, a reconnect) costs a stall, not the
 /// operation. Answers, even errors, return at once. Only for idempotent requests.
+///
+/// The wait ends early once the pool has declared the peer down (`declared_down`): a
+/// member declared down comes back at a new epoch, which makes every copy it held dead,
+/// so waiting could not save the page (with one copy, `PageLost` comes after the failure
+/// detector's timeout, 2 s by default, instead of after the whole grace).
 async fn request_within_grace(
     peers: &Peers,
     peer: NodeId,
     request: Request,
     grace: Duration,
+    declared_down: impl Fn() -> bool,
 ) -> Result<Response, NetError> {
     let start = Instant::now();
     let mut delay = GRACE_RETRY_MIN;
@@ -923,6 +936,11 @@ async fn request_within_grace(
     loop {
         tries += 1;
         match peers.request(peer, request.clone()).await {
+            Err(e) if transient(&e) && declared_down() => {
+                tracing::warn!(%peer, error = %e, tries, waited_ms = start.elapsed().as_millis() as u64,
+                    "peer declared down: its copies are dead, not waiting for it");
+                return Err(e);
+            }
             Err(e) if transient(&e) && start.elapsed() + delay < grace => {
                 if tries == 1 {
                     tracing::warn!(%peer, error = %e, grace_ms = grace.as_millis() as u64,

@@ -280,6 +280,54 @@ async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_stops_waiting_for_a_dead_holder_once_the_pool_declares_it_down() {
+    // One copy per page. The fetch of a page whose holder died waits for the holder only
+    // until the pool declares it down (2 s after a leader hears nothing), not for the
+    // whole peer grace (30 s, more than `within` allows): a member declared down comes
+    // back at a new epoch, with every copy it held dead, so waiting saves nothing.
+    let mut pool = Pool::new("downgrace", PAGE, [64, 64, 64]);
+    for c in &mut pool.configs {
+        c.replicas = 1;
+    }
+    let mut nodes = pool.start_all().await;
+    settled(&nodes).await;
+    let spiller = nodes[0].as_ref().unwrap();
+    let origin = spiller.node_id();
+    let pages: Vec<(PageId, Bytes)> = (0..4u32)
+        .map(|i| (page_id(6, i), page_bytes(u64::from(i) + 31, PAGE)))
+        .collect();
+    within("spill", spiller.remote().spill(2, pages.clone()))
+        .await
+        .unwrap();
+    let holder =
+        wait_for_async(|| async { holders_of(spiller, origin, &pages[..1]).await[0] }).await;
+    assert_ne!(holder, origin);
+    let killed = nodes[(holder.0 - 1) as usize].take().unwrap();
+    within("shutdown the holder", killed.shutdown()).await;
+    let spiller = nodes[0].as_ref().unwrap();
+    let t = Instant::now();
+    let err = within(
+        "a fetch of a page whose holder died",
+        spiller.remote().fetch(2, vec![pages[0].0]),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, RemoteError::PeerUnreachable { .. }), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t.elapsed()
+    );
+    let declared = spiller
+        .meta_view()
+        .members
+        .iter()
+        .any(|m| m.id == holder && m.state == spillway_meta::MemberState::Down);
+    assert!(declared, "it failed once the holder was declared down");
+    shutdown_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_config_fields_are_named_at_start() {
     let pool = Pool::new("badconfig", PAGE, [16, 16, 16]);
     let mut c = pool.configs[0].clone();
