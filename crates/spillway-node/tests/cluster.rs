@@ -184,10 +184,7 @@ async fn placement_follows_free_capacity() {
 async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
     // One copy per page: the killed node's pages are lost with it (what this test
     // checks of the directory); replicas are sim_pool's and the peer-death tests'.
-    let mut pool = Pool::new("failover", PAGE, [128, 128, 128]);
-    for c in &mut pool.configs {
-        c.replicas = 1;
-    }
+    let pool = Pool::new("failover", PAGE, [128, 128, 128]).one_copy();
     let mut nodes = pool.start_all().await;
     let leader = settled(&nodes).await;
     let li = (leader.0 - 1) as usize;
@@ -285,10 +282,7 @@ async fn a_fetch_stops_waiting_for_a_dead_holder_once_the_pool_declares_it_down(
     // until the pool declares it down (2 s after a leader hears nothing), not for the
     // whole peer grace (30 s, more than `within` allows): a member declared down comes
     // back at a new epoch, with every copy it held dead, so waiting saves nothing.
-    let mut pool = Pool::new("downgrace", PAGE, [64, 64, 64]);
-    for c in &mut pool.configs {
-        c.replicas = 1;
-    }
+    let pool = Pool::new("downgrace", PAGE, [64, 64, 64]).one_copy();
     let mut nodes = pool.start_all().await;
     settled(&nodes).await;
     let spiller = nodes[0].as_ref().unwrap();

@@ -17,10 +17,7 @@ const PAGE: u64 = 64 << 10;
 async fn a_restarted_holder_is_no_longer_named_for_the_pages_its_ram_lost() {
     // One copy per page: a page on node 2 is gone with its RAM (with the default two
     // copies it would be read from the other; sim_pool covers that).
-    let mut pool = Pool::new("reincarnate", PAGE, [64, 64, 64]);
-    for c in &mut pool.configs {
-        c.replicas = 1;
-    }
+    let pool = Pool::new("reincarnate", PAGE, [64, 64, 64]).one_copy();
     let mut nodes = pool.start_all().await;
     settled(&nodes).await;
     // Every node announces its incarnation at start: epoch 2 once settled.

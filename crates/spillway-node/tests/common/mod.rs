@@ -126,6 +126,15 @@ impl Pool {
         Pool { root, configs }
     }
 
+    /// The same pool keeping one copy of each page (`replicas = 1` on every node): a
+    /// page is lost with its holder.
+    pub fn one_copy(mut self) -> Pool {
+        for c in &mut self.configs {
+            c.replicas = 1;
+        }
+        self
+    }
+
     pub async fn start(&self, i: usize) -> NodeHandle {
         within("node start", Node::start(self.configs[i].clone()))
             .await
