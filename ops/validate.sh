@@ -43,6 +43,14 @@ for t in sorted((chart / "templates").glob("*.yaml")):
 PY
 manifests=(ops/k8s/namespace.yaml ops/k8s/configmap.yaml ops/k8s/secret.yaml ops/k8s/daemonset.yaml
            "$rendered/configmap.yaml" "$rendered/daemonset.yaml")
+# The Secret ops/k8s/make-secret.sh makes, when a spillway binary is at hand.
+exe=${SPILLWAY:-target/release/spillway}
+if [ -x "$exe" ]; then
+    SPILLWAY="$exe" ops/k8s/make-secret.sh 4 > "$rendered/secret-made.yaml"
+    manifests+=("$rendered/secret-made.yaml")
+else
+    echo "make-secret.sh not checked: no spillway binary at $exe (set SPILLWAY)"
+fi
 "$venv/bin/kubernetes-validate" --strict "${manifests[@]}"
 "$venv/bin/python" - ops/k8s/podmonitor.yaml "$rendered/podmonitor.yaml" <<'PY'
 import sys, yaml

@@ -69,6 +69,19 @@ fn recorded_pid(node: &NodeSpec) -> Option<u32> {
 /// Records its pid. The caller may keep the [`Child`] to reap it; dropping it leaves the
 /// node running.
 pub fn spawn_node(exe: &Path, node: &NodeSpec, log_filter: &str) -> Result<Child, ClusterError> {
+    spawn_node_with(exe, node, log_filter, &[], &[])
+}
+
+/// [`spawn_node`] with more arguments after `--config <config>` (`--join`, `--ca`, ...)
+/// and more environment variables (a join token, kept out of the command line that `ps`
+/// shows).
+pub fn spawn_node_with(
+    exe: &Path,
+    node: &NodeSpec,
+    log_filter: &str,
+    args: &[String],
+    envs: &[(&str, &str)],
+) -> Result<Child, ClusterError> {
     use std::os::unix::process::CommandExt;
     let node_dir = node.log.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(node_dir).map_err(io_at(node_dir))?;
@@ -83,6 +96,8 @@ pub fn spawn_node(exe: &Path, node: &NodeSpec, log_filter: &str) -> Result<Child
         .arg("node")
         .arg("--config")
         .arg(&node.config)
+        .args(args)
+        .envs(envs.iter().copied())
         .env("SPILLWAY_LOG", log_filter);
     // An error that stops the node should end its log, not a backtrace of it (panics
     // still print theirs under RUST_BACKTRACE).

@@ -218,7 +218,7 @@ fn node_addrs(base_port: u16, k: u32) -> (SocketAddr, SocketAddr) {
 }
 
 /// A fresh pool id: 8 bytes of `/dev/urandom` (the time and pid if that fails).
-fn fresh_pool_id() -> PoolId {
+pub fn fresh_pool_id() -> PoolId {
     use std::io::Read;
     let mut b = [0u8; 8];
     let random = fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));

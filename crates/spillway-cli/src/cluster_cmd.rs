@@ -86,13 +86,10 @@ fn token_create(args: TokenCreateArgs) -> Result<()> {
     };
     let ca = spillway_net::certs::PoolCa::load(&ca_dir)
         .with_context(|| format!("reading the pool's CA in {}", ca_dir.display()))?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
     let (token, _) = spillway_net::join::TokenStore::in_ca_dir(&ca_dir).create(
         ca.fingerprint()?,
         args.ttl,
-        now_ms,
+        spillway_node::now_ms(),
     )?;
     println!("{token}");
     eprintln!(

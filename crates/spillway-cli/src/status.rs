@@ -132,15 +132,16 @@ fn print_report(r: &PoolReport) {
     if !r.members.is_empty() {
         println!("members:");
         println!(
-            "{:>4} {:<21} {:<8} {:>12} {:>12} {:>12}",
-            "id", "peer addr", "state", "capacity", "used", "reserved"
+            "{:>4} {:<21} {:<8} {:<7} {:>12} {:>12} {:>12}",
+            "id", "peer addr", "state", "raft", "capacity", "used", "reserved"
         );
         for m in &r.members {
             println!(
-                "{:>4} {:<21} {:<8} {:>12} {:>12} {:>12}",
+                "{:>4} {:<21} {:<8} {:<7} {:>12} {:>12} {:>12}",
                 m.id,
                 m.addr,
                 m.state,
+                if m.raft.is_empty() { "?" } else { &m.raft },
                 fmt_bytes(m.capacity_bytes),
                 fmt_bytes(m.used_bytes),
                 fmt_bytes(m.reserved_bytes)

@@ -316,3 +316,141 @@ fn a_pinned_host_budget_above_memlock_is_refused() {
     let out = plan("off");
     assert!(out.status.success(), "{out:?}");
 }
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn three_hosts_join_host_0_with_tokens_and_no_key_leaves_its_host() {
+    // Three hosts on loopback addresses of their own (127.0.0.1-3), one launch each, the
+    // shared directory the only thing they share.
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = "127.0.0.1,127.0.0.2,127.0.0.3";
+    let children: Vec<Child> = (0..3)
+        .map(|i| {
+            let mut c = launch(
+                tmp.path(),
+                18170,
+                &[
+                    "--hosts",
+                    hosts,
+                    "--host-index",
+                    &i.to_string(),
+                    "--job-key",
+                    "j",
+                ],
+                &format!(
+                    "\"{}\" status --node \"$SPILLWAY_STATUS_ADDR\" --json > {}/status-$SPILLWAY_HOST_INDEX.json",
+                    env!("CARGO_BIN_EXE_spillway"),
+                    tmp.path().display()
+                ),
+            );
+            c.stdout(Stdio::piped()).stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for (i, child) in children.into_iter().enumerate() {
+        let out = wait_output(child);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "host {i}: {err}");
+        if i == 0 {
+            assert!(err.contains("serving joins on port 18172"), "{err}");
+        } else {
+            assert!(err.contains("joining through 127.0.0.1:18172"), "{err}");
+        }
+        assert!(err.contains("pool of 3 nodes ready"), "{err}");
+    }
+    for i in 0..3 {
+        let text = std::fs::read_to_string(tmp.path().join(format!("status-{i}.json"))).unwrap();
+        let status: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let members = status["members"].as_array().unwrap();
+        let mut seen: Vec<(u64, &str, &str)> = members
+            .iter()
+            .map(|m| {
+                (
+                    m["id"].as_u64().unwrap(),
+                    m["state"].as_str().unwrap(),
+                    m["raft"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        seen.sort();
+        // Three hosts: every one votes (the first 3 do).
+        assert_eq!(
+            seen,
+            [(1, "up", "voter"), (2, "up", "voter"), (3, "up", "voter")],
+            "host {i}: {text}"
+        );
+        let addrs: Vec<&str> = members
+            .iter()
+            .map(|m| m["addr"].as_str().unwrap())
+            .collect();
+        assert!(addrs.contains(&format!("127.0.0.{}:18170", i + 1).as_str()), "{addrs:?}");
+    }
+    // Each host's key is in its own run directory only; the CA key on host 0 only; the
+    // shared directory holds no key, and the tokens were used up.
+    let keys = |dir: &Path| -> Vec<String> {
+        let mut v: Vec<String> = files_under(dir)
+            .iter()
+            .filter(|p| p.to_string_lossy().ends_with(".key.pem"))
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let run = |k: u64| tmp.path().join(format!("run/spillway-j-node{k}"));
+    assert_eq!(keys(&run(1)), ["ca.key.pem", "node-1.key.pem"]);
+    assert_eq!(keys(&run(2)), ["node-2.key.pem"]);
+    assert_eq!(keys(&run(3)), ["node-3.key.pem"]);
+    let shared = files_under(&tmp.path().join("pool"));
+    assert!(
+        shared
+            .iter()
+            .all(|p| p.file_name().unwrap().to_string_lossy().starts_with("done-")),
+        "{shared:?}"
+    );
+    assert_eq!(shared.len(), 3, "{shared:?}");
+}
+
+#[test]
+fn a_bad_join_token_fails_the_launch_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = launch(
+        tmp.path(),
+        18180,
+        &[
+            "--hosts",
+            "127.0.0.1,127.0.0.2",
+            "--host-index",
+            "1",
+            "--job-key",
+            "bad",
+            "--no-barrier",
+            "--token",
+            "spw1.not-a-token",
+        ],
+        "true",
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("node 2 exited"), "{err}");
+    assert!(err.contains("joining the pool through 127.0.0.1:18182"), "{err}");
+    // No shared directory was needed, none was made.
+    assert!(!tmp.path().join("pool").exists());
+}

@@ -192,6 +192,9 @@ pub struct MemberStatus {
     pub used_bytes: u64,
     /// Bytes reserved on it.
     pub reserved_bytes: u64,
+    /// Its part in the metadata group: `voter` or `learner` (empty from a node older than
+    /// the field).
+    pub raft: String,
 }
 
 /// The host tier in [`NodeStatus`].
@@ -323,6 +326,7 @@ impl StatusSources {
                     capacity_bytes: m.capacity_bytes,
                     used_bytes: m.used_bytes,
                     reserved_bytes: m.reserved_bytes,
+                    raft: if m.voter { "voter" } else { "learner" }.to_string(),
                 })
                 .collect(),
             host_tier: HostTierStatus {

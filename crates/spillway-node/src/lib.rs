@@ -56,7 +56,7 @@ pub use config::{FieldDoc, MemberAddr, NodeConfig, NodeConfigError, PageTranspor
 pub use http::{HostTierStatus, MemberStatus, NodeStatus, PlacementsView, RemoteStatus};
 pub use membership::{JoinNodeError, LeaveError, ServeJoinsError, join_pool};
 pub use memory::{HostBudget, MemoryError, MemoryLimits, MemoryPlan};
-pub use meta::{MemberView, MetaView, Outcome, ProposeFailure};
+pub use meta::{MemberView, MetaView, Outcome, ProposeFailure, now_ms};
 pub use node::{Node, NodeCounters, NodeError, NodeHandle};
 pub use remote::{PeerRemoteCounters, RemoteCounters, RemoteError, RemoteService};
 pub use store::{HostStore, StoreCounters, StoreError};

@@ -10,7 +10,8 @@
 //!   its Raft log starts empty and waits for the leader's snapshot instead of founding a
 //!   pool of its own, now and after any restart.
 //! - **Promotion and removal** ([`next_change`], sans-IO; run by the leader's Raft thread
-//!   every [`RECONCILE_EVERY`]): a caught-up, up learner is promoted while the voters
+//!   every [`RECONCILE_EVERY`]): a caught-up, up learner (the lowest id first, so the
+//!   first hosts of a launched job vote) is promoted while the voters
 //!   (leaving ones not counted) are fewer than [`voters_wanted`] (3, or 5 in pools of 5
 //!   or more members); a leaving member that holds no pages and no reservations is
 //!   removed (a leaving leader first hands leadership over). One change at a time.
@@ -132,7 +133,10 @@ pub fn next_change(
         && let Some(node) = learners
             .iter()
             .copied()
-            .find(|&l| state.member(l).is_some_and(|m| m.state == MemberState::Up) && caught_up(l))
+            .filter(|&l| {
+                state.member(l).is_some_and(|m| m.state == MemberState::Up) && caught_up(l)
+            })
+            .min()
     {
         return Next::Propose(MembershipChange::Promote { node });
     }

@@ -11,8 +11,8 @@
 //! 5. otherwise a job of one host (this one, on loopback), one rank.
 //!
 //! Slurm and the explicit form name every host. torchrun and LWS name only the master
-//! (the leader): the other hosts' addresses come from a rendezvous in the pool directory
-//! ([`Hosts::Count`]), see the launcher.
+//! (the leader, [`Hosts::Count`]): every host joins host 0, so host 0's address is all the
+//! launcher needs.
 
 use std::fmt;
 
@@ -86,7 +86,7 @@ pub struct Placement {
     /// Ranks on this host (the node stops when all have exited).
     pub local_world_size: u32,
     /// A name of this job, the same on every rank of every host: it names the host's run
-    /// directory and the rendezvous.
+    /// directory and the job's directory in the shared directory.
     pub job_key: String,
 }
 

@@ -2,25 +2,30 @@
 //! then the job's command with `SPILLWAY_SOCKET` set.
 //!
 //! Safe to run on every rank: [`env::detect`] finds the host and the local rank. Local
-//! rank 0 writes the host's node config (its address and ports, every host a member;
-//! certificates from the pool directory `spillway cluster init` laid out, which the job's
-//! host 0 lays out itself when it is missing), starts `spillway node`, waits until every
-//! host's node answers `/status`, they agree on a leader and every member's capacity is
-//! committed, then marks the host ready; the host's other ranks wait for that mark. Each
-//! rank runs the command with SIGINT and SIGTERM forwarded, and exits with its status.
-//! Local rank 0 stops the node once every rank of its host has exited and every host's
-//! job has ended (a barrier in the pool directory: a node holds other hosts' pages, so
-//! none leaves before the others are done).
+//! rank 0 of each host starts the host's node and marks the host ready; the host's other
+//! ranks wait for that mark. Each rank runs the command with SIGINT and SIGTERM
+//! forwarded, and exits with its status. Local rank 0 stops the node once every rank of
+//! its host has exited and every host's job has ended (a barrier in the shared directory:
+//! a node holds other hosts' pages, so none leaves before the others are done).
 //!
-//! Under torchrun and LeaderWorkerSet only host 0's address is known: each host writes
-//! its address (the one that routes to host 0) into the job's rendezvous directory in the
-//! pool directory, and reads everyone's. So the pool directory must be shared between the
-//! hosts (Slurm's usual home directory, a Kubernetes volume); joining with a token and no
-//! shared disk is not built yet.
+//! How the hosts make one pool, with no private key leaving its host:
+//! - Host 0 makes a CA for the job in its run directory (or uses `--ca`, a pool laid out
+//!   by `spillway cluster init`), signs its own node certificate, founds the pool alone
+//!   and serves joins on the peer port + 2. It writes a one-time join token per other
+//!   host into the job's directory under the shared directory (mode 0600).
+//! - Every other host makes its own key and joins through host 0's endpoint with its
+//!   token (`spillway node --join`), which checks the endpoint against the CA fingerprint
+//!   in the token; the pool adds it as a Raft learner. Without a shared directory, give
+//!   each host its token (`--token`, or `SPILLWAY_JOIN_TOKEN`, from `spillway cluster token
+//!   create` on the host holding `--ca`) and pass `--no-barrier`.
+//! - The leader promotes learners, lowest node id first, until the pool has 3 voters
+//!   (5 from 5 hosts on): the job's first hosts vote.
+//! - Every host waits until host 0's node and its own name one leader and the pool has
+//!   every host as an up member with its capacity, and its voters.
 //!
-//! Voters: the plan names the first 3 (5 from 5 hosts on) as Raft voters; the node
-//! bootstraps every configured member as a voter today (learners at start-up need the
-//! node's membership changes, not driven yet), so every host votes.
+//! Only host 0's address is needed (Slurm and `--hosts` name every host; torchrun and
+//! LeaderWorkerSet name host 0): each host advertises its own address, the one that
+//! routes to host 0 under torchrun and LeaderWorkerSet.
 
 pub mod env;
 pub mod plan;
@@ -58,15 +63,29 @@ pub struct LaunchArgs {
     /// slurm-JOB.STEP).
     #[arg(long, value_name = "KEY")]
     job_key: Option<String>,
-    /// The pool directory, shared by the hosts: certificates from `spillway cluster init`
-    /// (host 0 lays it out when missing) [default: $SPILLWAY_DIR, else ~/.spillway/pool].
+    /// The directory the hosts share: the job's join tokens and its end-of-job barrier
+    /// [default: $SPILLWAY_DIR, else ~/.spillway/pool].
     #[arg(long, value_name = "DIR")]
     dir: Option<PathBuf>,
+    /// Host 0: serve joins with the CA in this directory (`spillway cluster init`'s
+    /// `pool/`), whose tokens the operator hands out, instead of a CA made for the job
+    /// with a token per host in --dir.
+    #[arg(long = "ca", value_name = "DIR")]
+    ca: Option<PathBuf>,
+    /// Other hosts: the bootstrap endpoint to join through [default: host 0's address,
+    /// port --port + 2].
+    #[arg(long, value_name = "HOST:PORT")]
+    join: Option<String>,
+    /// Other hosts: this host's one-time join token, instead of the one host 0 leaves in
+    /// --dir.
+    #[arg(long, value_name = "TOKEN", env = "SPILLWAY_JOIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Where each host keeps its node's config, log, data and socket [default: $TMPDIR or
     /// /tmp].
     #[arg(long, value_name = "DIR")]
     run_base: Option<PathBuf>,
-    /// Peer port of every node (UDP); /status on the next (TCP).
+    /// Peer port of every node (UDP); /status on the next (TCP); host 0 serves joins on
+    /// the one after (UDP).
     #[arg(long, value_name = "P", default_value_t = PEER_PORT_DEFAULT)]
     port: u16,
     /// Host tier of each node: a size (64GiB) or a share of the memory this host may use
@@ -109,7 +128,7 @@ pub fn run_launch(args: LaunchArgs) -> Result<i32> {
     let placement = env::detect(&explicit, &|k| {
         std::env::var(k).ok().filter(|v| !v.is_empty())
     })?;
-    let pool_dir = match (&args.dir, std::env::var_os("SPILLWAY_DIR")) {
+    let shared_dir = match (&args.dir, std::env::var_os("SPILLWAY_DIR")) {
         (Some(d), _) => d.clone(),
         (None, Some(d)) if !d.is_empty() => PathBuf::from(d),
         _ => match std::env::var_os("HOME") {
@@ -125,7 +144,7 @@ pub fn run_launch(args: LaunchArgs) -> Result<i32> {
     )?;
     let plan = Plan::new(
         placement,
-        &pool_dir,
+        &shared_dir,
         &run_base,
         args.port,
         host_budget,

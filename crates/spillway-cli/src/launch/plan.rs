@@ -3,14 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::env::{Hosts, Placement};
+use spillway_node::membership::voters_wanted;
 
-/// Raft voters when the job has at least 5 hosts; 3 below that (every host when fewer).
-pub const VOTERS_LARGE: usize = 5;
-/// Raft voters of a job of 3 or 4 hosts.
-pub const VOTERS_SMALL: usize = 3;
-/// Hosts from which a job gets [`VOTERS_LARGE`] voters.
-pub const LARGE_JOB_HOSTS: usize = 5;
+use super::env::{Hosts, Placement};
 
 /// The plan of one rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,11 +20,13 @@ pub struct Plan {
     pub peer_port: u16,
     /// Every node's `/status` port (TCP): the next one.
     pub metrics_port: u16,
-    /// The shared pool directory (`spillway cluster init`'s).
-    pub pool_dir: PathBuf,
+    /// Host 0's bootstrap endpoint, where the others join (UDP, QUIC): the one after.
+    pub bootstrap_port: u16,
+    /// The directory the hosts share (join tokens, the barrier).
+    pub shared_dir: PathBuf,
     /// This host's run directory: node config, log, data, client socket, rank markers.
     pub run_dir: PathBuf,
-    /// The job's rendezvous and end-of-job barrier, in the pool directory.
+    /// The job's join tokens and end-of-job barrier, in the shared directory.
     pub rendezvous_dir: PathBuf,
     /// The node's host tier in bytes.
     pub host_budget: u64,
@@ -37,14 +34,10 @@ pub struct Plan {
     pub command: Vec<String>,
 }
 
-/// Host indices of the voters among `hosts` hosts.
+/// Host indices of the voters among `hosts` hosts: the first 3 (5 from 5 hosts on),
+/// as the pool promotes its learners (lowest node id first).
 pub fn voters(hosts: usize) -> Vec<usize> {
-    let n = if hosts >= LARGE_JOB_HOSTS {
-        VOTERS_LARGE
-    } else {
-        VOTERS_SMALL
-    };
-    (0..hosts.min(n)).collect()
+    (0..hosts.min(voters_wanted(hosts))).collect()
 }
 
 /// A name safe as one path component.
@@ -64,7 +57,7 @@ impl Plan {
     /// The plan for `placement`.
     pub fn new(
         placement: Placement,
-        pool_dir: &Path,
+        shared_dir: &Path,
         run_base: &Path,
         peer_port: u16,
         host_budget: u64,
@@ -75,11 +68,12 @@ impl Plan {
         Plan {
             voters: voters(placement.hosts.len()),
             run_dir: run_base.join(format!("spillway-{key}-node{node_id}")),
-            rendezvous_dir: pool_dir.join("launch").join(&key),
-            pool_dir: pool_dir.to_path_buf(),
+            rendezvous_dir: shared_dir.join("launch").join(&key),
+            shared_dir: shared_dir.to_path_buf(),
             node_id,
             peer_port,
             metrics_port: peer_port.saturating_add(1),
+            bootstrap_port: peer_port.saturating_add(2),
             host_budget,
             placement,
             command,
@@ -102,7 +96,7 @@ impl Plan {
         let hosts = match &p.hosts {
             Hosts::Named(h) => h.join(","),
             Hosts::Count { count, first } => {
-                format!("{count} hosts, host 0 at {first} (others by rendezvous)")
+                format!("{count} hosts, host 0 at {first}")
             }
         };
         let role = if self.starts_node() {
@@ -117,11 +111,11 @@ impl Plan {
              this host:     index {} (node {}), local rank {} of {}\n\
              role:          {role}\n\
              raft voters:   host indices {}\n\
-             ports:         peers {} (udp), /status {} (tcp)\n\
+             ports:         peers {} (udp), /status {} (tcp), joins {} (udp, host 0)\n\
              host tier:     {} bytes\n\
-             pool dir:      {}\n\
+             shared dir:    {}\n\
              run dir:       {}\n\
-             rendezvous:    {}\n\
+             job dir:       {}\n\
              job:           SPILLWAY_SOCKET={} {}\n",
             p.source,
             p.host_index,
@@ -131,8 +125,9 @@ impl Plan {
             voters.join(","),
             self.peer_port,
             self.metrics_port,
+            self.bootstrap_port,
             self.host_budget,
-            self.pool_dir.display(),
+            self.shared_dir.display(),
             self.run_dir.display(),
             self.rendezvous_dir.display(),
             self.client_socket().display(),

@@ -1,5 +1,6 @@
-//! The side effects of `spillway launch`, in the order [`super`] describes: pool
-//! directory, addresses, node config, node process, readiness, the job, the barriers.
+//! The side effects of `spillway launch`, in the order [`super`] describes: addresses,
+//! certificates and join tokens, node config, node process, readiness, the job, the
+//! barriers.
 //! Every wait polls a condition (a file, a process, the pool's `/status`) and ends early
 //! on SIGINT or SIGTERM; the node is stopped on every way out ([`NodeGuard`]).
 
@@ -12,10 +13,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal, kill_process};
 use spillway_cluster::process::{self, LOG_TAIL_LINES};
-use spillway_cluster::spec::{self, BASE_PORT_DEFAULT};
-use spillway_cluster::{ClusterSpec, InitOptions, NodeSpec, query_pool};
+use spillway_cluster::spec;
+use spillway_cluster::{NodeSpec, PoolReport, query_pool};
+use spillway_net::certs::PoolCa;
+use spillway_net::join::TokenStore;
+use spillway_node::NodeConfig;
 use spillway_node::config::MemberAddr;
-use spillway_node::{NodeConfig, PageTransport};
+use spillway_node::membership::voters_wanted;
 use spillway_types::NodeId;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -29,7 +33,7 @@ const POLL: Duration = Duration::from_millis(50);
 const STATUS_TIMEOUT: Duration = Duration::from_millis(250);
 /// Time the node has to exit after SIGTERM before SIGKILL.
 const NODE_STOP_GRACE: Duration = Duration::from_secs(10);
-/// Largest marker or rendezvous file read: 4 KiB.
+/// Largest marker or token file read: 4 KiB.
 const MARKER_BYTES_MAX: u64 = 4096;
 
 /// SIGINT and SIGTERM of this process.
@@ -225,7 +229,20 @@ async fn end_of_job(plan: &Plan, no_barrier: bool, signals: &mut Signals) -> Res
     .await
 }
 
-/// Lays out or loads the pool, finds the hosts' addresses, writes the node config,
+/// Time a job's join token stays valid after the host timeout: 60 s (the joining host
+/// may start late by up to `--timeout-s`).
+const TOKEN_TTL_SLACK: Duration = Duration::from_secs(60);
+
+/// How this host's node gets its certificate.
+enum Identity {
+    /// Host 0: signs its own with the job's CA in `ca_dir` and serves joins with it.
+    Authority { ca_dir: PathBuf },
+    /// Another host: makes its key and joins through `server` with `token`.
+    Joiner { server: String, token: String },
+}
+
+/// Finds the addresses, gets this host's certificate (host 0 makes the job's CA and a
+/// join token per other host; the others join with theirs), writes the node config,
 /// starts the node and waits until the pool is ready.
 async fn start_node(
     plan: &Plan,
@@ -235,62 +252,89 @@ async fn start_node(
 ) -> Result<(NodeGuard, SocketAddr)> {
     let p = &plan.placement;
     let hosts = p.hosts.len();
-    let spec = pool_spec(plan, args, timeout, signals).await?;
-    // The node's certificates by the layout's convention (`node-K/pool` in the pool
-    // directory), not cluster.json's absolute paths: the directory may be mounted
-    // elsewhere on this host than where it was laid out.
-    let mut me = spec
-        .nodes
-        .get(p.host_index)
-        .with_context(|| format!("the pool in {} has {} nodes, the job {hosts} hosts; lay out another with `spillway cluster init --force --nodes {hosts}`",
-            spec.dir.display(), spec.nodes.len()))?
-        .clone();
-    me.pool_dir = plan
-        .pool_dir
-        .join(format!("node-{}", plan.node_id))
-        .join(spec::CERTS_DIR);
-    let needs_rendezvous = !args.no_barrier || matches!(p.hosts, Hosts::Count { .. });
-    if needs_rendezvous {
+    let host0 = p.host_index == 0;
+    // The shared directory carries the join tokens (unless they are given) and the
+    // end-of-job barrier (unless --no-barrier).
+    let tokens_by_dir = hosts > 1 && if host0 { args.ca.is_none() } else { args.token.is_none() };
+    if !args.no_barrier || tokens_by_dir {
         fs::create_dir_all(&plan.rendezvous_dir)
             .with_context(|| format!("creating {}", plan.rendezvous_dir.display()))?;
+        let done_marker = plan.rendezvous_dir.join(format!("done-{}", p.host_index));
+        if done_marker.exists() {
+            bail!(
+                "job key {:?} was used by a finished run ({} exists): pass another --job-key, or remove {}",
+                p.job_key,
+                done_marker.display(),
+                plan.rendezvous_dir.display()
+            );
+        }
     }
-    let done_marker = plan.rendezvous_dir.join(format!("done-{}", p.host_index));
-    if needs_rendezvous && done_marker.exists() {
-        bail!(
-            "job key {:?} was used by a finished run ({} exists): pass another --job-key, or remove {}",
-            p.job_key,
-            done_marker.display(),
-            plan.rendezvous_dir.display()
-        );
-    }
-    let addrs = host_addrs(plan, timeout, signals).await?;
+    let (first_ip, my_ip) = host_addrs(plan)?;
     let peer = |ip: IpAddr| SocketAddr::new(ip, plan.peer_port);
     let metrics = |ip: IpAddr| SocketAddr::new(ip, plan.metrics_port);
 
+    // This host's certificate and key are made here and stay here (the run directory).
+    let certs_dir = plan.run_dir.join(spec::CERTS_DIR);
     let data_dir = plan.run_dir.join("data");
-    let _ = fs::remove_dir_all(&data_dir);
+    for dir in [&certs_dir, &data_dir] {
+        let _ = fs::remove_dir_all(dir);
+    }
     let socket = plan.client_socket();
     let _ = fs::remove_file(&socket);
+    let identity = if host0 {
+        Identity::Authority {
+            ca_dir: job_ca(plan, args, &certs_dir, timeout)?,
+        }
+    } else {
+        let token = match &args.token {
+            Some(t) => t.clone(),
+            None => {
+                let file = plan.rendezvous_dir.join(format!("token-{}", p.host_index));
+                let token = wait_for(
+                    &format!("waiting for host 0's join token {}", file.display()),
+                    Some(timeout),
+                    signals,
+                    || Ok(read_marker(&file).map(|t| t.trim().to_string())),
+                )
+                .await?;
+                // One use: the node spends it now.
+                let _ = fs::remove_file(&file);
+                token
+            }
+        };
+        let server = args
+            .join
+            .clone()
+            .unwrap_or_else(|| SocketAddr::new(first_ip, plan.bootstrap_port).to_string());
+        Identity::Joiner { server, token }
+    };
     let mut config = NodeConfig::new(
         NodeId(plan.node_id),
-        me.pool_dir.clone(),
+        certs_dir.clone(),
         data_dir.clone(),
         plan.host_budget,
     );
-    config.listen_addr = peer(addrs[p.host_index]);
-    config.metrics_addr = metrics(addrs[p.host_index]);
+    config.listen_addr = peer(my_ip);
+    config.metrics_addr = metrics(my_ip);
     config.client_socket = socket;
     config.tick_ms = spec::TICK_MS;
     config.heartbeat_ticks = spec::HEARTBEAT_TICKS;
     (config.election_ticks, config.election_ticks_max) = spec::ELECTION_TICKS;
-    config.members = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, ip)| MemberAddr {
-            id: NodeId(i as u64 + 1),
-            addr: peer(*ip),
-        })
-        .collect();
+    // Host 0 founds the pool alone; a joining host learns the members when it joins
+    // (host 0 is listed so a restarted node finds the pool).
+    config.members = vec![MemberAddr {
+        id: NodeId(plan.node_id),
+        addr: config.listen_addr,
+    }];
+    if !host0 {
+        config.members.insert(
+            0,
+            MemberAddr {
+                id: NodeId(1),
+                addr: peer(first_ip),
+            },
+        );
+    }
     config.validate()?;
     let config_path = plan.run_dir.join("node.toml");
     let text = format!(
@@ -307,33 +351,55 @@ async fn start_node(
         client_socket: config.client_socket.clone(),
         config: config_path,
         data_dir,
-        pool_dir: me.pool_dir.clone(),
+        pool_dir: certs_dir,
         log: plan.run_dir.join("node.log"),
         pid_file: plan.run_dir.join("node.pid"),
     };
     let exe = std::env::current_exe().context("finding the spillway executable")?;
-    let child = process::spawn_node(&exe, &node_spec, &args.log)?;
+    let child = match &identity {
+        Identity::Authority { ca_dir } => {
+            let bootstrap = SocketAddr::new(my_ip, plan.bootstrap_port).to_string();
+            let node_args = [
+                "--ca".to_string(),
+                ca_dir.display().to_string(),
+                "--bootstrap-addr".to_string(),
+                bootstrap,
+            ];
+            process::spawn_node_with(&exe, &node_spec, &args.log, &node_args, &[])?
+        }
+        Identity::Joiner { server, token } => process::spawn_node_with(
+            &exe,
+            &node_spec,
+            &args.log,
+            &["--join".to_string(), server.clone()],
+            &[("SPILLWAY_JOIN_TOKEN", token.as_str())],
+        )?,
+    };
     let mut guard = NodeGuard {
         id: plan.node_id,
         child,
     };
     eprintln!(
-        "spillway launch: host {} of {hosts} ({}), node {} pid {} at {}, log {}",
+        "spillway launch: host {} of {hosts} ({}), node {} pid {} at {}{}, log {}",
         p.host_index,
         p.source,
         plan.node_id,
         guard.child.id(),
         config.listen_addr,
+        match &identity {
+            Identity::Authority { .. } => format!(", serving joins on port {}", plan.bootstrap_port),
+            Identity::Joiner { server, .. } => format!(", joining through {server}"),
+        },
         node_spec.log.display()
     );
-    let targets: Vec<(String, Option<u64>)> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, ip)| (metrics(*ip).to_string(), Some(i as u64 + 1)))
-        .collect();
+    // Host 0's view and this host's: every member up with its capacity, the voters chosen.
+    let mut targets = vec![(metrics(first_ip).to_string(), Some(1))];
+    if !host0 {
+        targets.push((config.metrics_addr.to_string(), Some(plan.node_id)));
+    }
     let started = Instant::now();
     wait_for(
-        "waiting for every host's node to answer and agree on a leader",
+        "waiting for every host's node to join and agree on a leader",
         Some(timeout),
         signals,
         || {
@@ -346,74 +412,98 @@ async fn start_node(
                 );
             }
             let r = query_pool(&targets, STATUS_TIMEOUT);
-            Ok((r.answering == hosts
-                && r.leader_agreed
-                && r.members.len() == hosts
-                && r.members.iter().all(|m| m.capacity_bytes > 0))
-            .then_some(r))
+            Ok(pool_ready(&r, targets.len(), hosts).then_some(r))
         },
     )
     .await
     .inspect(|r| {
         eprintln!(
-            "spillway launch: pool of {hosts} nodes ready after {:.1} s, leader node {}",
+            "spillway launch: pool of {hosts} nodes ready after {:.1} s, leader node {}, voters {}",
             started.elapsed().as_secs_f64(),
-            r.leader.unwrap_or(0)
+            r.leader.unwrap_or(0),
+            r.members
+                .iter()
+                .filter(|m| m.raft == "voter")
+                .map(|m| m.id.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
         )
     })?;
     Ok((guard, config.metrics_addr))
 }
 
-/// The pool in the pool directory; host 0 lays it out if it is missing, the others wait
-/// for it.
-async fn pool_spec(
-    plan: &Plan,
-    args: &LaunchArgs,
-    timeout: Duration,
-    signals: &mut Signals,
-) -> Result<ClusterSpec> {
-    let dir = &plan.pool_dir;
-    let hosts = plan.placement.hosts.len() as u32;
-    if !ClusterSpec::exists(dir) && plan.placement.host_index == 0 {
-        let base_port = if u32::from(args.port) + 2 * hosts <= u32::from(u16::MAX) {
-            args.port.max(spec::BASE_PORT_MIN)
-        } else {
-            BASE_PORT_DEFAULT
-        };
-        let spec = spillway_cluster::init(
-            dir,
-            &InitOptions {
-                nodes: hosts,
-                base_port,
-                host_tier_bytes: plan.host_budget,
-                force: false,
-                transport: PageTransport::Quic,
-            },
-        )?;
-        eprintln!(
-            "spillway launch: laid out pool {} for {hosts} hosts in {}",
-            spec.pool_id,
-            spec.dir.display()
-        );
-        return Ok(spec);
-    }
-    // `init` writes cluster.json last; a half-written one does not parse yet.
-    wait_for(
-        &format!("waiting for the pool in {}", dir.display()),
-        Some(timeout),
-        signals,
-        || Ok(ClusterSpec::load(dir).ok()),
-    )
-    .await
+/// Whether the pool is ready for the job: the `queried` nodes answered and name one
+/// leader, and it has `hosts` members, each up with its capacity committed, and as many
+/// voters as a pool of that size wants.
+fn pool_ready(r: &PoolReport, queried: usize, hosts: usize) -> bool {
+    let voters = r.members.iter().filter(|m| m.raft == "voter").count();
+    r.answering == queried
+        && r.leader_agreed
+        && r.members.len() == hosts
+        && r
+            .members
+            .iter()
+            .all(|m| m.state == "up" && m.capacity_bytes > 0)
+        && voters == hosts.min(voters_wanted(hosts))
 }
 
-/// Every host's address, by host index.
-async fn host_addrs(plan: &Plan, timeout: Duration, signals: &mut Signals) -> Result<Vec<IpAddr>> {
+/// Host 0's CA directory: `--ca`'s (a pool laid out by `spillway cluster init`), or a
+/// fresh CA for this job in the run directory. Writes host 0's own certificate and key
+/// into `certs_dir` and, unless `--ca` was given (the operator hands out the tokens then),
+/// a one-time join token per other host into the rendezvous directory (mode 0600).
+fn job_ca(plan: &Plan, args: &LaunchArgs, certs_dir: &Path, timeout: Duration) -> Result<PathBuf> {
+    let ca_dir = match &args.ca {
+        Some(dir) => dir.clone(),
+        None => {
+            let dir = plan.run_dir.join("ca");
+            let _ = fs::remove_dir_all(&dir);
+            PoolCa::generate(spec::fresh_pool_id())?.write(&dir)?;
+            dir
+        }
+    };
+    let ca = PoolCa::load(&ca_dir)
+        .with_context(|| format!("reading the pool's CA in {}", ca_dir.display()))?;
+    ca.write_node_dir(NodeId(plan.node_id), certs_dir)?;
+    let hosts = plan.placement.hosts.len();
+    if args.ca.is_none() && hosts > 1 {
+        let store = TokenStore::in_ca_dir(&ca_dir);
+        let fingerprint = ca.fingerprint()?;
+        for h in 1..hosts {
+            let (token, _) =
+                store.create(fingerprint, timeout + TOKEN_TTL_SLACK, spillway_node::now_ms())?;
+            write_secret(
+                &plan.rendezvous_dir.join(format!("token-{h}")),
+                &format!("{token}\n"),
+            )?;
+        }
+    }
+    Ok(ca_dir)
+}
+
+/// Writes `text` to `path` as [`write_atomic`] does, readable by the owner only.
+fn write_secret(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+/// Host 0's address and this host's. Under torchrun and LeaderWorkerSet, which name only
+/// host 0, this host's is the one on its route to host 0.
+fn host_addrs(plan: &Plan) -> Result<(IpAddr, IpAddr)> {
     let p = &plan.placement;
     match &p.hosts {
-        Hosts::Named(names) => names
-            .iter()
-            .map(|n| {
+        Hosts::Named(names) => {
+            let addr = |n: &String| {
                 resolve(n, plan.peer_port, names.len()).or_else(|e| {
                     // A Slurm node name need not be a DNS name: Slurm knows its address.
                     (p.source == Source::Slurm)
@@ -421,37 +511,12 @@ async fn host_addrs(plan: &Plan, timeout: Duration, signals: &mut Signals) -> Re
                         .flatten()
                         .ok_or(e)
                 })
-            })
-            .collect(),
+            };
+            Ok((addr(&names[0])?, addr(&names[p.host_index])?))
+        }
         Hosts::Count { count, first } => {
             let first_ip = resolve(first, plan.peer_port, *count)?;
-            let mine = route_to(first_ip, plan.peer_port)?;
-            let dir = &plan.rendezvous_dir;
-            let key = &p.job_key;
-            write_atomic(
-                &dir.join(format!("host-{}", p.host_index)),
-                &format!("{key} {mine}\n"),
-            )?;
-            let files: Vec<PathBuf> = (0..*count).map(|h| dir.join(format!("host-{h}"))).collect();
-            wait_for(
-                &format!("waiting for {count} hosts in {}", dir.display()),
-                Some(timeout),
-                signals,
-                || {
-                    let mut ips = Vec::with_capacity(files.len());
-                    for f in &files {
-                        let Some(text) = read_marker(f) else {
-                            return Ok(None);
-                        };
-                        match text.split_whitespace().collect::<Vec<_>>().as_slice() {
-                            [k, ip] if k == key => ips.push(ip.parse::<IpAddr>()?),
-                            _ => return Ok(None),
-                        }
-                    }
-                    Ok(Some(ips))
-                },
-            )
-            .await
+            Ok((first_ip, route_to(first_ip, plan.peer_port)?))
         }
     }
 }
@@ -536,5 +601,55 @@ async fn run_job(plan: &Plan, status_addr: &str, signals: &mut Signals) -> Resul
                 let _ = kill_process(pid, s);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spillway_cluster::status::MemberStatus;
+
+    use super::*;
+
+    fn report(members: &[(&str, &str, u64)], answering: usize, agreed: bool) -> PoolReport {
+        PoolReport {
+            answering,
+            raft_healthy: answering,
+            leader: Some(1),
+            term: Some(1),
+            leader_agreed: agreed,
+            members: members
+                .iter()
+                .enumerate()
+                .map(|(i, &(state, raft, capacity_bytes))| MemberStatus {
+                    id: i as u64 + 1,
+                    state: state.into(),
+                    raft: raft.into(),
+                    capacity_bytes,
+                    ..MemberStatus::default()
+                })
+                .collect(),
+            nodes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_pool_is_ready_with_every_host_up_and_its_voters() {
+        let up = |raft| ("up", raft, 1 << 30);
+        let three = [up("voter"), up("voter"), up("voter")];
+        assert!(pool_ready(&report(&three, 2, true), 2, 3));
+        // Four hosts want three voters; the fourth stays a learner.
+        let four = [up("voter"), up("voter"), up("voter"), up("learner")];
+        assert!(pool_ready(&report(&four, 2, true), 2, 4));
+        // A learner not promoted yet, a host not joined yet, one without its capacity,
+        // one down, a node that did not answer, no agreed leader: not ready.
+        let promoting = [up("voter"), up("voter"), up("learner")];
+        assert!(!pool_ready(&report(&promoting, 2, true), 2, 3));
+        assert!(!pool_ready(&report(&three[..2], 2, true), 2, 3));
+        let no_capacity = [up("voter"), up("voter"), ("up", "voter", 0)];
+        assert!(!pool_ready(&report(&no_capacity, 2, true), 2, 3));
+        let down = [up("voter"), up("voter"), ("down", "voter", 1 << 30)];
+        assert!(!pool_ready(&report(&down, 2, true), 2, 3));
+        assert!(!pool_ready(&report(&three, 1, true), 2, 3));
+        assert!(!pool_ready(&report(&three, 2, false), 2, 3));
     }
 }

@@ -64,6 +64,20 @@ fn a_caught_up_learner_is_promoted_while_voters_are_few() {
         next,
         Next::Propose(MembershipChange::Promote { node: NodeId(4) })
     );
+    // Of two caught-up learners, the lower id first (whatever order they joined in): a
+    // launched job's first hosts vote.
+    let next = next_change(
+        me,
+        &state,
+        &ids(&[1]),
+        &ids(&[4, 2, 3]),
+        &progress(&[(2, 100), (3, 100), (4, 100)]),
+        100,
+    );
+    assert_eq!(
+        next,
+        Next::Propose(MembershipChange::Promote { node: NodeId(2) })
+    );
     // Three voters in a pool of four: the learner stays one.
     let next = next_change(
         me,

@@ -203,6 +203,8 @@ pub struct MemberView {
     pub used_bytes: u64,
     /// Bytes reserved on it and not yet used.
     pub reserved_bytes: u64,
+    /// Whether it votes in the metadata group (else a learner, or not in the group yet).
+    pub voter: bool,
 }
 
 impl MemberView {
@@ -362,7 +364,7 @@ pub enum MetaStartError {
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it): the
 /// proposer's clock stamped on batches, and the remote tier's reservation clock.
-pub(crate) fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -776,6 +776,7 @@ fn publish(
                 capacity_bytes: m.capacity_bytes,
                 used_bytes: usage.used_bytes,
                 reserved_bytes: usage.reserved_bytes,
+                voter: status.voters.contains(&m.id),
             }
         })
         .collect();
