@@ -399,7 +399,10 @@ fn three_hosts_join_host_0_with_tokens_and_no_key_leaves_its_host() {
             .iter()
             .map(|m| m["addr"].as_str().unwrap())
             .collect();
-        assert!(addrs.contains(&format!("127.0.0.{}:18170", i + 1).as_str()), "{addrs:?}");
+        assert!(
+            addrs.contains(&format!("127.0.0.{}:18170", i + 1).as_str()),
+            "{addrs:?}"
+        );
     }
     // Each host's key is in its own run directory only; the CA key on host 0 only; the
     // shared directory holds no key, and the tokens were used up.
@@ -418,9 +421,11 @@ fn three_hosts_join_host_0_with_tokens_and_no_key_leaves_its_host() {
     assert_eq!(keys(&run(3)), ["node-3.key.pem"]);
     let shared = files_under(&tmp.path().join("pool"));
     assert!(
-        shared
-            .iter()
-            .all(|p| p.file_name().unwrap().to_string_lossy().starts_with("done-")),
+        shared.iter().all(|p| p
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("done-")),
         "{shared:?}"
     );
     assert_eq!(shared.len(), 3, "{shared:?}");
@@ -450,7 +455,10 @@ fn a_bad_join_token_fails_the_launch_with_the_reason() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("node 2 exited"), "{err}");
-    assert!(err.contains("joining the pool through 127.0.0.1:18182"), "{err}");
+    assert!(
+        err.contains("joining the pool through 127.0.0.1:18182"),
+        "{err}"
+    );
     // No shared directory was needed, none was made.
     assert!(!tmp.path().join("pool").exists());
 }

@@ -78,7 +78,12 @@ pub struct LaunchArgs {
     join: Option<String>,
     /// Other hosts: this host's one-time join token, instead of the one host 0 leaves in
     /// --dir.
-    #[arg(long, value_name = "TOKEN", env = "SPILLWAY_JOIN_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "SPILLWAY_JOIN_TOKEN",
+        hide_env_values = true
+    )]
     token: Option<String>,
     /// Where each host keeps its node's config, log, data and socket [default: $TMPDIR or
     /// /tmp].
@@ -133,7 +138,7 @@ pub fn run_launch(args: LaunchArgs) -> Result<i32> {
         (None, Some(d)) if !d.is_empty() => PathBuf::from(d),
         _ => match std::env::var_os("HOME") {
             Some(home) => PathBuf::from(home).join(".spillway").join("pool"),
-            None => bail!("--dir: no pool directory given and HOME is not set"),
+            None => bail!("--dir: no shared directory given and HOME is not set"),
         },
     };
     let run_base = args.run_base.clone().unwrap_or_else(std::env::temp_dir);

@@ -255,7 +255,12 @@ async fn start_node(
     let host0 = p.host_index == 0;
     // The shared directory carries the join tokens (unless they are given) and the
     // end-of-job barrier (unless --no-barrier).
-    let tokens_by_dir = hosts > 1 && if host0 { args.ca.is_none() } else { args.token.is_none() };
+    let tokens_by_dir = hosts > 1
+        && if host0 {
+            args.ca.is_none()
+        } else {
+            args.token.is_none()
+        };
     if !args.no_barrier || tokens_by_dir {
         fs::create_dir_all(&plan.rendezvous_dir)
             .with_context(|| format!("creating {}", plan.rendezvous_dir.display()))?;
@@ -387,7 +392,8 @@ async fn start_node(
         guard.child.id(),
         config.listen_addr,
         match &identity {
-            Identity::Authority { .. } => format!(", serving joins on port {}", plan.bootstrap_port),
+            Identity::Authority { .. } =>
+                format!(", serving joins on port {}", plan.bootstrap_port),
             Identity::Joiner { server, .. } => format!(", joining through {server}"),
         },
         node_spec.log.display()
@@ -440,8 +446,7 @@ fn pool_ready(r: &PoolReport, queried: usize, hosts: usize) -> bool {
     r.answering == queried
         && r.leader_agreed
         && r.members.len() == hosts
-        && r
-            .members
+        && r.members
             .iter()
             .all(|m| m.state == "up" && m.capacity_bytes > 0)
         && voters == hosts.min(voters_wanted(hosts))
@@ -469,8 +474,11 @@ fn job_ca(plan: &Plan, args: &LaunchArgs, certs_dir: &Path, timeout: Duration) -
         let store = TokenStore::in_ca_dir(&ca_dir);
         let fingerprint = ca.fingerprint()?;
         for h in 1..hosts {
-            let (token, _) =
-                store.create(fingerprint, timeout + TOKEN_TTL_SLACK, spillway_node::now_ms())?;
+            let (token, _) = store.create(
+                fingerprint,
+                timeout + TOKEN_TTL_SLACK,
+                spillway_node::now_ms(),
+            )?;
             write_secret(
                 &plan.rendezvous_dir.join(format!("token-{h}")),
                 &format!("{token}\n"),
