@@ -1,5 +1,6 @@
-//! `spillway cluster init|up|down|failover-bench|token create`: a pool of node processes on this
-//! machine, through [`spillway_cluster`].
+//! `spillway cluster init|up|down|failover-bench|token create|remove`: a pool of node
+//! processes on this machine, through [`spillway_cluster`]; join tokens and the removal of
+//! a dead host for pools that span hosts.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -37,6 +38,61 @@ pub enum ClusterCommand {
     /// Join tokens, for hosts that join a running pool (`spillway node --join`).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Remove a host that died for good from a running pool (on the host holding the
+    /// pool's CA key, through its bootstrap endpoint). A live host should leave instead
+    /// (`spillway node --leave-on-stop`), so its pages move first.
+    Remove(RemoveArgs),
+}
+
+/// `spillway cluster remove`.
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    #[command(flatten)]
+    dir: DirArg,
+    /// The CA's directory (ca.pem, ca.key.pem) [default: the pool directory's pool/].
+    #[arg(long = "ca", value_name = "DIR")]
+    ca_dir: Option<PathBuf>,
+    /// The node to remove.
+    #[arg(long, value_name = "ID")]
+    node: u64,
+    /// The bootstrap endpoint of the node serving joins (its --bootstrap-addr).
+    #[arg(long, value_name = "HOST:PORT")]
+    via: String,
+    /// Remove it even if the pool sees it up (its pages are not moved first).
+    #[arg(long)]
+    force: bool,
+}
+
+/// Time the token a removal makes for itself stays valid: 60 s.
+const REMOVE_TOKEN_TTL: Duration = Duration::from_secs(60);
+
+fn remove(args: RemoveArgs) -> Result<()> {
+    let ca_dir = match args.ca_dir {
+        Some(d) => d,
+        None => args.dir.resolve().join(spec::CERTS_DIR),
+    };
+    let ca = spillway_net::certs::PoolCa::load(&ca_dir)
+        .with_context(|| format!("reading the pool's CA in {}", ca_dir.display()))?;
+    let (token, _) = spillway_net::join::TokenStore::in_ca_dir(&ca_dir).create(
+        ca.fingerprint()?,
+        REMOVE_TOKEN_TTL,
+        spillway_node::now_ms(),
+    )?;
+    let node = spillway_types::NodeId(args.node);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?
+        .block_on(spillway_net::join::remove(
+            &args.via, &token, node, args.force,
+        ))
+        .with_context(|| format!("removing node {} through {}", args.node, args.via))?;
+    println!(
+        "node {} removed from pool {}: its copies are re-replicated from the others",
+        args.node,
+        ca.pool_id()
+    );
+    Ok(())
 }
 
 /// `spillway cluster token ...`.
@@ -251,6 +307,7 @@ pub fn run(cmd: ClusterCommand) -> Result<()> {
         ClusterCommand::Down(a) => down(a),
         ClusterCommand::FailoverBench(a) => failover_bench(a),
         ClusterCommand::Token(TokenCommand::Create(a)) => token_create(a),
+        ClusterCommand::Remove(a) => remove(a),
     }
 }
 

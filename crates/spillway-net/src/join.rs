@@ -5,11 +5,13 @@
 //! Parts:
 //! - [`token`]: the token (`spw1.<id>.<secret>.<ca-sha256>`) and where tokens are recorded
 //!   (the CA's directory), used up atomically;
-//! - the protocol: one QUIC connection ([`JOIN_ALPN`]), one stream, one [`JoinRequest`]
-//!   (token, node id, address, a certificate signing request) answered by one
-//!   [`JoinReply`] (the pool id, the CA certificate, the node's certificate and the
-//!   members to reach) or a typed [`JoinRefusal`]. Both are bincode 2 decoded under
-//!   [`JOIN_MESSAGE_BYTES_MAX`]; trailing bytes are refused;
+//! - the protocol: one QUIC connection ([`JOIN_ALPN`]), one stream, one
+//!   [`BootstrapRequest`] answered by one reply. A [`JoinRequest`] (token, node id,
+//!   address, a certificate signing request) gets a [`JoinReply`] (the pool id, the CA
+//!   certificate, the node's certificate and the members to reach) or a typed
+//!   [`JoinRefusal`]; a [`RemoveRequest`] (token, node id: an operator holding the CA key
+//!   removes a dead host, [`remove`]) gets a [`RemoveReply`]. Every message is bincode 2
+//!   decoded under [`JOIN_MESSAGE_BYTES_MAX`]; trailing bytes are refused;
 //! - [`BootstrapServer`]: serves the protocol for a [`JoinHandler`] (the node holding the
 //!   CA key decides: token, node id, signature, membership). Its TLS presents the node's
 //!   certificate and the CA certificate; it asks for no client certificate (the joiner
@@ -44,8 +46,8 @@ pub use token::{JoinToken, TokenError, TokenStore};
 
 /// The bootstrap protocol's ALPN.
 pub const JOIN_ALPN: &[u8] = b"spillway-join/1";
-/// The bootstrap protocol's version, in every request.
-pub const JOIN_PROTOCOL_VERSION: u16 = 1;
+/// The bootstrap protocol's version, in every request (2: removals).
+pub const JOIN_PROTOCOL_VERSION: u16 = 2;
 /// Largest bootstrap message either way: 64 KiB (a request is ~1 KiB; a reply holds two
 /// certificates of ~1 KiB and up to [`JOIN_MEMBERS_MAX`] addresses).
 pub const JOIN_MESSAGE_BYTES_MAX: usize = 64 * 1024;
@@ -110,6 +112,55 @@ impl JoinRequest {
     }
 }
 
+/// What an operator sends to remove a member (a host that died for good): a token made
+/// with the CA key proves the right to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    /// [`JOIN_PROTOCOL_VERSION`].
+    pub version: u16,
+    /// The token's id.
+    pub token_id: u64,
+    /// The token's secret.
+    pub secret: [u8; 16],
+    /// The member to remove.
+    pub node: u64,
+    /// Remove it even if the pool sees it up (its pages are not moved first).
+    pub force: bool,
+}
+
+/// One request on a bootstrap connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BootstrapRequest {
+    /// A host joins.
+    Join(JoinRequest),
+    /// An operator removes a member.
+    Remove(RemoveRequest),
+}
+
+impl BootstrapRequest {
+    /// Why the request is unusable, before any token is looked at.
+    pub fn invalid_reason(&self) -> Option<String> {
+        match self {
+            BootstrapRequest::Join(r) => r.invalid_reason(),
+            BootstrapRequest::Remove(r) if r.version != JOIN_PROTOCOL_VERSION => Some(format!(
+                "protocol version {} (this server speaks {JOIN_PROTOCOL_VERSION})",
+                r.version
+            )),
+            BootstrapRequest::Remove(r) if r.node == 0 => Some("node id 0 is reserved".into()),
+            BootstrapRequest::Remove(_) => None,
+        }
+    }
+}
+
+/// The answer to a [`RemoveRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RemoveReply {
+    /// The member is out of the metadata group and the pool's state.
+    Removed,
+    /// Refused.
+    Refused(JoinRefusal),
+}
+
 /// What the pool grants a joining host.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Admission {
@@ -157,10 +208,34 @@ pub enum JoinRefusal {
         reason: String,
     },
     /// The node id is a member already.
-    #[error("node id {node} is a member of the pool already")]
+    #[error(
+        "node id {node} is a member of the pool already (a host that died with it: `spillway cluster remove --node {node}` first)"
+    )]
     NodeTaken {
         /// The id.
         node: u64,
+    },
+    /// The node to remove is not a member.
+    #[error("node {node} is not a member of the pool")]
+    NotAMember {
+        /// The id.
+        node: u64,
+    },
+    /// The node to remove is up: it should leave (its pages move first), or be forced.
+    #[error(
+        "node {node} is up: stop it with `spillway node --leave-on-stop` so its pages move first, or remove it with --force"
+    )]
+    NodeUp {
+        /// The id.
+        node: u64,
+    },
+    /// The node to remove serves this request or leads the metadata group.
+    #[error("node {node} {role}: remove another node, or stop it with --leave-on-stop")]
+    Busy {
+        /// The id.
+        node: u64,
+        /// What it does (`serves joins`, `leads the pool`).
+        role: String,
     },
     /// The certificate signing request is invalid (its signature, its encoding).
     #[error("{reason}")]
@@ -190,6 +265,8 @@ pub enum JoinRefusal {
 pub trait JoinHandler: Send + Sync + 'static {
     /// Answers `request`.
     fn admit(&self, request: JoinRequest) -> impl Future<Output = JoinReply> + Send;
+    /// Answers a removal (same contract: a token is used up before anything changes).
+    fn remove(&self, request: RemoveRequest) -> impl Future<Output = RemoveReply> + Send;
 }
 
 /// Why a join failed, on the joining host.
@@ -212,6 +289,9 @@ pub enum JoinError {
     /// The pool refused.
     #[error("the pool refused the join: {0}")]
     Refused(#[from] JoinRefusal),
+    /// The pool refused a removal.
+    #[error("the pool refused the removal: {0}")]
+    RemovalRefused(JoinRefusal),
     /// No connection (unreachable, TLS failed for another reason).
     #[error("cannot reach the bootstrap endpoint {addr}: {reason}")]
     Connect {
@@ -386,28 +466,45 @@ async fn serve_one<H: JoinHandler>(incoming: quinn::Incoming, handler: &H) -> Re
         .read_to_end(JOIN_MESSAGE_BYTES_MAX)
         .await
         .map_err(|e| e.to_string());
-    let reply = match bytes.and_then(|b| decode::<JoinRequest>(&b)) {
-        Err(reason) => JoinReply::Refused(JoinRefusal::BadRequest { reason }),
-        Ok(request) => match request.invalid_reason() {
-            Some(reason) => JoinReply::Refused(JoinRefusal::BadRequest { reason }),
-            None => {
+    let from = conn.remote_address();
+    // A request that does not decode is answered as a refused join (what a version 1
+    // joiner reads).
+    let reply = match bytes.and_then(|b| decode::<BootstrapRequest>(&b)) {
+        Err(reason) => encode(&JoinReply::Refused(JoinRefusal::BadRequest { reason })),
+        Ok(request) => match (request.invalid_reason(), request) {
+            (Some(reason), BootstrapRequest::Remove(_)) => {
+                encode(&RemoveReply::Refused(JoinRefusal::BadRequest { reason }))
+            }
+            (Some(reason), BootstrapRequest::Join(_)) => {
+                encode(&JoinReply::Refused(JoinRefusal::BadRequest { reason }))
+            }
+            (None, BootstrapRequest::Join(request)) => {
                 let node = request.node;
                 let reply = handler.admit(request).await;
                 match &reply {
-                    JoinReply::Accepted(_) => {
-                        tracing::info!(node, from = %conn.remote_address(), "node joined the pool")
-                    }
+                    JoinReply::Accepted(_) => tracing::info!(node, %from, "node joined the pool"),
                     JoinReply::Refused(r) => {
-                        tracing::info!(node, from = %conn.remote_address(), reason = %r, "join refused")
+                        tracing::info!(node, %from, reason = %r, "join refused")
                     }
                 }
-                reply
+                encode(&reply)
+            }
+            (None, BootstrapRequest::Remove(request)) => {
+                let node = request.node;
+                let reply = handler.remove(request).await;
+                match &reply {
+                    RemoveReply::Removed => {
+                        tracing::info!(node, %from, "node removed from the pool")
+                    }
+                    RemoveReply::Refused(r) => {
+                        tracing::info!(node, %from, reason = %r, "removal refused")
+                    }
+                }
+                encode(&reply)
             }
         },
     };
-    send.write_all(&encode(&reply))
-        .await
-        .map_err(|e| e.to_string())?;
+    send.write_all(&reply).await.map_err(|e| e.to_string())?;
     send.finish().map_err(|e| e.to_string())?;
     // The joiner closes once it has read the reply.
     let _ = conn.closed().await;
@@ -531,11 +628,12 @@ pub async fn join(
     }
 }
 
-async fn join_inner(
+/// A client endpoint and a connection to the bootstrap endpoint at `server`, accepted
+/// only if it holds the CA of `token`'s fingerprint.
+async fn connect_pinned(
     server: &str,
     token: &JoinToken,
-    params: &JoinParams,
-) -> Result<Joined, JoinError> {
+) -> Result<(quinn::Endpoint, quinn::Connection), JoinError> {
     let connect_err = |reason: String| JoinError::Connect {
         addr: server.to_string(),
         reason,
@@ -545,7 +643,6 @@ async fn join_inner(
         .map_err(|e| connect_err(e.to_string()))?
         .next()
         .ok_or_else(|| connect_err("the name has no address".into()))?;
-    let (key_pem, csr_der) = certs::node_key_and_csr(params.node)?;
     let pinned = Arc::new(PinnedCa {
         fingerprint: token.ca_sha256,
         provider: provider(),
@@ -567,18 +664,79 @@ async fn join_inner(
         (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
     };
     let endpoint = quinn::Endpoint::client(local).map_err(|e| connect_err(e.to_string()))?;
-    let result = exchange(
-        &endpoint,
-        client_config,
-        addr,
-        token,
-        params,
+    let connecting = match endpoint.connect_with(client_config, addr, SERVER_NAME) {
+        Ok(c) => c,
+        Err(e) => {
+            endpoint.close(0u32.into(), b"done");
+            return Err(connect_err(e.to_string()));
+        }
+    };
+    match connecting.await {
+        Ok(conn) => Ok((endpoint, conn)),
+        Err(e) => {
+            endpoint.close(0u32.into(), b"done");
+            if let Some(presented) = pinned.mismatch.lock().expect("pinned CA").take() {
+                return Err(JoinError::CaMismatch {
+                    addr,
+                    expected: token::hex(&token.ca_sha256),
+                    presented,
+                });
+            }
+            Err(connect_err(e.to_string()))
+        }
+    }
+}
+
+/// Sends `request` on a new stream of `conn` and reads the reply's bytes.
+async fn round_trip(
+    conn: &quinn::Connection,
+    request: &BootstrapRequest,
+) -> Result<Vec<u8>, JoinError> {
+    let connect_err = |reason: String| JoinError::Connect {
+        addr: conn.remote_address().to_string(),
+        reason,
+    };
+    let (mut send, mut recv) = conn
+        .open_bi()
+        .await
+        .map_err(|e| connect_err(e.to_string()))?;
+    send.write_all(&encode(request))
+        .await
+        .map_err(|e| connect_err(e.to_string()))?;
+    send.finish().map_err(|e| connect_err(e.to_string()))?;
+    let bytes = recv
+        .read_to_end(JOIN_MESSAGE_BYTES_MAX)
+        .await
+        .map_err(|e| JoinError::BadReply {
+            reason: e.to_string(),
+        })?;
+    conn.close(0u32.into(), b"done");
+    Ok(bytes)
+}
+
+async fn join_inner(
+    server: &str,
+    token: &JoinToken,
+    params: &JoinParams,
+) -> Result<Joined, JoinError> {
+    let (key_pem, csr_der) = certs::node_key_and_csr(params.node)?;
+    let (endpoint, conn) = connect_pinned(server, token).await?;
+    let request = BootstrapRequest::Join(JoinRequest {
+        version: JOIN_PROTOCOL_VERSION,
+        token_id: token.id,
+        secret: token.secret,
+        node: params.node.0,
+        addr: params.addr.to_string(),
+        zone: params.zone.clone(),
         csr_der,
-        &pinned,
-    )
-    .await;
+    });
+    let result = round_trip(&conn, &request).await;
     endpoint.close(0u32.into(), b"done");
-    let admission = result?;
+    let admission =
+        match decode::<JoinReply>(&result?).map_err(|reason| JoinError::BadReply { reason })? {
+            JoinReply::Accepted(a) => a,
+            JoinReply::Refused(r) => return Err(JoinError::Refused(r)),
+        };
     if certs::ca_fingerprint(&admission.ca_pem).ok() != Some(token.ca_sha256) {
         return Err(JoinError::BadReply {
             reason: "the CA certificate it sent is not the token's".into(),
@@ -623,62 +781,39 @@ async fn join_inner(
     })
 }
 
-async fn exchange(
-    endpoint: &quinn::Endpoint,
-    client_config: quinn::ClientConfig,
-    addr: SocketAddr,
+/// Removes member `node` from the pool whose bootstrap endpoint is at `server`, with
+/// `token` (made with the pool's CA key, so only its holder can): for a host that died
+/// for good. The pool refuses a member it sees up unless `force` (stop it with
+/// `--leave-on-stop` instead, so its pages move first), the node serving the request and
+/// the leader. Resolves once the removal is committed. Must be called inside a tokio
+/// runtime.
+pub async fn remove(
+    server: &str,
     token: &JoinToken,
-    params: &JoinParams,
-    csr_der: Vec<u8>,
-    pinned: &PinnedCa,
-) -> Result<Admission, JoinError> {
-    let connect_err = |reason: String| JoinError::Connect {
-        addr: addr.to_string(),
-        reason,
-    };
-    let connecting = endpoint
-        .connect_with(client_config, addr, SERVER_NAME)
-        .map_err(|e| connect_err(e.to_string()))?;
-    let conn = match connecting.await {
-        Ok(c) => c,
-        Err(e) => {
-            if let Some(presented) = pinned.mismatch.lock().expect("pinned CA").take() {
-                return Err(JoinError::CaMismatch {
-                    addr,
-                    expected: token::hex(&token.ca_sha256),
-                    presented,
-                });
-            }
-            return Err(connect_err(e.to_string()));
+    node: NodeId,
+    force: bool,
+) -> Result<(), JoinError> {
+    let inner = async {
+        let (endpoint, conn) = connect_pinned(server, token).await?;
+        let request = BootstrapRequest::Remove(RemoveRequest {
+            version: JOIN_PROTOCOL_VERSION,
+            token_id: token.id,
+            secret: token.secret,
+            node: node.0,
+            force,
+        });
+        let result = round_trip(&conn, &request).await;
+        endpoint.close(0u32.into(), b"done");
+        match decode::<RemoveReply>(&result?).map_err(|reason| JoinError::BadReply { reason })? {
+            RemoveReply::Removed => Ok(()),
+            RemoveReply::Refused(r) => Err(JoinError::RemovalRefused(r)),
         }
     };
-    let request = JoinRequest {
-        version: JOIN_PROTOCOL_VERSION,
-        token_id: token.id,
-        secret: token.secret,
-        node: params.node.0,
-        addr: params.addr.to_string(),
-        zone: params.zone.clone(),
-        csr_der,
-    };
-    let (mut send, mut recv) = conn
-        .open_bi()
-        .await
-        .map_err(|e| connect_err(e.to_string()))?;
-    send.write_all(&encode(&request))
-        .await
-        .map_err(|e| connect_err(e.to_string()))?;
-    send.finish().map_err(|e| connect_err(e.to_string()))?;
-    let bytes = recv
-        .read_to_end(JOIN_MESSAGE_BYTES_MAX)
-        .await
-        .map_err(|e| JoinError::BadReply {
-            reason: e.to_string(),
-        })?;
-    conn.close(0u32.into(), b"done");
-    match decode::<JoinReply>(&bytes).map_err(|reason| JoinError::BadReply { reason })? {
-        JoinReply::Accepted(a) => Ok(a),
-        JoinReply::Refused(r) => Err(JoinError::Refused(r)),
+    match tokio::time::timeout(JOIN_TIMEOUT, inner).await {
+        Ok(r) => r,
+        Err(_) => Err(JoinError::Timeout {
+            addr: server.to_string(),
+        }),
     }
 }
 

@@ -19,6 +19,13 @@
 //!   new pages, the origins of the pages it holds copy them to other holders (their
 //!   repair treats a leaving holder's copy as one to replace), and once it holds nothing
 //!   the leader removes it. It then disappears from every member's status.
+//! - **Removal** (`spillway cluster remove`, [`spillway_net::join::remove`]): an
+//!   operator holding the CA key removes a host that died for good, through the
+//!   bootstrap endpoint with a token. The node serving joins refuses itself, the leader,
+//!   and a member it sees up (unless forced: it should leave, so its pages move first).
+//!   The removal drops the member's copies from the directory (they died with it); the
+//!   pages' origins re-replicate them from their other copies, and a learner takes its
+//!   vote.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,7 +37,7 @@ use spillway_meta::{PeerProgress, ProposeError};
 use spillway_net::certs::{self, CertError, NodeIdentity, PoolCa};
 use spillway_net::join::{
     Admission, BootstrapServer, JoinError, JoinHandler, JoinParams, JoinRefusal, JoinReply,
-    JoinRequest, JoinToken, TokenError, TokenStore,
+    JoinRequest, JoinToken, RemoveReply, RemoveRequest, TokenError, TokenStore,
 };
 use spillway_types::NodeId;
 
@@ -276,9 +283,51 @@ impl JoinHandler for JoinAuthority {
             Err(e) => JoinReply::Refused(e),
         }
     }
+
+    async fn remove(&self, r: RemoveRequest) -> RemoveReply {
+        match self.remove_inner(r).await {
+            Ok(()) => RemoveReply::Removed,
+            Err(e) => RemoveReply::Refused(e),
+        }
+    }
 }
 
 impl JoinAuthority {
+    /// Removes a member for an operator (see [`spillway_net::join::remove`]): not this
+    /// node, not the leader, not one that is up unless forced; the token is used up only
+    /// for a removal that goes ahead.
+    async fn remove_inner(&self, r: RemoveRequest) -> Result<(), JoinRefusal> {
+        let node = NodeId(r.node);
+        self.tokens.check(r.token_id, &r.secret, now_ms())?;
+        let view = self.meta.view();
+        let member = view
+            .members
+            .iter()
+            .find(|m| m.id == node)
+            .ok_or(JoinRefusal::NotAMember { node: r.node })?;
+        let busy = |role: &str| JoinRefusal::Busy {
+            node: r.node,
+            role: role.to_string(),
+        };
+        if node == self.me.0 {
+            return Err(busy("serves joins"));
+        }
+        if view.leader == Some(node) {
+            return Err(busy("leads the pool"));
+        }
+        if member.state == MemberState::Up && !r.force {
+            return Err(JoinRefusal::NodeUp { node: r.node });
+        }
+        self.tokens.consume(r.token_id, &r.secret, now_ms())?;
+        tracing::info!(%node, state = ?member.state, force = r.force, "removing a member for an operator");
+        self.meta
+            .change_membership(MembershipChange::Remove { node })
+            .await
+            .map_err(|e| JoinRefusal::Membership {
+                reason: e.to_string(),
+            })
+    }
+
     async fn admit_inner(&self, r: JoinRequest) -> Result<Admission, JoinRefusal> {
         let node = NodeId(r.node);
         self.tokens.check(r.token_id, &r.secret, now_ms())?;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use spillway_net::certs::{PoolCa, init_pool_dir};
-use spillway_net::join::{JoinError, JoinRefusal, TokenStore};
+use spillway_net::join::{JoinError, JoinRefusal, JoinToken, TokenStore};
 use spillway_node::{JoinNodeError, Node, NodeConfig, NodeHandle, join_pool};
 use spillway_types::{NodeId, PageId};
 
@@ -45,20 +45,65 @@ fn lists(n: &NodeHandle, id: u64) -> bool {
     n.members().iter().any(|m| m.id == NodeId(id))
 }
 
+/// A pool of three started from one pool directory, node 1 holding the CA key and
+/// serving joins.
+struct JoinPool {
+    root: TempDir,
+    nodes: Vec<Option<NodeHandle>>,
+    bootstrap: spillway_net::join::BootstrapServer,
+    /// The bootstrap endpoint.
+    at: String,
+    tokens: TokenStore,
+    fingerprint: [u8; 32],
+}
+
+impl JoinPool {
+    async fn start(name: &str) -> JoinPool {
+        let root = TempDir::new(name);
+        let pool_dir = root.0.join("pool");
+        let ca_dir = root.0.join("ca");
+        let ca = init_pool_dir(&pool_dir, POOL, &[NodeId(1), NodeId(2), NodeId(3)]).unwrap();
+        ca.write(&ca_dir).unwrap();
+        let members = members_at(&free_addrs(3));
+        let mut nodes = Vec::new();
+        for i in 0..3 {
+            let c = member_config(&root, &pool_dir, &members, i, PAGE, 256);
+            nodes.push(Some(within("start", Node::start(c)).await.unwrap()));
+        }
+        settled(&nodes).await;
+        let bootstrap = nodes[0]
+            .as_ref()
+            .unwrap()
+            .serve_joins(&ca_dir, "127.0.0.1:0".parse().unwrap())
+            .unwrap();
+        JoinPool {
+            at: bootstrap.local_addr().to_string(),
+            tokens: TokenStore::in_ca_dir(&ca_dir),
+            fingerprint: PoolCa::load(&ca_dir).unwrap().fingerprint().unwrap(),
+            root,
+            nodes,
+            bootstrap,
+        }
+    }
+
+    fn token(&self) -> JoinToken {
+        self.tokens
+            .create(self.fingerprint, Duration::from_secs(60), now_ms())
+            .unwrap()
+            .0
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_joins_with_a_token_and_leaves_without_losing_a_page() {
-    let root = TempDir::new("join");
-    let pool_dir = root.0.join("pool");
-    let ca_dir = root.0.join("ca");
-    let ca = init_pool_dir(&pool_dir, POOL, &[NodeId(1), NodeId(2), NodeId(3)]).unwrap();
-    ca.write(&ca_dir).unwrap();
-    let members = members_at(&free_addrs(3));
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let c = member_config(&root, &pool_dir, &members, i, PAGE, 256);
-        nodes.push(Some(within("start", Node::start(c)).await.unwrap()));
-    }
-    settled(&nodes).await;
+    let JoinPool {
+        root,
+        nodes,
+        bootstrap,
+        at,
+        tokens,
+        fingerprint,
+    } = JoinPool::start("join").await;
     let n1 = nodes[0].as_ref().unwrap();
 
     // Pages on the pool before anyone joins.
@@ -69,12 +114,6 @@ async fn a_host_joins_with_a_token_and_leaves_without_losing_a_page() {
         .await
         .unwrap();
 
-    let bootstrap = n1
-        .serve_joins(&ca_dir, "127.0.0.1:0".parse().unwrap())
-        .unwrap();
-    let at = bootstrap.local_addr().to_string();
-    let tokens = TokenStore::in_ca_dir(&ca_dir);
-    let fingerprint = PoolCa::load(&ca_dir).unwrap().fingerprint().unwrap();
     let (token, _) = tokens
         .create(fingerprint, Duration::from_secs(60), now_ms())
         .unwrap();
@@ -158,5 +197,116 @@ async fn a_host_joins_with_a_token_and_leaves_without_losing_a_page() {
     }
     bootstrap.shutdown().await;
     within("shutdown of node 4", n4.shutdown()).await;
+    shutdown_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_removes_a_dead_host_and_its_pages_are_re_replicated() {
+    let mut pool = JoinPool::start("remove").await;
+    let mut nodes = std::mem::take(&mut pool.nodes);
+    let mut c4 = joiner_config(&pool.root, 4);
+    let token = pool
+        .tokens
+        .create(pool.fingerprint, Duration::from_secs(60), now_ms())
+        .unwrap()
+        .0;
+    within("join", join_pool(&mut c4, &pool.at, &token.to_string()))
+        .await
+        .unwrap();
+    let n4 = within("start node 4", Node::start(c4)).await.unwrap();
+    let n1 = nodes[0].as_ref().unwrap();
+    wait_for("node 4 to lend its capacity", WAIT, || {
+        n1.meta_view()
+            .members
+            .iter()
+            .any(|m| m.id == NodeId(4) && m.capacity_bytes > 0)
+            .then_some(())
+    })
+    .await;
+    // Pages spread over the four, two copies each, until node 4 holds some.
+    let mut pages: Vec<(PageId, bytes::Bytes)> = Vec::new();
+    for round in 0..8u32 {
+        let batch: Vec<_> = (0..16u32)
+            .map(|i| {
+                let n = round * 16 + i;
+                (page_id(1, n), page_bytes(u64::from(n) + 3, PAGE))
+            })
+            .collect();
+        within("spill", n1.remote().spill(7, batch.clone()))
+            .await
+            .unwrap();
+        pages.extend(batch);
+        if n4.store().used_bytes_of(NodeId(1)) > 0 {
+            break;
+        }
+    }
+    let on_4 = n4.store().used_bytes_of(NodeId(1));
+    assert!(on_4 > 0, "node 4 holds some of node 1's pages");
+
+    // A live node, the node serving joins and a stranger are refused, typed, and the
+    // tokens they came with stay unused.
+    let refused = |r: Result<(), JoinError>| match r {
+        Err(JoinError::RemovalRefused(refusal)) => refusal,
+        other => panic!("{other:?}"),
+    };
+    let t = pool.token();
+    assert_eq!(
+        refused(spillway_net::join::remove(&pool.at, &t, NodeId(4), false).await),
+        JoinRefusal::NodeUp { node: 4 }
+    );
+    assert!(matches!(
+        refused(spillway_net::join::remove(&pool.at, &t, NodeId(1), true).await),
+        JoinRefusal::Busy { node: 1, .. }
+    ));
+    assert_eq!(
+        refused(spillway_net::join::remove(&pool.at, &t, NodeId(9), false).await),
+        JoinRefusal::NotAMember { node: 9 }
+    );
+
+    // Node 4 dies (no leave): the pool declares it down; an operator removes it.
+    within("node 4 dies", n4.shutdown()).await;
+    wait_for("node 4 declared down", WAIT, || {
+        n1.meta_view()
+            .members
+            .iter()
+            .any(|m| m.id == NodeId(4) && m.state == spillway_meta::MemberState::Down)
+            .then_some(())
+    })
+    .await;
+    within(
+        "remove node 4",
+        spillway_net::join::remove(&pool.at, &t, NodeId(4), false),
+    )
+    .await
+    .unwrap();
+    wait_for("every member to drop node 4", WAIT, || {
+        nodes.iter().flatten().all(|n| !lists(n, 4)).then_some(())
+    })
+    .await;
+    // The copies it held are made again on the others, and every page reads back.
+    wait_for("re-replication", WAIT, || {
+        let c = n1.remote().counters();
+        (c.under_replicated_bytes == 0 && c.repaired_pages > 0).then_some(())
+    })
+    .await;
+    assert_eq!(n1.remote().counters().lost_pages, 0);
+    let wanted: Vec<PageId> = pages.iter().map(|(id, _)| *id).collect();
+    let back = within("fetch", n1.remote().fetch(7, wanted)).await.unwrap();
+    assert_eq!(back.len(), pages.len());
+    for ((id, sent), got) in pages.iter().zip(&back) {
+        assert!(sent == got, "page {id:?} came back different");
+    }
+    // Its id is free again: a new host joins as node 4.
+    let mut again = joiner_config(&pool.root, 4);
+    again.pool_dir = pool.root.0.join("joiner-4-again/pool");
+    again.data_dir = pool.root.0.join("joiner-4-again/data");
+    within(
+        "rejoin",
+        join_pool(&mut again, &pool.at, &pool.token().to_string()),
+    )
+    .await
+    .unwrap();
+    pool.bootstrap.shutdown().await;
+    nodes.retain(Option::is_some);
     shutdown_all(nodes).await;
 }

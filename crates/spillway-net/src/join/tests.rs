@@ -54,6 +54,21 @@ impl JoinHandler for CaHandler {
             }),
         }
     }
+
+    async fn remove(&self, r: RemoveRequest) -> RemoveReply {
+        if let Err(e) = self.tokens.consume(r.token_id, &r.secret, now_ms()) {
+            return RemoveReply::Refused(e);
+        }
+        match r.node {
+            1 => RemoveReply::Refused(JoinRefusal::Busy {
+                node: 1,
+                role: "serves joins".into(),
+            }),
+            2 if !r.force => RemoveReply::Refused(JoinRefusal::NodeUp { node: 2 }),
+            2 | 3 => RemoveReply::Removed,
+            node => RemoveReply::Refused(JoinRefusal::NotAMember { node }),
+        }
+    }
 }
 
 fn params(node: u64) -> JoinParams {
@@ -135,6 +150,67 @@ async fn a_token_joins_once_and_only_the_pinned_ca_is_trusted() {
         Err(JoinError::Refused(JoinRefusal::UnknownToken)) => {}
         other => panic!("{other:?}"),
     }
+    server.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_removal_takes_a_token_and_its_refusals_are_typed() {
+    let dir = temp_dir("remove");
+    let ca = PoolCa::generate(PoolId(0x79)).unwrap();
+    ca.write(&dir).unwrap();
+    let tokens = TokenStore::in_ca_dir(&dir);
+    let server = BootstrapServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        &ca.issue_node(NodeId(1)).unwrap(),
+        Arc::new(CaHandler {
+            ca: PoolCa::load(&dir).unwrap(),
+            tokens: tokens.clone(),
+        }),
+    )
+    .unwrap();
+    let at = server.local_addr().to_string();
+    let fresh = || {
+        tokens
+            .create(ca.fingerprint().unwrap(), Duration::from_secs(60), now_ms())
+            .unwrap()
+            .0
+    };
+    remove(&at, &fresh(), NodeId(3), false).await.unwrap();
+    let refused = |r: Result<(), JoinError>| match r {
+        Err(JoinError::RemovalRefused(refusal)) => refusal,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        refused(remove(&at, &fresh(), NodeId(2), false).await),
+        JoinRefusal::NodeUp { node: 2 }
+    );
+    remove(&at, &fresh(), NodeId(2), true).await.unwrap();
+    assert_eq!(
+        refused(remove(&at, &fresh(), NodeId(9), false).await),
+        JoinRefusal::NotAMember { node: 9 }
+    );
+    // The token is one-time here too, and an error names the removal.
+    let token = fresh();
+    remove(&at, &token, NodeId(3), false).await.unwrap();
+    let err = remove(&at, &token, NodeId(3), false).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("the pool refused the removal: the join token was used already"),
+        "{err}"
+    );
+    // A removal of node 0 is refused before the token is looked at.
+    let bad = BootstrapRequest::Remove(RemoveRequest {
+        version: JOIN_PROTOCOL_VERSION,
+        token_id: 1,
+        secret: [0; 16],
+        node: 0,
+        force: false,
+    });
+    assert_eq!(
+        bad.invalid_reason().as_deref(),
+        Some("node id 0 is reserved")
+    );
     server.shutdown().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
