@@ -17,6 +17,8 @@ use spillway_cluster::spec::{self, BASE_PORT_DEFAULT};
 use spillway_cluster::{
     ClusterSpec, InitOptions, PoolReport, StopOutcome, UpEvent, UpOptions, poll_until, query_pool,
 };
+use spillway_net::certs::PoolCa;
+use spillway_net::join::JoinToken;
 use spillway_node::PageTransport;
 
 use crate::size::{BUDGET_BYTES_MAX, deprecated, size_in};
@@ -48,10 +50,7 @@ pub enum ClusterCommand {
 #[derive(Debug, Args)]
 pub struct RemoveArgs {
     #[command(flatten)]
-    dir: DirArg,
-    /// The CA's directory (ca.pem, ca.key.pem) [default: the pool directory's pool/].
-    #[arg(long = "ca", value_name = "DIR")]
-    ca_dir: Option<PathBuf>,
+    ca: CaArg,
     /// The node to remove.
     #[arg(long, value_name = "ID")]
     node: u64,
@@ -66,18 +65,36 @@ pub struct RemoveArgs {
 /// Time the token a removal makes for itself stays valid: 60 s.
 const REMOVE_TOKEN_TTL: Duration = Duration::from_secs(60);
 
+/// The pool's CA, for tokens.
+#[derive(Debug, Args)]
+pub struct CaArg {
+    #[command(flatten)]
+    dir: DirArg,
+    /// The CA's directory (ca.pem, ca.key.pem) [default: the pool directory's pool/].
+    #[arg(long = "ca", value_name = "DIR")]
+    ca_dir: Option<PathBuf>,
+}
+
+impl CaArg {
+    /// The CA, and a one-time token of it valid for `ttl`, recorded in its directory.
+    fn token(&self, ttl: Duration) -> Result<(PoolCa, JoinToken)> {
+        let ca_dir = match &self.ca_dir {
+            Some(d) => d.clone(),
+            None => self.dir.resolve().join(spec::CERTS_DIR),
+        };
+        let ca = PoolCa::load(&ca_dir)
+            .with_context(|| format!("reading the pool's CA in {}", ca_dir.display()))?;
+        let (token, _) = spillway_net::join::TokenStore::in_ca_dir(&ca_dir).create(
+            ca.fingerprint()?,
+            ttl,
+            spillway_node::now_ms(),
+        )?;
+        Ok((ca, token))
+    }
+}
+
 fn remove(args: RemoveArgs) -> Result<()> {
-    let ca_dir = match args.ca_dir {
-        Some(d) => d,
-        None => args.dir.resolve().join(spec::CERTS_DIR),
-    };
-    let ca = spillway_net::certs::PoolCa::load(&ca_dir)
-        .with_context(|| format!("reading the pool's CA in {}", ca_dir.display()))?;
-    let (token, _) = spillway_net::join::TokenStore::in_ca_dir(&ca_dir).create(
-        ca.fingerprint()?,
-        REMOVE_TOKEN_TTL,
-        spillway_node::now_ms(),
-    )?;
+    let (ca, token) = args.ca.token(REMOVE_TOKEN_TTL)?;
     let node = spillway_types::NodeId(args.node);
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -107,10 +124,7 @@ pub enum TokenCommand {
 #[derive(Debug, Args)]
 pub struct TokenCreateArgs {
     #[command(flatten)]
-    dir: DirArg,
-    /// The CA's directory (ca.pem, ca.key.pem) [default: the pool directory's pool/].
-    #[arg(long = "ca", value_name = "DIR")]
-    ca_dir: Option<PathBuf>,
+    ca: CaArg,
     /// How long the token may be used: a number and s, m, h or d (at most 30d).
     #[arg(long, default_value = "1h", value_parser = parse_ttl)]
     ttl: Duration,
@@ -136,17 +150,7 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
 }
 
 fn token_create(args: TokenCreateArgs) -> Result<()> {
-    let ca_dir = match args.ca_dir {
-        Some(d) => d,
-        None => args.dir.resolve().join(spec::CERTS_DIR),
-    };
-    let ca = spillway_net::certs::PoolCa::load(&ca_dir)
-        .with_context(|| format!("reading the pool's CA in {}", ca_dir.display()))?;
-    let (token, _) = spillway_net::join::TokenStore::in_ca_dir(&ca_dir).create(
-        ca.fingerprint()?,
-        args.ttl,
-        spillway_node::now_ms(),
-    )?;
+    let (ca, token) = args.ca.token(args.ttl)?;
     println!("{token}");
     eprintln!(
         "one-time join token of pool {}, valid for {} s; on the new host:\n  spillway node --config node.toml --join <BOOTSTRAP_HOST:PORT> --token {token}",

@@ -27,13 +27,12 @@ impl Drop for Nodes {
     }
 }
 
-fn status(dir: &Path) -> Value {
-    stdout_json(&spillway_ok(&[
-        "status",
-        "--dir",
-        dir.to_str().unwrap(),
-        "--json",
-    ]))
+/// The pool's status, `None` while no node answers (`spillway status` fails then).
+fn status(dir: &Path) -> Option<Value> {
+    let out = spillway_command(&["status", "--dir", dir.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    out.status.success().then(|| stdout_json(&out))
 }
 
 /// Polls the pool's status until `f` holds; panics after [`DEADLINE`].
@@ -41,12 +40,12 @@ fn wait_status(dir: &Path, what: &str, f: impl Fn(&Value) -> bool) -> Value {
     let start = Instant::now();
     loop {
         let s = status(dir);
-        if f(&s) {
-            return s;
+        if let Some(s) = s.as_ref().filter(|s| f(s)) {
+            return s.clone();
         }
         assert!(
             start.elapsed() < DEADLINE,
-            "timed out waiting for {what}: {s}"
+            "timed out waiting for {what}: {s:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -108,40 +107,49 @@ fn a_dead_host_is_removed_and_a_live_one_is_refused() {
         node(2, &[]),
         node(3, &[]),
     ]);
-    wait_status(&dir, "three nodes and a leader", |s| {
+    let s = wait_status(&dir, "three nodes and a leader", |s| {
         s["answering"] == 3
             && s["leader_agreed"] == true
             && s["members"].as_array().unwrap().len() == 3
     });
+    // Of nodes 2 and 3, one that does not lead stays up; the other dies (a leader too
+    // may die: the pool elects another before it declares it down).
+    let (live, dead) = if s["leader"] == 2 { (3, 2) } else { (2, 3) };
+    let (live_s, dead_s) = (live.to_string(), dead.to_string());
+    fn remove<'a>(d: &'a str, node: &'a str, via: &'a str) -> [&'a str; 8] {
+        [
+            "cluster", "remove", "--dir", d, "--node", node, "--via", via,
+        ]
+    }
 
     // A live node is refused: it should leave so its pages move first.
-    let err = spillway_err(&[
-        "cluster", "remove", "--dir", d, "--node", "2", "--via", &bootstrap,
-    ]);
-    assert!(err.contains("node 2 is up"), "{err}");
+    let err = spillway_err(&remove(d, &live_s, &bootstrap));
+    assert!(err.contains(&format!("node {live} is up")), "{err}");
     assert!(err.contains("--leave-on-stop"), "{err}");
 
-    // Node 3 dies; once the pool declares it down, the operator removes it.
-    nodes.0[2].kill().unwrap();
-    nodes.0[2].wait().unwrap();
-    wait_status(&dir, "node 3 declared down", |s| {
-        member_states(s).contains(&(3, "down".into())) && s["leader_agreed"] == true
+    // The other dies; once the pool declares it down, the operator removes it.
+    nodes.0[dead - 1].kill().unwrap();
+    nodes.0[dead - 1].wait().unwrap();
+    wait_status(&dir, "the dead node declared down", |s| {
+        member_states(s).contains(&(dead as u64, "down".into())) && s["leader_agreed"] == true
     });
-    let out = spillway_ok(&[
-        "cluster", "remove", "--dir", d, "--node", "3", "--via", &bootstrap,
-    ]);
+    let out = spillway_ok(&remove(d, &dead_s, &bootstrap));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("node 3 removed from pool"), "{stdout}");
-    let s = wait_status(&dir, "node 3 gone from the members", |s| {
+    assert!(
+        stdout.contains(&format!("node {dead} removed from pool")),
+        "{stdout}"
+    );
+    let s = wait_status(&dir, "the dead node gone from the members", |s| {
         s["members"].as_array().unwrap().len() == 2
     });
     assert_eq!(
         member_states(&s),
-        [(1, "up".to_string()), (2, "up".to_string())]
+        [(1, "up".to_string()), (live as u64, "up".to_string())]
     );
     // Removed already: a second removal says so.
-    let err = spillway_err(&[
-        "cluster", "remove", "--dir", d, "--node", "3", "--via", &bootstrap,
-    ]);
-    assert!(err.contains("node 3 is not a member of the pool"), "{err}");
+    let err = spillway_err(&remove(d, &dead_s, &bootstrap));
+    assert!(
+        err.contains(&format!("node {dead} is not a member of the pool")),
+        "{err}"
+    );
 }
