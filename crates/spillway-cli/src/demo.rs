@@ -166,7 +166,8 @@ pub struct DemoArgs {
     nodes: u32,
     /// Run against the node daemon listening on this Unix socket (`spillway cluster up`
     /// prints each node's, and the command to try) instead of a pool in this process: the
-    /// host tier lives in memory shared with the node, the remote tier is the node's peers.
+    /// host tier lives in memory shared with the node, the remote tier is the node's peers
+    /// (a node with none: no remote tier, when --host-budget holds the working set).
     /// Defaults to $SPILLWAY_SOCKET, which `spillway launch` sets for its job.
     #[arg(long, value_name = "SOCKET", env = "SPILLWAY_SOCKET")]
     connect: Option<PathBuf>,
@@ -357,25 +358,38 @@ pub fn run_demo(mut args: DemoArgs) -> Result<()> {
         Remote::None => (cfg.pool_builder().build()?, String::new()),
         Remote::Daemon(link) => {
             let budget = link.remote_capacity_bytes().min(remote_need);
-            if budget < 2 * page {
+            // A pool of one node lends its clients no room on peers (it has none); the
+            // loop still runs on the host memory it gives when that holds every page.
+            let alone = budget < 2 * page && host_budget >= cfg.working_set_bytes();
+            if budget < 2 * page && !alone {
                 bail!(
                     "the node at {} has {} of room on its peers, the loop needs {}: wait until \
-                     `spillway status` shows every member's capacity, or lend more",
+                     `spillway status` shows every member's capacity, or lend more (a pool of \
+                     one node has no peers: give --host-budget of at least the working set, {})",
                     link.socket().display(),
                     spillway_client::fmt_bytes(link.remote_capacity_bytes()),
                     spillway_client::fmt_bytes(remote_need),
+                    spillway_client::fmt_bytes(cfg.working_set_bytes()),
                 );
             }
-            let pool = cfg
-                .pool_builder()
-                .host_memory(link.host_memory())
-                .remote_budget_bytes(budget)
-                .remote(link.remote_factory())
-                .build()?;
+            let builder = cfg.pool_builder().host_memory(link.host_memory());
+            let pool = if alone {
+                builder.build()?
+            } else {
+                builder
+                    .remote_budget_bytes(budget)
+                    .remote(link.remote_factory())
+                    .build()?
+            };
             let describe = format!(
-                "the node daemon at {} (client {})",
+                "the node daemon at {} (client {}){}",
                 link.socket().display(),
-                link.client_id()
+                link.client_id(),
+                if alone {
+                    ": its host memory only, no room on peers (the pool has none)"
+                } else {
+                    ""
+                }
             );
             (pool, describe)
         }

@@ -462,3 +462,43 @@ fn a_bad_join_token_fails_the_launch_with_the_reason() {
     // No shared directory was needed, none was made.
     assert!(!tmp.path().join("pool").exists());
 }
+
+#[test]
+fn a_one_host_job_runs_the_demo_client_on_the_nodes_host_memory() {
+    // A pool of one node has no peers to lend room: the demo client's pages live in the
+    // host memory the node gives it, which holds the whole working set (24 MiB).
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("demo.json");
+    let job = format!(
+        "\"{}\" demo --connect \"$SPILLWAY_SOCKET\" --layers 8 --weight-mib 2 --act-mib 1 --steps 2 --host-budget 32MiB --json --out {} > {}",
+        env!("CARGO_BIN_EXE_spillway"),
+        tmp.path().join("demo.d").display(),
+        json.display()
+    );
+    let out = launch(
+        tmp.path(),
+        18190,
+        &[
+            "--hosts",
+            "127.0.0.1",
+            "--host-index",
+            "0",
+            "--job-key",
+            "one",
+        ],
+        &job,
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(d["corrupt_pages"], 0);
+    let steps = d["steps"].as_array().unwrap();
+    assert!(
+        d["verified_bytes"].as_u64().unwrap()
+            >= d["working_set_bytes"].as_u64().unwrap() * steps.len() as u64,
+        "{d}"
+    );
+    assert!(steps.iter().all(|s| s["remote_bytes_out"] == 0), "{d}");
+}
