@@ -12,6 +12,7 @@
 
 pub mod error;
 pub mod eviction;
+mod idmap;
 pub mod pool;
 pub mod predictor;
 pub mod retry;

@@ -2,7 +2,9 @@
 //! bytes they move per direction (bounded by the configuration), the copies and device
 //! mapping changes queued for the driver, and the bandwidth measured per direction.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::idmap::IdMap;
 use std::time::Duration;
 
 use spillway_types::{CopyOp, Direction, FrameId, PageId, TransferId};
@@ -23,7 +25,7 @@ pub(super) struct InFlight {
 /// the bandwidth measured per direction.
 #[derive(Debug)]
 pub(super) struct Copies {
-    in_flight: HashMap<TransferId, InFlight>,
+    in_flight: IdMap<TransferId, InFlight>,
     out: VecDeque<CopyOp>,
     mappings: VecDeque<MappingChange>,
     in_flight_bytes: [u64; 2],
@@ -44,7 +46,7 @@ impl Copies {
     /// is always allowed), bandwidth first guessed at `bytes_per_s`.
     pub(super) fn new(h2d_max: u64, d2h_max: u64, bytes_per_s: f64) -> Copies {
         Copies {
-            in_flight: HashMap::new(),
+            in_flight: IdMap::default(),
             out: VecDeque::new(),
             mappings: VecDeque::new(),
             in_flight_bytes: [0; 2],

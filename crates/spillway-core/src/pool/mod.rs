@@ -93,7 +93,6 @@
 //! evicting a page whose next use is sooner than the incoming page's. Eviction is by
 //! next use (furthest first).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use spillway_types::config::{ConfigError, Policy, PoolConfig};
@@ -168,7 +167,7 @@ struct Acquire {
 /// Acquires held, and the pages they pin (bounded by the frames).
 #[derive(Debug, Default)]
 struct Held {
-    acquires: HashMap<AcquireId, Acquire>,
+    acquires: crate::idmap::IdMap<AcquireId, Acquire>,
     pinned_pages: u64,
     next_acquire: u64,
 }

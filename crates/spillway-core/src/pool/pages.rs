@@ -5,7 +5,7 @@
 //! fetched, spilled) and does not move anything itself: the facade moves pages by
 //! changing their states here and in the rooms that own frames, slots and ops together.
 
-use std::collections::HashMap;
+use crate::idmap::IdMap;
 
 use spillway_types::{BufferId, FrameId, HostSlot, PageId};
 
@@ -184,7 +184,7 @@ impl Buffer {
 /// The page table: live buffers (and freed ones whose pages are still in flight).
 #[derive(Debug)]
 pub(super) struct PageTable {
-    buffers: HashMap<BufferId, Buffer>,
+    buffers: IdMap<BufferId, Buffer>,
     page_bytes: u64,
     /// The id the next buffer gets (ids below it were handed out).
     next_buffer: u64,
@@ -195,7 +195,7 @@ pub(super) struct PageTable {
 impl PageTable {
     pub(super) fn new(page_bytes: u64) -> PageTable {
         PageTable {
-            buffers: HashMap::new(),
+            buffers: IdMap::default(),
             page_bytes,
             next_buffer: 1,
             pages_committed: 0,

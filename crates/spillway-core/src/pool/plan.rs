@@ -3,7 +3,9 @@
 //! by the same horizon rule (see the module docs of [`super`], "Planning") at each tier's
 //! bandwidth and lead factor.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::idmap::IdMap;
 use std::time::Duration;
 
 use spillway_types::{BufferId, PageId};
@@ -187,9 +189,9 @@ pub(super) struct Access {
     pub(super) gpu_plan: TierPlan,
     /// Staging remote→host ahead of use.
     pub(super) host_plan: TierPlan,
-    next_use: HashMap<BufferId, u64>,
+    next_use: IdMap<BufferId, u64>,
     /// The map of the plan before last, kept for its allocation.
-    spare_next_use: HashMap<BufferId, u64>,
+    spare_next_use: IdMap<BufferId, u64>,
     /// The access count at the last plan from the whole lookahead.
     last_full: u64,
     /// The next plan uses the whole lookahead (a step ended).
@@ -228,8 +230,8 @@ impl Access {
             host_demand: VecDeque::new(),
             gpu_plan: TierPlan::new(Tier::Gpu, LEAD_FACTOR),
             host_plan: TierPlan::new(Tier::Host, REMOTE_LEAD_FACTOR),
-            next_use: HashMap::new(),
-            spare_next_use: HashMap::new(),
+            next_use: IdMap::default(),
+            spare_next_use: IdMap::default(),
             last_full: 0,
             full_due: true,
             window: WINDOW_MIN_ACCESSES,

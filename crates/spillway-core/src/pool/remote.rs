@@ -3,7 +3,9 @@
 //! (bounded), the ops and discards queued for the driver, the tier's measured
 //! throughput, and the backoff of spills after the tier refused one.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::idmap::IdMap;
 use std::time::Duration;
 
 use spillway_types::{PageId, TransferId};
@@ -27,7 +29,7 @@ pub(super) struct RemoteAccount {
     /// Pages the remote tier may hold, and holds (or is being sent).
     pages_max: u64,
     pages: u64,
-    ops: HashMap<TransferId, RemoteInFlight>,
+    ops: IdMap<TransferId, RemoteInFlight>,
     out: VecDeque<RemoteOp>,
     in_flight_bytes: [u64; 2],
     in_flight_bytes_max: u64,
@@ -51,7 +53,7 @@ impl RemoteAccount {
         RemoteAccount {
             pages_max,
             pages: 0,
-            ops: HashMap::new(),
+            ops: IdMap::default(),
             out: VecDeque::new(),
             in_flight_bytes: [0; 2],
             in_flight_bytes_max,

@@ -45,13 +45,12 @@
 //! set of buffers used in the step, both cleared at every step's end.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
 use spillway_types::BufferId;
 
 use super::trace::{NO_POSITION, SCORE_FLOOR};
+use crate::idmap::{IdMap, IdSet};
 use super::{Predictor, PredictorStats, TracePredictor, Upcoming};
 
 /// Lowest probability given to a prediction (so its weighted distance stays finite).
@@ -64,31 +63,6 @@ const GUESS_PRIOR: f64 = 1.0;
 /// Guesses measured before their precision bounds a guess's probability.
 const GUESS_SAMPLES_MIN: f64 = 16.0;
 
-/// A hasher for ids (`u64` and `u32` keys): one multiply instead of SipHash, which was
-/// a third of `upcoming`'s cost (perf, `mixtral_b4.jsonl`); the keys are the pool's own
-/// ids, not input an adversary picks.
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 29)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-}
-
-type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
-type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
 /// What one earlier step knows of the current step (see the module docs).
 #[derive(Debug, Default, Clone)]

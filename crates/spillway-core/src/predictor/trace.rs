@@ -28,7 +28,9 @@
 //! on a step is cut every `p` accesses. A warm-up prefix before the loop does no harm. Memory is bounded by `history_steps` traces of at most
 //! [`limits::TRACE_ACCESSES_PER_STEP_MAX`] accesses.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::idmap::IdMap;
 use std::time::Duration;
 
 use spillway_types::{BufferId, limits};
@@ -64,7 +66,7 @@ pub(super) struct Trace {
     /// Time from the step's start to the start of the next step.
     duration: Duration,
     /// Sorted positions of each buffer in `seq`.
-    pub(super) positions: HashMap<BufferId, Vec<u32>>,
+    pub(super) positions: IdMap<BufferId, Vec<u32>>,
     /// For each position, the next position of the same buffer in this step
     /// ([`NO_POSITION`]: none): where a buffer used here comes back within the step.
     pub(super) next_in_step: Vec<u32>,
@@ -78,7 +80,7 @@ pub(super) const NO_POSITION: u32 = u32::MAX;
 
 impl Trace {
     fn new(seq: Vec<BufferId>, offsets: Vec<Duration>, duration: Duration) -> Trace {
-        let mut positions: HashMap<BufferId, Vec<u32>> = HashMap::new();
+        let mut positions: IdMap<BufferId, Vec<u32>> = IdMap::default();
         for (i, b) in seq.iter().enumerate() {
             positions.entry(*b).or_default().push(i as u32);
         }
@@ -136,7 +138,7 @@ pub struct TracePredictor {
     /// Period candidates: (period, accesses in a row that repeat at that distance).
     candidates: Vec<(usize, usize)>,
     /// Last position of each buffer in the current run, while detecting a period.
-    last_seen: HashMap<BufferId, VecDeque<usize>>,
+    last_seen: IdMap<BufferId, VecDeque<usize>>,
     stats: PredictorStats,
 }
 
@@ -153,7 +155,7 @@ impl TracePredictor {
             steps_marked: false,
             period: None,
             candidates: Vec::new(),
-            last_seen: HashMap::new(),
+            last_seen: IdMap::default(),
             stats: PredictorStats::default(),
         }
     }
@@ -329,7 +331,7 @@ impl Predictor for TracePredictor {
     /// Predicted upcoming accesses, each buffer once at its nearest distance, sorted by
     /// distance, at most `limit` of them.
     fn upcoming(&self, limit: usize) -> Vec<Upcoming> {
-        let mut nearest: HashMap<BufferId, Upcoming> = HashMap::new();
+        let mut nearest: IdMap<BufferId, Upcoming> = IdMap::default();
         let mut offer = |u: Upcoming| {
             nearest
                 .entry(u.buffer)
