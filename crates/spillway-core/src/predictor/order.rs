@@ -50,8 +50,8 @@ use std::time::Duration;
 use spillway_types::BufferId;
 
 use super::trace::{NO_POSITION, SCORE_FLOOR};
-use crate::idmap::{IdMap, IdSet};
 use super::{Predictor, PredictorStats, TracePredictor, Upcoming};
+use crate::idmap::{IdMap, IdSet};
 
 /// Lowest probability given to a prediction (so its weighted distance stays finite).
 const PROBABILITY_MIN: f64 = 1.0 / 64.0;
@@ -62,7 +62,6 @@ const PENDING_PRIOR: f64 = 1.0;
 const GUESS_PRIOR: f64 = 1.0;
 /// Guesses measured before their precision bounds a guess's probability.
 const GUESS_SAMPLES_MIN: f64 = 16.0;
-
 
 /// What one earlier step knows of the current step (see the module docs).
 #[derive(Debug, Default, Clone)]
