@@ -26,6 +26,7 @@
 //! ([`size`]).
 
 mod bench_remote;
+mod chaos_cmd;
 mod cluster_cmd;
 mod demo;
 mod launch;
@@ -68,6 +69,9 @@ enum Command {
     Cluster(cluster_cmd::ClusterCommand),
     /// Members, leader, term, commit index and tier use of every node of a pool.
     Status(status::StatusArgs),
+    /// Failure injection: whole pools simulated from seeds, with every invariant checked.
+    #[command(subcommand)]
+    Chaos(chaos_cmd::ChaosCommand),
     /// Start one node per host of a multi-host job (Slurm, torchrun, LeaderWorkerSet or
     /// --hosts), wait for the pool, run CMD with SPILLWAY_SOCKET set.
     Launch(launch::LaunchArgs),
@@ -128,6 +132,7 @@ fn run(command: Command) -> Result<()> {
         Command::Node(args) => node_cmd::run_node(args),
         Command::Cluster(cmd) => cluster_cmd::run(cmd),
         Command::Status(args) => status::run_status(args),
+        Command::Chaos(cmd) => chaos_cmd::run(cmd),
         Command::Launch(_) => Ok(()),
     }
 }

@@ -65,6 +65,8 @@ pub struct SimConfig {
     pub latency_us_max: u64,
     /// Probability that a message is lost.
     pub drop_rate: f64,
+    /// Probability that a message is delivered twice (each copy with its own latency).
+    pub duplicate_rate: f64,
     /// The pool's page size.
     pub page_bytes: u64,
     /// Capacity of each initial member and of nodes added with [`SimCluster::add_node`].
@@ -98,6 +100,7 @@ impl SimConfig {
             latency_us_min: 200,
             latency_us_max: 2_000,
             drop_rate: 0.0,
+            duplicate_rate: 0.0,
             page_bytes: 2 << 20,
             capacity_bytes: 64 << 30,
             sync_writes: true,
@@ -438,6 +441,11 @@ impl SimCluster {
         self.cut.clear();
     }
 
+    /// Sets the probability that a message is delivered twice.
+    pub fn set_duplicate_rate(&mut self, p: f64) {
+        self.config.duplicate_rate = p;
+    }
+
     /// Sets the probability that a message is lost.
     pub fn set_drop_rate(&mut self, p: f64) {
         self.config.drop_rate = p;
@@ -616,6 +624,21 @@ impl SimCluster {
             .between(self.config.latency_us_min, self.config.latency_us_max);
         let snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
         let bytes = wire::encode_message(&msg);
+        if self.rng.chance(self.config.duplicate_rate) {
+            let again = self
+                .rng
+                .between(self.config.latency_us_min, self.config.latency_us_max);
+            self.schedule(
+                self.now_us + again,
+                EventKind::Deliver {
+                    from,
+                    to,
+                    generation,
+                    bytes: bytes.clone(),
+                    snapshot,
+                },
+            );
+        }
         self.schedule(
             self.now_us + latency,
             EventKind::Deliver {
@@ -627,6 +650,40 @@ impl SimCluster {
             },
         );
         true
+    }
+
+    /// When the next event (a tick or a delivery) is due, in simulated microseconds.
+    pub fn next_event_at_us(&self) -> Option<u64> {
+        self.queue.peek().map(|Reverse(e)| e.at_us)
+    }
+
+    /// Runs every event due at or before `at_us`, then moves the clock to `at_us` (never
+    /// back): for a driver that merges its own events with the cluster's.
+    pub fn run_until_us(&mut self, at_us: u64) {
+        while self.queue.peek().is_some_and(|Reverse(e)| e.at_us <= at_us) {
+            self.step_event();
+        }
+        self.now_us = self.now_us.max(at_us);
+    }
+
+    /// Takes the completion of `ticket` if it came in, with the node that reported it.
+    pub fn take_completion(&mut self, ticket: Ticket) -> Option<(NodeId, Completion)> {
+        let pos = self
+            .completions
+            .iter()
+            .position(|(_, c)| c.ticket == ticket)?;
+        Some(self.completions.remove(pos))
+    }
+
+    /// Cuts the link from `from` to `to` only (a one-way partition); [`SimCluster::heal`]
+    /// restores it.
+    pub fn cut_one_way(&mut self, from: NodeId, to: NodeId) {
+        self.cut.insert((from, to));
+    }
+
+    /// Whether messages from `from` to `to` are cut.
+    pub fn is_cut(&self, from: NodeId, to: NodeId) -> bool {
+        self.cut.contains(&(from, to))
     }
 
     /// Runs for `ms` of simulated time.

@@ -7,6 +7,8 @@
 //! transport in the whole-node tests).
 //!
 //! Parts:
+//! - [`chaos`]: the whole pool in one process from a seed, under faults, with its
+//!   invariants checked (`spillway chaos sim`).
 //! - [`config`]: [`NodeConfig`], read from TOML and validated; every error names the file
 //!   and the field.
 //! - [`store`]: [`HostStore`], the host tier, and its peer [`Handler`](spillway_net::Handler).
@@ -34,6 +36,7 @@
 //! - `ucx_pages` (feature `ucx`): page requests over UCX (`transport = "ucx"`), each UCX
 //!   connection introduced over the authenticated QUIC connection to the peer.
 
+pub mod chaos;
 pub mod config;
 mod config_size;
 pub mod http;

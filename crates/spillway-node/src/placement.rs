@@ -337,6 +337,9 @@ pub(crate) struct Placement {
     pub(crate) repair_errors: u64,
     /// Whether a repair scan is due whatever the pool (a spill came out short).
     repair_dirty: bool,
+    /// The last page a repair scan handed out: the next scan starts after it, so pages
+    /// that cannot be repaired now never keep the others from their turn.
+    repair_cursor: Option<(u32, PageId)>,
     next_reservation: u64,
     next_version: u64,
 }
@@ -373,6 +376,7 @@ impl Placement {
             repaired_pages: 0,
             repair_errors: 0,
             repair_dirty: false,
+            repair_cursor: None,
             next_reservation: node.0 << RESERVATION_NODE_SHIFT
                 | (start_ms & ((1 << RESERVATION_NODE_SHIFT) - 1)),
             next_version: start_ms << VERSION_SHIFT,

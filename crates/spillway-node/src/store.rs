@@ -174,6 +174,10 @@ impl HostStore {
         for p in &new {
             debug_assert!(p.verify(), "page {} stored with a stale checksum", p.id);
         }
+        #[cfg(feature = "failpoints")]
+        if let Some(dropped) = dropped_put(&new) {
+            return Ok(dropped);
+        }
         let mut pages = self.lock();
         // Net growth: a page replacing one of the same id frees the old one's bytes. A
         // batch naming one id twice keeps the last; count each id once, at its last size.
@@ -313,6 +317,21 @@ impl HostStore {
         data[0] ^= 0xff;
         p.data = data.into();
     }
+}
+
+/// The failpoint `spillway-node::store::put` (feature `failpoints`), a deliberately
+/// broken build: configured with `return(K)`, a put whose first page has index K is
+/// acknowledged and not stored (the acknowledgement's effect dropped). `spillway chaos
+/// sim` must find it (`tests/chaos_broken.rs`).
+#[cfg(feature = "failpoints")]
+fn dropped_put(new: &[Page]) -> Option<u32> {
+    fail::fail_point!("spillway-node::store::put", |index: Option<String>| {
+        let index: Option<u32> = index.and_then(|i| i.parse().ok());
+        new.first()
+            .filter(|p| index.is_none_or(|i| p.id.index == i))
+            .map(|_| new.len() as u32)
+    });
+    None
 }
 
 fn error_reply(e: &StoreError) -> Response {

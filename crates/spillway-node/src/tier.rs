@@ -85,6 +85,21 @@ pub enum RemoteError {
         /// What it said.
         reason: String,
     },
+    /// Fewer holders than the page's copies can be had now, and some up members are out
+    /// of reach (unreachable, failed a put, a delete of the page pending there): the
+    /// spill is not acknowledged short of copies. It can be retried; it goes through with
+    /// fewer copies once the pool declares those members down.
+    #[error(
+        "only {copies} of {wanted} copies could be placed: members {out_of_reach:?} are up but out of reach (retry, or wait until the pool declares them down)"
+    )]
+    ShortOfPeers {
+        /// Copies that could be had.
+        copies: u8,
+        /// Copies wanted.
+        wanted: u8,
+        /// The up members that could not be used.
+        out_of_reach: Vec<NodeId>,
+    },
     /// A page is not in the remote tier (never spilled, discarded, or lost with its holder).
     #[error("page {page} of client {client} is not in the remote tier")]
     NotFound {

@@ -76,7 +76,7 @@ pub(super) fn start(config: &UcxWorkerConfig) -> Result<Arc<Shared>, UcxError> {
     let stats = Arc::new(WorkerStats::default());
     let thread_stats = Arc::clone(&stats);
     let config = config.clone();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("spillway-ucx".into())
         .spawn(move || run(config, rx, thread_stats, ready_tx))
         .map_err(|source| UcxError::Io {
@@ -86,6 +86,7 @@ pub(super) fn start(config: &UcxWorkerConfig) -> Result<Arc<Shared>, UcxError> {
     let ready: Result<Ready, UcxError> = ready_rx.recv().map_err(|_| UcxError::WorkerStopped)?;
     let ready = ready?;
     Ok(Arc::new(Shared {
+        thread: std::sync::Mutex::new(Some(thread)),
         os_thread_id: ready.os_thread_id,
         commands,
         recv_slots: Arc::new(Semaphore::new(ready.region_slots)),
@@ -159,6 +160,10 @@ fn run(
         let stop = driver.run(commands, &efd).await;
         drop(efd);
         driver.shutdown();
+        // The worker and the context are destroyed before the stop is acknowledged: a
+        // caller that then exits must not race UCX's teardown with the libraries' own
+        // destructors at process exit (that corrupted the heap, about 1 run in 10).
+        drop(driver);
         if let Some(done) = stop {
             let _ = done.send(());
         }

@@ -214,6 +214,9 @@ pub struct WorkerStats {
 }
 
 pub(crate) struct Shared {
+    /// The worker's thread, joined when the last handle goes ([`Drop`] below): no UCX
+    /// teardown outlives the handles, so none runs while the process exits.
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     os_thread_id: Option<u32>,
     commands: mpsc::UnboundedSender<Command>,
     region: Arc<raw::Region>,
@@ -223,6 +226,21 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     stats: Arc<WorkerStats>,
     version: String,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The command channel closes as this drops (after this body), which is what tells
+        // the thread to stop: close it first, then wait for the teardown.
+        let (closed, _) = mpsc::unbounded_channel();
+        drop(std::mem::replace(&mut self.commands, closed));
+        let thread = self.thread.get_mut().ok().and_then(Option::take);
+        if let Some(t) = thread
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Shared {

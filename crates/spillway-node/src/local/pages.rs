@@ -59,6 +59,7 @@ pub(crate) fn fetch_error_code(e: &RemoteError) -> OpErrorCode {
         | RemoteError::PeerUnreachable { .. }
         | RemoteError::PeerRefused { .. } => OpErrorCode::PageLost,
         RemoteError::NoRoom { .. }
+        | RemoteError::ShortOfPeers { .. }
         | RemoteError::ReservationRefused { .. }
         | RemoteError::PlacementRefused { .. }
         | RemoteError::Meta(_)

@@ -125,6 +125,21 @@ impl Placement {
                 })
                 .map(|(s, r)| (s, r.holder, rank(pool, my_zone, r.holder, s)))
                 .collect();
+            if holders.is_empty() && h.checksum != 0 {
+                // No live copy: a copy fenced by its holder's new epoch is still read when
+                // that holder is up, its checksum deciding. A holder declared down while
+                // only cut off (not restarted) kept the bytes; one that restarted answers
+                // that it has nothing. Found by `spillway chaos sim`: a partition then a
+                // crash left a page's only bytes on a fenced holder, unreadable.
+                holders = h
+                    .copies()
+                    .filter(|(_, r)| {
+                        pool.iter()
+                            .any(|c| c.id == r.holder && c.state == MemberState::Up)
+                    })
+                    .map(|(s, r)| (s, r.holder, rank(pool, my_zone, r.holder, s)))
+                    .collect();
+            }
             if holders.is_empty() {
                 return Err(not_found);
             }

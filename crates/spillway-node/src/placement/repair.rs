@@ -16,7 +16,7 @@
 //! repair round of the driver) and yields at most `max_pages` jobs.
 
 use bytes::Bytes;
-use spillway_types::PageId;
+use spillway_types::{NodeId, PageId};
 
 use super::{Candidate, Deletes, Held, Placement, Planned, Replica, SLOTS, SpillPage, ToPlace};
 
@@ -48,6 +48,10 @@ pub(crate) struct RepairJob {
     pub(crate) live: Held,
     /// Slots to fill, one bit each.
     pub(crate) slots: u8,
+    /// Whether `live` holds no live copy but fenced ones (their holders up at a newer
+    /// epoch, maybe only cut off for a while): read them, checksum checked, and place
+    /// every slot anew.
+    pub(crate) fenced: bool,
 }
 
 impl Placement {
@@ -92,9 +96,25 @@ impl Placement {
             if slots == 0 {
                 continue;
             }
+            let mut fenced = false;
             if live.copies().next().is_none() {
-                count.lost_pages += 1;
-                continue;
+                // Copies fenced by a new epoch of a holder that is up may still hold the
+                // bytes (their checksum decides when read): copy them anew, every slot.
+                for (s, r) in held.copies() {
+                    if held.checksum != 0
+                        && pool
+                            .iter()
+                            .any(|c| c.id == r.holder && c.state == spillway_meta::MemberState::Up)
+                    {
+                        live.replicas[s as usize] = Some(r);
+                        fenced = true;
+                    }
+                }
+                if !fenced {
+                    count.lost_pages += 1;
+                    continue;
+                }
+                slots = ((1u16 << wanted) - 1) as u8;
             }
             count.pages += 1;
             count.bytes += u64::from(slots.count_ones()) * self.page_bytes;
@@ -103,11 +123,22 @@ impl Placement {
                 page,
                 live,
                 slots,
+                fenced,
             });
         }
         self.under_replicated = count;
         jobs.sort_by_key(|j| (j.client, j.page));
+        // Round robin from where the last scan stopped (found by `spillway chaos sim`:
+        // pages whose copies could not be read kept the head of the order, and the pages
+        // after them were never repaired).
+        if let Some(cursor) = self.repair_cursor {
+            let after = jobs.partition_point(|j| (j.client, j.page) <= cursor);
+            jobs.rotate_left(after);
+        }
         jobs.truncate(max_pages);
+        self.repair_cursor = jobs.last().map(|j| (j.client, j.page));
+        // Each client's pages in page order again (a batch makes few extents).
+        jobs.sort_by_key(|j| (j.client, j.page));
         jobs
     }
 
@@ -124,7 +155,12 @@ impl Placement {
                         checksum: j.live.checksum,
                     },
                     slots: j.slots,
-                    keep: j.live.replicas,
+                    // Fenced copies are read, not kept: every slot is placed anew.
+                    keep: if j.fenced {
+                        [None; SLOTS]
+                    } else {
+                        j.live.replicas
+                    },
                 })
             })
             .collect()
@@ -137,6 +173,7 @@ impl Placement {
     /// checksum) keeps its record; the copies made for it come back, to delete.
     pub(crate) fn repaired(&mut self, client: u32, planned: &[Planned]) -> Deletes {
         let mut stale = Deletes::new();
+        let mut dead_copies: Vec<(NodeId, PageId, PageId)> = Vec::new();
         for p in planned {
             match self.pages.get_mut(&(client, p.client_page)) {
                 Some(h) if h.checksum == p.checksum => {
@@ -144,15 +181,24 @@ impl Placement {
                         holder: p.holder,
                         epoch: p.epoch,
                     };
-                    if let Some(dead) = h.replicas[p.slot as usize].replace(new)
-                        && dead.holder != p.holder
-                    {
-                        stale.entry(dead.holder).or_default().push(p.remote);
+                    if let Some(dead) = h.replicas[p.slot as usize].replace(new) {
+                        dead_copies.push((dead.holder, p.client_page, p.remote));
                     }
                     self.repaired_pages += 1;
                     self.repaired_bytes += p.data.len() as u64;
                 }
                 _ => stale.entry(p.holder).or_default().push(p.remote),
+            }
+        }
+        // A dead copy is deleted unless its holder now keeps a copy of the page in some
+        // slot (the same bytes under the same key: a fenced holder placed again).
+        for (holder, page, remote) in dead_copies {
+            let kept = self
+                .pages
+                .get(&(client, page))
+                .is_some_and(|h| h.held_on(holder));
+            if !kept {
+                stale.entry(holder).or_default().push(remote);
             }
         }
         stale

@@ -1,0 +1,638 @@
+//! The simulation's driver of the remote tier's brain: the steps `remote::RemoteService`
+//! takes for a spill, a fetch, a discard, a repair batch, the pending deletes, the
+//! reservation reconciliation and a restarted node's announcement, in the same order
+//! and with the same brain calls (see [`crate::placement`] for the order), over the
+//! simulated pool instead of tokio and QUIC. Requests of one round go out together and
+//! are waited for together, as the tokio driver's `JoinSet` does.
+//!
+//! Differences, on purpose: a node's view of its peers' zones is empty (no zones here),
+//! and repairs are not paced by bytes per second but run in batches of
+//! [`REPAIR_BATCH_PAGES`] every [`REPAIR_EVERY_MS`].
+
+use bytes::Bytes;
+use spillway_meta::{Extent, MemberState, Update};
+use spillway_net::{NetError, Request, Response};
+use spillway_types::wire::page_checksum;
+use spillway_types::{NodeId, PageId};
+
+use super::world::{OpError, World};
+use crate::placement::{
+    Candidate, Deletes, Fetch, Held, MoveVerdict, Placement, Planned, RepairJob, Replica, SLOTS,
+    SpillPage, ToPlace, buffer_of_node,
+};
+use crate::tier::{MOVE_RETRIES, RemoteError, remote_page_id};
+
+/// A repair round copies at most 16 pages.
+pub(super) const REPAIR_BATCH_PAGES: usize = 16;
+/// A node looks for pages to repair every 500 ms (the node's `REPAIR_IDLE`).
+pub(super) const REPAIR_EVERY_MS: u64 = 500;
+/// Pending deletes are retried and reservations reconciled every 2 s (the node's
+/// `PENDING_DELETES_RETRY`).
+pub(super) const HOUSEKEEPING_EVERY_MS: u64 = crate::tier::PENDING_DELETES_RETRY.as_millis() as u64;
+/// How long a fetch waits for the last holder of a page: the node's default peer grace
+/// (30 s), cut short when the pool declares the holder down.
+const PEER_GRACE_US: u64 = crate::config::PEER_GRACE_MS_DEFAULT * 1000;
+/// A page request's timeout (3 s, the QUIC idle timeout).
+const REQUEST_US: u64 = spillway_net::config::IDLE_TIMEOUT_MS_DEFAULT * 1000;
+
+/// One request of a round.
+pub(super) struct Ask {
+    pub(super) peer: NodeId,
+    pub(super) request: Request,
+    pub(super) timeout_us: u64,
+    /// Stop waiting once the asking node sees the peer declared down.
+    pub(super) until_down: bool,
+}
+
+/// The pool as `node`'s brain sees it: members from its applied state, reachability from
+/// its backoffs.
+pub(super) fn candidates(w: &World, node: NodeId) -> Vec<Candidate> {
+    let Some(meta) = w.c.try_node(node) else {
+        return Vec::new();
+    };
+    let s = meta.state();
+    s.members()
+        .map(|m| Candidate {
+            id: m.id,
+            state: m.state,
+            epoch: m.epoch,
+            free_bytes: s.free_bytes(m.id).unwrap_or(0),
+            reachable: w.reachable(node, m.id),
+            zone: None,
+            up_since_ms: m.up_since_ms,
+        })
+        .collect()
+}
+
+/// Whether `node` sees `peer` declared down.
+fn declared_down(w: &World, node: NodeId, peer: NodeId) -> bool {
+    w.c.try_node(node).is_some_and(|m| {
+        m.state()
+            .member(peer)
+            .is_some_and(|p| p.state == MemberState::Down)
+    })
+}
+
+/// Sends every ask at once and waits for each until its answer, its timeout, or (when
+/// asked) its peer declared down.
+pub(super) fn request_all(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    asks: Vec<Ask>,
+) -> Result<Vec<Result<Response, NetError>>, OpError> {
+    let mut pending = Vec::with_capacity(asks.len());
+    for a in asks {
+        let id = w.send_request(node, generation, a.peer, a.request)?;
+        let deadline = w.now_us() + a.timeout_us;
+        pending.push((a.peer, id, deadline, a.until_down));
+    }
+    let last = pending.iter().map(|p| p.2).max().unwrap_or(0);
+    let mut out: Vec<Option<Result<Response, NetError>>> = pending
+        .iter()
+        .map(|(peer, id, _, _)| {
+            id.is_none().then(|| {
+                Err(NetError::ConnectionLost {
+                    peer: *peer,
+                    reason: format!("{peer} failed recently; retrying after a backoff"),
+                })
+            })
+        })
+        .collect();
+    let mut crashed = false;
+    w.run_until(last, |w| {
+        if w.alive(node, generation).is_err() {
+            crashed = true;
+            return true;
+        }
+        for (k, &(peer, id, deadline, until_down)) in pending.iter().enumerate() {
+            let Some(id) = id.filter(|_| out[k].is_none()) else {
+                continue;
+            };
+            if let Some(r) = w.take_response(node, id) {
+                out[k] = Some(Ok(r));
+            } else if w.now_us() >= deadline || (until_down && declared_down(w, node, peer)) {
+                w.start_backoff(node, peer);
+                out[k] = Some(Err(NetError::ConnectionLost {
+                    peer,
+                    reason: "no answer within the idle timeout".into(),
+                }));
+            }
+        }
+        out.iter().all(Option::is_some)
+    });
+    if crashed {
+        return Err(OpError::Crashed);
+    }
+    Ok(out
+        .into_iter()
+        .zip(&pending)
+        .map(|(r, (peer, ..))| {
+            r.unwrap_or_else(|| {
+                Err(NetError::ConnectionLost {
+                    peer: *peer,
+                    reason: "no answer within the idle timeout".into(),
+                })
+            })
+        })
+        .collect())
+}
+
+fn brain(w: &mut World, node: NodeId, generation: u64) -> Result<&mut Placement, OpError> {
+    Ok(&mut w.node(node, generation)?.brain)
+}
+
+/// Stores `pages` of `client` on peers and records them (`RemoteService::spill`).
+pub(super) fn spill(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    mut pages: Vec<(PageId, Bytes)>,
+) -> Result<(), OpError> {
+    pages.sort_by_key(|(id, _)| *id);
+    pages.dedup_by_key(|(id, _)| *id);
+    let pages: Vec<SpillPage> = pages
+        .into_iter()
+        .map(|(page, data)| SpillPage {
+            page,
+            checksum: page_checksum(&data),
+            data,
+        })
+        .collect();
+    let mut excluded: Vec<NodeId> = Vec::new();
+    let items = brain(w, node, generation)?.spill_items(pages);
+    let mut pending = plan_and_reserve(w, node, generation, client, items, &excluded)?;
+    let mut plan: Vec<Planned> = Vec::with_capacity(pending.len());
+    for attempt in 0..=MOVE_RETRIES {
+        let failures = move_pages(w, node, generation, &pending)?;
+        let failed = match Placement::after_moves(failures, attempt) {
+            MoveVerdict::Done => {
+                plan.append(&mut pending);
+                break;
+            }
+            MoveVerdict::Fail(e) => {
+                plan.append(&mut pending);
+                abandon(w, node, generation, client, &plan)?;
+                return Err(e.into());
+            }
+            MoveVerdict::Replan(failed) => failed,
+        };
+        excluded.extend(failed.iter().copied());
+        let (redo, ok): (Vec<Planned>, Vec<Planned>) = pending
+            .into_iter()
+            .partition(|p| failed.contains(&p.holder));
+        plan.extend(ok);
+        brain(w, node, generation)?.refund(&redo);
+        let redo_items = Placement::replan_items(&plan, redo);
+        pending = match plan_and_reserve(w, node, generation, client, redo_items, &excluded) {
+            Ok(p) => p,
+            Err(e) => {
+                abandon(w, node, generation, client, &plan)?;
+                return Err(e);
+            }
+        };
+    }
+    if let Err(e) = place(w, node, generation, client, &plan, true) {
+        drop_copies(w, node, generation, client, &plan)?;
+        return Err(e);
+    }
+    let stale = brain(w, node, generation)?.placed(client, &plan);
+    delete_all_or_queue(w, node, generation, stale)?;
+    Ok(())
+}
+
+fn plan_and_reserve(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    items: Vec<ToPlace>,
+    excluded: &[NodeId],
+) -> Result<Vec<Planned>, OpError> {
+    let pool = candidates(w, node);
+    let now = w.now_ms();
+    let plan = brain(w, node, generation)?.plan(client, items, &pool, excluded, now)?;
+    let proposal = plan.proposal();
+    let outcomes = if proposal.is_empty() {
+        Vec::new()
+    } else {
+        w.propose(node, generation, proposal)?
+    };
+    Ok(brain(w, node, generation)?.reserved(plan, &outcomes)?)
+}
+
+fn move_pages(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    plan: &[Planned],
+) -> Result<Vec<(NodeId, RemoteError)>, OpError> {
+    let batches = brain(w, node, generation)?.put_batches(plan);
+    let sizes: Vec<(NodeId, u64, u64)> = batches
+        .iter()
+        .map(|(peer, b)| {
+            (
+                *peer,
+                b.iter().map(|p| p.data.len() as u64).sum(),
+                b.len() as u64,
+            )
+        })
+        .collect();
+    let asks = batches
+        .into_iter()
+        .map(|(peer, pages)| Ask {
+            peer,
+            request: Request::Put { pages },
+            timeout_us: REQUEST_US,
+            until_down: false,
+        })
+        .collect();
+    let results = request_all(w, node, generation, asks)?;
+    let mut failures: std::collections::BTreeMap<NodeId, RemoteError> = Default::default();
+    for ((peer, bytes, n), result) in sizes.into_iter().zip(results) {
+        if let Some(e) = brain(w, node, generation)?.put_done(peer, bytes, n, result) {
+            failures.entry(peer).or_insert(e);
+        }
+    }
+    Ok(failures.into_iter().collect())
+}
+
+fn abandon(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    plan: &[Planned],
+) -> Result<(), OpError> {
+    brain(w, node, generation)?.refund(plan);
+    drop_copies(w, node, generation, client, plan)
+}
+
+fn drop_copies(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    plan: &[Planned],
+) -> Result<(), OpError> {
+    let copies = brain(w, node, generation)?.copies_to_drop(client, plan);
+    delete_all_or_queue(w, node, generation, copies)
+}
+
+fn release(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    releases: Vec<Update>,
+) -> Result<(), OpError> {
+    if releases.is_empty() {
+        return Ok(());
+    }
+    match w.propose(node, generation, releases) {
+        Err(OpError::Crashed) => Err(OpError::Crashed),
+        _ => Ok(()), // best effort: an unreleased reservation lapses
+    }
+}
+
+fn place(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    plan: &[Planned],
+    spill: bool,
+) -> Result<(), OpError> {
+    let placements = brain(w, node, generation)?.placements(plan, client, spill);
+    let outcomes = match w.propose(node, generation, placements.updates.clone()) {
+        Ok(o) => o,
+        Err(OpError::Crashed) => return Err(OpError::Crashed),
+        Err(e) => {
+            let used = placements.extents.iter().filter_map(|e| e.reservation);
+            let releases = brain(w, node, generation)?.forget_reservations(used);
+            release(w, node, generation, releases)?;
+            return Err(e);
+        }
+    };
+    let (retry, updates, releases) =
+        brain(w, node, generation)?.replace_refused(&placements, &outcomes);
+    if retry.is_empty() {
+        return Ok(());
+    }
+    release(w, node, generation, releases)?;
+    let again = w.propose(node, generation, updates)?;
+    for (k, o) in again.iter().enumerate() {
+        if let crate::meta::Outcome::Rejected { reason } = o {
+            let r = placements.extents[retry[k]];
+            return Err(OpError::Remote(RemoteError::PlacementRefused {
+                peer: r.holder,
+                extent: r.extent,
+                reason: reason.clone(),
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// Where `pages` of `client` are: the brain's record, else `node`'s applied directory.
+fn locate(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    pages: &[PageId],
+) -> Result<Vec<Option<Held>>, OpError> {
+    let mut out = brain(w, node, generation)?.known_holders(client, pages);
+    let Some(meta) = w.c.try_node(node) else {
+        return Err(OpError::Crashed);
+    };
+    let s = meta.state();
+    for (i, h) in out.iter_mut().enumerate() {
+        if h.is_some() {
+            continue;
+        }
+        let copies = s.holders_of(remote_page_id(node, client, pages[i]));
+        if copies.is_empty() {
+            continue;
+        }
+        let mut held = Held {
+            replicas: [None; SLOTS],
+            checksum: 0,
+        };
+        for (slot, _, holder) in copies {
+            held.replicas[slot as usize] = Some(Replica {
+                holder: holder.node,
+                epoch: holder.epoch,
+            });
+        }
+        *h = Some(held);
+    }
+    Ok(out)
+}
+
+/// The pages' bytes back, checksums verified (`RemoteService::fetch`).
+pub(super) fn fetch(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    pages: Vec<PageId>,
+) -> Result<Vec<Bytes>, OpError> {
+    let held = locate(w, node, generation, client, &pages)?;
+    let pool = candidates(w, node);
+    let mut fetch = brain(w, node, generation)?.start_fetch(client, pages, &held, &pool, None)?;
+    run_fetch(w, node, generation, &mut fetch, true)?;
+    Ok(fetch.finish()?)
+}
+
+fn run_fetch(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    fetch: &mut Fetch,
+    grace: bool,
+) -> Result<(), OpError> {
+    for _ in 0..=SLOTS {
+        let requests = brain(w, node, generation)?.get_requests(fetch);
+        if requests.is_empty() {
+            return Ok(());
+        }
+        let asks = requests
+            .iter()
+            .map(|r| {
+                let last = r.last_chance && grace;
+                Ask {
+                    peer: r.peer,
+                    request: Request::Get {
+                        pages: r.ids.clone(),
+                    },
+                    timeout_us: if last { PEER_GRACE_US } else { REQUEST_US },
+                    until_down: last,
+                }
+            })
+            .collect();
+        let results = request_all(w, node, generation, asks)?;
+        for (r, result) in requests.iter().zip(results) {
+            brain(w, node, generation)?.got(fetch, r, result);
+        }
+    }
+    Ok(())
+}
+
+/// Drops the pages' copies and records (`RemoteService::discard`).
+pub(super) fn discard(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    mut pages: Vec<PageId>,
+) -> Result<(), OpError> {
+    pages.sort();
+    pages.dedup();
+    let held = locate(w, node, generation, client, &pages)?;
+    let (removes, copies) = brain(w, node, generation)?.removals(client, &pages, &held);
+    if removes.is_empty() {
+        return Ok(());
+    }
+    w.propose(node, generation, removes)?;
+    brain(w, node, generation)?.forget(client, &pages);
+    delete_all_or_queue(w, node, generation, copies)
+}
+
+fn delete_all_or_queue(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    deletes: Deletes,
+) -> Result<(), OpError> {
+    let mut asks = Vec::new();
+    let mut ids_of = Vec::new();
+    for (peer, ids) in deletes {
+        if !w.reachable(node, peer) {
+            w.log(format!("{node} queues deletes on {peer}: {ids:?}"));
+            brain(w, node, generation)?.queue_deletes(peer, ids);
+            continue;
+        }
+        ids_of.push((peer, ids.clone()));
+        asks.push(Ask {
+            peer,
+            request: Request::Delete { pages: ids },
+            timeout_us: REQUEST_US,
+            until_down: false,
+        });
+    }
+    let results = request_all(w, node, generation, asks)?;
+    for ((peer, ids), r) in ids_of.into_iter().zip(results) {
+        if !matches!(r, Ok(Response::Delete { .. })) {
+            w.log(format!("{node} queues deletes on {peer}: {ids:?}"));
+            brain(w, node, generation)?.queue_deletes(peer, ids);
+        }
+    }
+    Ok(())
+}
+
+/// Retries the pending deletes and forgets reservations the group no longer holds
+/// (`RemoteService::retry_pending_deletes`, `reconcile_reservations`).
+pub(super) fn housekeeping(w: &mut World, node: NodeId, generation: u64) -> Result<(), OpError> {
+    let work = brain(w, node, generation)?.pending_deletes();
+    for (peer, ids) in work {
+        if !w.reachable(node, peer) {
+            continue;
+        }
+        let asks = vec![Ask {
+            peer,
+            request: Request::Delete { pages: ids.clone() },
+            timeout_us: REQUEST_US,
+            until_down: false,
+        }];
+        let r = request_all(w, node, generation, asks)?.pop();
+        if matches!(r, Some(Ok(Response::Delete { .. }))) {
+            brain(w, node, generation)?.deletes_landed(peer, &ids);
+        }
+    }
+    let known: Vec<_> = brain(w, node, generation)?
+        .ledger()
+        .remaining()
+        .into_keys()
+        .collect();
+    if known.is_empty() {
+        return Ok(());
+    }
+    let held: std::collections::BTreeSet<_> = {
+        let Some(meta) = w.c.try_node(node) else {
+            return Err(OpError::Crashed);
+        };
+        known
+            .iter()
+            .copied()
+            .filter(|id| meta.state().reservation(*id).is_some())
+            .collect()
+    };
+    brain(w, node, generation)?
+        .ledger_mut()
+        .drop_gone(&known, |id| held.contains(&id));
+    Ok(())
+}
+
+/// A restarted node's first steps (`announce_incarnation`): down and up in one proposal
+/// (a new epoch fences every copy its earlier life held), then the release of every page
+/// its earlier incarnation's clients spilled. Done when both landed.
+pub(super) fn announce(w: &mut World, node: NodeId, generation: u64) -> Result<bool, OpError> {
+    let updates = vec![
+        Update::SetMemberState {
+            node,
+            state: MemberState::Down,
+        },
+        Update::SetMemberState {
+            node,
+            state: MemberState::Up,
+        },
+    ];
+    match w.propose(node, generation, updates) {
+        Ok(_) => {}
+        Err(OpError::Crashed) => return Err(OpError::Crashed),
+        Err(_) => return Ok(false),
+    }
+    let found: Vec<(Extent, NodeId)> = {
+        let Some(meta) = w.c.try_node(node) else {
+            return Err(OpError::Crashed);
+        };
+        meta.state()
+            .extents()
+            .filter(|(_, e, _)| buffer_of_node(e.buffer, node))
+            .map(|(_, e, h)| (e, h.node))
+            .collect()
+    };
+    if !found.is_empty() {
+        let mut extents: Vec<Extent> = found.iter().map(|(e, _)| *e).collect();
+        extents.sort_by_key(|e| (e.buffer, e.first_page, e.page_count));
+        extents.dedup();
+        for chunk in extents.chunks(spillway_meta::limits::BATCH_UPDATES_MAX) {
+            let removes = chunk
+                .iter()
+                .map(|extent| Update::Remove { extent: *extent })
+                .collect();
+            match w.propose(node, generation, removes) {
+                Ok(_) => {}
+                Err(OpError::Crashed) => return Err(OpError::Crashed),
+                Err(_) => return Ok(false),
+            }
+        }
+        let mut by_peer = Deletes::new();
+        for (extent, holder) in &found {
+            let ids = by_peer.entry(*holder).or_default();
+            for index in extent.first_page..extent.first_page + extent.page_count {
+                ids.push(PageId {
+                    buffer: extent.buffer,
+                    index,
+                });
+            }
+        }
+        delete_all_or_queue(w, node, generation, by_peer)?;
+    }
+    Ok(true)
+}
+
+/// One repair round of `node` (`RemoteService::repair_once`): pages whose copy died are
+/// read from a live copy and copied into their dead slots. Returns the copies made.
+pub(super) fn repair_once(w: &mut World, node: NodeId, generation: u64) -> Result<u64, OpError> {
+    let pool = candidates(w, node);
+    let jobs = brain(w, node, generation)?.repair_jobs(&pool, REPAIR_BATCH_PAGES);
+    let mut copies = 0;
+    let mut start = 0;
+    while start < jobs.len() {
+        let client = jobs[start].client;
+        let end = start
+            + jobs[start..]
+                .iter()
+                .take_while(|j| j.client == client)
+                .count();
+        match repair_client(w, node, generation, client, &jobs[start..end], &pool) {
+            Ok(n) => copies += n,
+            Err(OpError::Crashed) => return Err(OpError::Crashed),
+            Err(OpError::Remote(e)) => {
+                w.log(format!(
+                    "{node}'s repair of {} pages failed: {e}",
+                    end - start
+                ));
+                brain(w, node, generation)?.repair_errors += 1;
+            }
+        }
+        start = end;
+    }
+    Ok(copies)
+}
+
+fn repair_client(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    jobs: &[RepairJob],
+    pool: &[Candidate],
+) -> Result<u64, OpError> {
+    let pages: Vec<PageId> = jobs.iter().map(|j| j.page).collect();
+    let held: Vec<Option<Held>> = jobs.iter().map(|j| Some(j.live)).collect();
+    let mut fetch = brain(w, node, generation)?.start_fetch(client, pages, &held, pool, None)?;
+    run_fetch(w, node, generation, &mut fetch, false)?;
+    let items = Placement::repair_items(jobs, fetch.finish_partial());
+    if items.is_empty() {
+        return Ok(0);
+    }
+    let planned = plan_and_reserve(w, node, generation, client, items, &[])?;
+    if planned.is_empty() {
+        return Ok(0);
+    }
+    let failures = move_pages(w, node, generation, &planned)?;
+    if let Some((_, e)) = failures.into_iter().next() {
+        abandon(w, node, generation, client, &planned)?;
+        return Err(e.into());
+    }
+    if let Err(e) = place(w, node, generation, client, &planned, false) {
+        drop_copies(w, node, generation, client, &planned)?;
+        return Err(e);
+    }
+    let stale = brain(w, node, generation)?.repaired(client, &planned);
+    delete_all_or_queue(w, node, generation, stale)?;
+    Ok(planned.len() as u64)
+}
