@@ -96,6 +96,9 @@ fn main() -> ExitCode {
     // A daemon logs what it does; the other commands only warnings.
     let default_log = if matches!(cli.command, Command::Node(_)) {
         "info"
+    } else if matches!(cli.command, Command::Chaos(_)) {
+        // The simulated nodes warn at every fault; the run reports what matters.
+        "error"
     } else {
         // raft-rs warns when a pool in this process shuts down node by node.
         "warn,raft=error"

@@ -489,8 +489,16 @@ fn a_dead_copy_is_repaired_on_a_new_holder_keeping_the_live_one() {
     after[1].epoch = Epoch(2);
     assert_eq!(b.repair_jobs(&after, 2).len(), 2);
     assert_eq!(b.under_replicated.pages, 4);
-    // Node 4 dies as well: every page lost.
+    // Node 4 dies as well: the only copies left are node 3's, fenced by its new epoch;
+    // they are read (checksum checked) in case node 3 was only cut off, and every slot
+    // is placed anew.
     after[2].state = MemberState::Down;
+    let jobs = b.repair_jobs(&after, 100);
+    assert_eq!(jobs.len(), 4);
+    assert!(jobs.iter().all(|j| j.fenced && j.slots == 0b11));
+    assert_eq!(b.under_replicated.lost_pages, 0);
+    // Node 3 down too: every page lost.
+    after[1].state = MemberState::Down;
     assert!(b.repair_jobs(&after, 100).is_empty());
     assert_eq!(b.under_replicated.lost_pages, 4);
 }
@@ -610,4 +618,180 @@ fn buffers_by_holder_names_every_buffer_a_holder_has_a_page_of() {
     // Two copies of each page on distinct holders: every buffer is listed at least twice.
     let listed: usize = want.values().map(BTreeSet::len).sum();
     assert!(listed >= 20, "{want:?}");
+}
+
+#[test]
+fn a_spill_is_not_acknowledged_short_while_an_up_member_is_out_of_reach() {
+    // Regression (`spillway chaos sim`): node 3 cut off but not declared down; the spill
+    // used to go through with one copy, which a single crash then lost.
+    let mut b = brain(2, 8);
+    let mut pool = vec![peer(2, 40), peer(3, 40)];
+    pool[1].reachable = false;
+    let err = plan(&mut b, 4, &pool, 0).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            RemoteError::ShortOfPeers { copies: 1, wanted: 2, out_of_reach } if *out_of_reach == vec![NodeId(3)]
+        ),
+        "{err}"
+    );
+    // The same after a failed put (excluded), with a delete of the page pending there.
+    pool[1].reachable = true;
+    let items = b.spill_items(pages(4));
+    assert!(matches!(
+        b.plan(1, items, &pool, &[NodeId(3)], 0),
+        Err(RemoteError::ShortOfPeers { .. })
+    ));
+    // Once the pool declares it down, the spill keeps the copy that exists.
+    pool[1].state = MemberState::Down;
+    let p = plan(&mut b, 4, &pool, 0).unwrap();
+    assert!(p.holders().iter().all(|h| *h == vec![NodeId(2)]));
+    assert_eq!(b.short_copies, 4);
+}
+
+/// Node 1's pages 0..n spilled on nodes 2 and 3, then both fenced: node 2 came back
+/// from a partition at epoch 2 (its bytes kept), node 3 restarted at epoch 2.
+fn fenced_pool(b: &mut Placement, n: u32) -> Vec<Candidate> {
+    let pool = [peer(2, 40), peer(3, 40)];
+    spilled(b, n, &pool);
+    pool.iter()
+        .map(|c| Candidate {
+            epoch: Epoch(2),
+            ..c.clone()
+        })
+        .collect()
+}
+
+#[test]
+fn a_page_whose_copies_are_all_fenced_is_read_from_an_up_holder_by_its_checksum() {
+    // Regression (`spillway chaos sim`): a partition then a crash left a page's only
+    // bytes on a holder fenced by its new epoch; the page was unreadable for good.
+    let mut b = brain(2, 8);
+    let pool = fenced_pool(&mut b, 2);
+    let ids: Vec<PageId> = pages(2).iter().map(|p| p.page).collect();
+    let held = b.known_holders(1, &ids);
+    let mut fetch = b.start_fetch(1, ids.clone(), &held, &pool, None).unwrap();
+    let requests = b.get_requests(&fetch);
+    assert!(!requests.is_empty());
+    // Node 3 restarted (nothing there); node 2 kept the bytes.
+    let mut served = false;
+    for r in &requests {
+        let reply = if r.peer == NodeId(2) {
+            served = true;
+            Ok(Response::Get {
+                pages: r
+                    .ids
+                    .iter()
+                    .map(|id| Page::new(*id, Bytes::from_static(b"x")))
+                    .collect(),
+                missing: vec![],
+            })
+        } else {
+            Ok(Response::Get {
+                pages: vec![],
+                missing: r.ids.clone(),
+            })
+        };
+        b.got(&mut fetch, r, reply);
+    }
+    if !served {
+        for r in b.get_requests(&fetch) {
+            assert_eq!(r.peer, NodeId(2));
+            let pages = r
+                .ids
+                .iter()
+                .map(|id| Page::new(*id, Bytes::from_static(b"x")));
+            b.got(
+                &mut fetch,
+                &r,
+                Ok(Response::Get {
+                    pages: pages.collect(),
+                    missing: vec![],
+                }),
+            );
+        }
+    }
+    assert_eq!(fetch.finish().unwrap(), vec![Bytes::from_static(b"x"); 2]);
+    // Other bytes under the same id (a stale version) are refused by the checksum.
+    let mut fetch = b.start_fetch(1, ids.clone(), &held, &pool, None).unwrap();
+    for _ in 0..SLOTS {
+        for r in b.get_requests(&fetch) {
+            let pages = r
+                .ids
+                .iter()
+                .map(|id| Page::new(*id, Bytes::from_static(b"old")));
+            b.got(
+                &mut fetch,
+                &r,
+                Ok(Response::Get {
+                    pages: pages.collect(),
+                    missing: vec![],
+                }),
+            );
+        }
+    }
+    assert!(matches!(fetch.finish(), Err(RemoteError::Corrupt { .. })));
+    // A holder that is down is not read.
+    let mut down = pool.clone();
+    down[0].state = MemberState::Down;
+    down[1].state = MemberState::Down;
+    assert!(matches!(
+        b.start_fetch(1, ids, &held, &down, None),
+        Err(RemoteError::NotFound { .. })
+    ));
+}
+
+#[test]
+fn a_fenced_page_is_repaired_into_every_slot_and_a_re_placed_holder_keeps_its_copy() {
+    let mut b = brain(2, 8);
+    let pool = fenced_pool(&mut b, 1);
+    let jobs = b.repair_jobs(&pool, 100);
+    assert_eq!(jobs.len(), 1);
+    assert!(jobs[0].fenced);
+    assert_eq!(jobs[0].slots, 0b11);
+    assert_eq!(b.under_replicated.lost_pages, 0);
+    let items = Placement::repair_items(&jobs, vec![Some(Bytes::from_static(b"x"))]);
+    assert!(
+        items[0].keep.iter().all(Option::is_none),
+        "fenced copies are not kept"
+    );
+    let p = b.plan(1, items, &pool, &[], 0).unwrap();
+    let outcomes = vec![Outcome::Accepted; p.proposal().len()];
+    let copies = b.reserved(p, &outcomes).unwrap();
+    assert_eq!(copies.len(), 2);
+    // Both holders took the page again at their new epoch: no copy is deleted, though
+    // each slot's dead copy may name the other holder.
+    let dead = b.repaired(1, &copies);
+    assert!(dead.is_empty(), "{dead:?}");
+    assert_eq!(b.repair_jobs(&pool, 100).len(), 0);
+}
+
+#[test]
+fn repair_rounds_take_turns_so_no_page_waits_forever() {
+    // Regression (`spillway chaos sim`): pages that could not be repaired kept the head
+    // of every round, and the pages after them were never repaired.
+    let mut b = brain(2, 8);
+    let pool = [peer(2, 50), peer(3, 50), peer(4, 50)];
+    spilled(&mut b, 6, &pool);
+    // Every page on nodes 2 and 3 (most room, lowest id first); node 2 is down.
+    let mut after = pool.to_vec();
+    after[0].state = MemberState::Down;
+    let round = |b: &mut Placement| -> Vec<u32> {
+        b.repair_jobs(&after, 4)
+            .iter()
+            .map(|j| j.page.index)
+            .collect()
+    };
+    let first = round(&mut b);
+    assert_eq!(first.len(), 4);
+    let second = round(&mut b);
+    // The two pages left out come first, then the turn wraps around.
+    assert!(
+        second.contains(&4) && second.contains(&5),
+        "{first:?} then {second:?}"
+    );
+    let mut seen: Vec<u32> = first.iter().chain(&second).copied().collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen, vec![0, 1, 2, 3, 4, 5]);
 }
