@@ -23,6 +23,10 @@ pub enum ChaosCommand {
     /// stores, a client per node) from seeds, with faults injected and every invariant
     /// checked after each event; a failing seed is printed with its shrunk event log.
     Sim(SimArgs),
+    /// Break a real pool: node processes each in its own network namespace, a demo
+    /// client, and scenarios (SIGKILL of a holder, of the leader, of two nodes; SIGSTOP;
+    /// partitions of a node and of the leader; one-way loss; a full log disk). Needs root.
+    Run(crate::chaos_run::RunArgs),
 }
 
 /// Which faults a simulation injects.
@@ -123,6 +127,7 @@ fn mix(kinds: &[FaultKind]) -> FaultMix {
 pub fn run(cmd: ChaosCommand) -> Result<()> {
     match cmd {
         ChaosCommand::Sim(args) => run_sim(args),
+        ChaosCommand::Run(args) => crate::chaos_run::run(args),
     }
 }
 

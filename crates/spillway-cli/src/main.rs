@@ -27,6 +27,7 @@
 
 mod bench_remote;
 mod chaos_cmd;
+mod chaos_run;
 mod cluster_cmd;
 mod demo;
 mod launch;
