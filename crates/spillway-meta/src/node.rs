@@ -623,9 +623,15 @@ impl MetaNode {
             self.install_snapshot(rd.snapshot())?;
         }
         let committed = rd.take_committed_entries();
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-meta::ready::before-apply");
         self.apply_entries(committed)?;
         let sync = self.config.sync_writes && rd.must_sync();
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-meta::ready::before-persist");
         self.raw.mut_store().append(rd.entries(), rd.hs(), sync)?;
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-meta::ready::after-persist");
         self.queue_messages(rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);
         if let Some(commit) = light.commit_index() {
@@ -633,6 +639,8 @@ impl MetaNode {
         }
         self.queue_messages(light.take_messages());
         self.apply_entries(light.take_committed_entries())?;
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-meta::ready::before-advance-apply");
         self.raw.advance_apply();
         self.maybe_snapshot()
     }

@@ -87,6 +87,9 @@ pub struct SimConfig {
     pub proposals_in_flight_max: usize,
     /// See [`MetaConfig::down_after_ticks`].
     pub down_after_ticks: u64,
+    /// A node whose thread panics is killed (a crash, as at a failpoint set to `panic`)
+    /// instead of failing the simulation.
+    pub crash_on_panic: bool,
 }
 
 impl SimConfig {
@@ -111,6 +114,7 @@ impl SimConfig {
             log_entries_kept_after_snapshot: limits::LOG_ENTRIES_KEPT_AFTER_SNAPSHOT_DEFAULT,
             proposals_in_flight_max: limits::PROPOSALS_IN_FLIGHT_MAX_DEFAULT,
             down_after_ticks: limits::DOWN_AFTER_TICKS_DEFAULT,
+            crash_on_panic: false,
         }
     }
 
@@ -220,19 +224,17 @@ impl NodeHost {
         })
     }
 
-    /// Runs `f` on the node's thread and waits for it.
-    fn run<R: Send + 'static>(&self, f: impl FnOnce(&mut MetaNode) -> R + Send + 'static) -> R {
+    /// Runs `f` on the node's thread and waits for it; `None` if the thread panicked.
+    fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut MetaNode) -> R + Send + 'static,
+    ) -> Option<R> {
         let (tx, rx) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |n| {
             let _ = tx.send(f(n));
         });
-        self.jobs
-            .as_ref()
-            .expect("open host")
-            .send(job)
-            .expect("the node's thread is alive");
-        rx.recv()
-            .expect("the node's thread panicked (its message is above)")
+        self.jobs.as_ref().expect("open host").send(job).ok()?;
+        rx.recv().ok()
     }
 }
 
@@ -573,7 +575,7 @@ impl SimCluster {
         f: impl FnOnce(&mut MetaNode) -> R + Send + 'static,
     ) -> Option<R> {
         let host = self.nodes.get(&id)?.host.as_ref()?;
-        let (r, out) = host.run(move |n| {
+        let ran = host.run(move |n| {
             let r = f(n);
             n.handle_ready()
                 .unwrap_or_else(|e| panic!("{} failed in handle_ready: {e}", n.id()));
@@ -583,6 +585,15 @@ impl SimCluster {
             };
             (r, out)
         });
+        let Some((r, out)) = ran else {
+            // Its thread panicked (its message is above): a crash where allowed.
+            assert!(
+                self.config.crash_on_panic,
+                "{id}'s thread panicked (its message is above)"
+            );
+            self.kill(id);
+            return None;
+        };
         self.completions
             .extend(out.completions.into_iter().map(|c| (id, c)));
         let mut failed_snapshots = Vec::new();
@@ -759,7 +770,9 @@ impl SimCluster {
         let leader = self
             .leader()
             .ok_or(ProposeError::NotLeader { leader: None })?;
-        let t = self.drive(leader, propose).expect("the leader runs")?;
+        let t = self
+            .drive(leader, propose)
+            .ok_or(ProposeError::NotLeader { leader: None })??;
         Ok((leader, t))
     }
 

@@ -469,6 +469,8 @@ impl Placement {
         if let Some(e) = refused {
             return Err(e);
         }
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::spill::reserved");
         let spend_limit = plan.now_ms + RESERVATION_MARGIN.as_millis() as u64;
         let client = plan.client;
         let mut out = Vec::with_capacity(plan.assigned.len());
@@ -517,6 +519,8 @@ impl Placement {
         pages: u64,
         result: Result<Response, NetError>,
     ) -> Option<RemoteError> {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::spill::between-replica-writes");
         let c = self.per_peer.entry(peer).or_default();
         let e = match result {
             Ok(Response::Put { .. }) => {
@@ -686,6 +690,8 @@ impl Placement {
     /// Records where `planned`'s pages now are (a spill: their copies replace every
     /// earlier copy); returns the copies a re-spill left on other holders, to delete.
     pub(crate) fn placed(&mut self, client: u32, planned: &[Planned]) -> Deletes {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::spill::before-ack");
         let mut fresh: BTreeMap<PageId, (PageId, Held)> = BTreeMap::new();
         for p in planned {
             let (_, held) = fresh.entry(p.client_page).or_insert((
@@ -749,6 +755,8 @@ impl Placement {
 
     /// Forgets the record of `pages` of `client` (their directory entries are gone).
     pub(crate) fn forget(&mut self, client: u32, pages: &[PageId]) {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::discard::forget");
         for p in pages {
             self.pages.remove(&(client, *p));
         }

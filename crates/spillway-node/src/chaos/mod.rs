@@ -161,6 +161,8 @@ pub struct RunCounts {
     pub faults: u64,
     /// Node crashes (each followed by a restart).
     pub crashes: u64,
+    /// Of those, crashes at a failpoint (feature `failpoints`, action `panic`).
+    pub failpoint_crashes: u64,
 }
 
 /// What one seed's run found.

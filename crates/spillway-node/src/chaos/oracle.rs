@@ -151,9 +151,25 @@ impl World {
         }
         let id = ids[self.work_rng.below(ids.len() as u64) as usize];
         let generation = self.nodes[&id].generation;
+        // A panic in this node's own code (its brain, at a failpoint) is its crash.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.node_turn(id, generation, work)
+        }))
+        .unwrap_or_else(|_| {
+            self.crashed_at_failpoint(id);
+            Err(OpError::Crashed)
+        });
+        if let Err(OpError::Crashed) = result {
+            self.log(format!("{id}'s operation ended with its crash"));
+        }
+        self.check_pages_held();
+        self.check_raft();
+    }
+
+    fn node_turn(&mut self, id: NodeId, generation: u64, work: bool) -> Result<(), OpError> {
         let now = self.now_us();
         let n = &self.nodes[&id];
-        let result = if !n.announced {
+        if !n.announced {
             driver::announce(self, id, generation).map(|done| {
                 if done {
                     self.log(format!("{id} announced its incarnation"));
@@ -181,12 +197,7 @@ impl World {
             Ok(())
         } else {
             Ok(())
-        };
-        if let Err(OpError::Crashed) = result {
-            self.log(format!("{id}'s operation ended with its crash"));
         }
-        self.check_pages_held();
-        self.check_raft();
     }
 
     /// `count` pages of `pages` drawn at random (at least one when there is one).

@@ -100,7 +100,13 @@ struct Msg {
 enum Timer {
     Start(ScheduledFault),
     End(ScheduledFault),
+    /// A node that crashed at a failpoint restarts.
+    Restart(NodeId),
 }
+
+/// A node that crashed at a failpoint (feature `failpoints`, action `panic`) restarts
+/// this long after: 2 s.
+const FAILPOINT_RESTART_US: u64 = 2_000_000;
 
 /// Why an operation stopped without an answer of the remote tier.
 #[derive(Debug)]
@@ -208,6 +214,8 @@ impl World {
         sim.sync_writes = false;
         sim.latency_us_min = LATENCY_US.0;
         sim.latency_us_max = LATENCY_US.1;
+        // A Raft node panicking at a failpoint is a crash of that node.
+        sim.crash_on_panic = true;
         let c = SimCluster::new(sim, root)?;
         let faults = faults.unwrap_or_else(|| {
             let mut fault_rng = SimRng::new(seed ^ 0xFA17_0000_0000_0002);
@@ -308,12 +316,17 @@ impl World {
         if raft == Some(at) {
             self.c.step_event();
             self.answer_forwards();
+            self.reap_panicked();
         } else {
             self.c.run_until_us(at);
             if self.timers.peek_at() == Some(at) {
                 match self.timers.pop().expect("peeked") {
                     Timer::Start(f) => self.start_fault(f),
                     Timer::End(f) => self.end_fault(f),
+                    Timer::Restart(id) => {
+                        self.log(format!("{id} restarts after its crash at a failpoint"));
+                        self.restart(id);
+                    }
                 }
             } else {
                 let m = self.msgs.pop().expect("peeked");
@@ -416,8 +429,13 @@ impl World {
                     self.log(format!("{} -> {}: {what}", m.from, m.to));
                 }
                 let node = &self.nodes[&m.to];
-                let response = node.store.handle_pages(m.from, request);
-                self.send(m.to, m.from, m.id, Body::Response(response));
+                let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    node.store.handle_pages(m.from, request)
+                }));
+                match handled {
+                    Ok(response) => self.send(m.to, m.from, m.id, Body::Response(response)),
+                    Err(_) => self.crashed_at_failpoint(m.to),
+                }
             }
             Body::Forward(batch) => self.forward_arrived(m.from, m.to, m.id, batch),
             reply @ (Body::Response(_) | Body::Forwarded(_)) => {
@@ -566,7 +584,9 @@ impl World {
             self.send(at, from, id, Body::Forwarded(Err(e)));
             return;
         }
-        match self.c.with_node(at, move |n| n.propose(&batch)) {
+        let proposed = self.c.with_node(at, move |n| n.propose(&batch));
+        self.reap_panicked();
+        match proposed {
             Some(Ok(ticket)) => {
                 self.forwards.insert((at, ticket), (from, id, from_gen));
             }
@@ -769,6 +789,32 @@ impl World {
         let now_ms = self.now_ms();
         let fresh = PoolNode::new(id, generation, self.config.replicas, now_ms);
         self.nodes.insert(id, fresh);
+    }
+
+    /// A node that panicked at a failpoint (its Raft thread, its store or its brain)
+    /// crashes there, and restarts [`FAILPOINT_RESTART_US`] later.
+    pub(super) fn crashed_at_failpoint(&mut self, id: NodeId) {
+        if !self.nodes.get(&id).is_some_and(|n| n.running) {
+            return;
+        }
+        self.log(format!("{id} crashed at a failpoint"));
+        self.counts.failpoint_crashes += 1;
+        self.crash(id, false);
+        let at = self.now_us() + FAILPOINT_RESTART_US;
+        self.timers.push(at, Timer::Restart(id));
+    }
+
+    /// Nodes whose Raft thread panicked (the cluster killed them): crashes.
+    fn reap_panicked(&mut self) {
+        let dead: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(id, n)| n.running && self.c.try_node(**id).is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in dead {
+            self.crashed_at_failpoint(id);
+        }
     }
 
     // ---- invariants checked after every event ----

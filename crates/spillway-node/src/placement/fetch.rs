@@ -53,6 +53,9 @@ impl Fetch {
     /// The pages' bytes in the order asked, or the last error of the first page that
     /// no holder served.
     pub(crate) fn finish(self) -> Result<Vec<Bytes>, RemoteError> {
+        // The client's completion path: every page read, not yet handed back.
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::fetch::complete");
         let mut errors = self.errors;
         let mut out = Vec::with_capacity(self.out.len());
         for (i, b) in self.out.into_iter().enumerate() {
@@ -203,6 +206,8 @@ impl Placement {
         request: &GetRequest,
         result: Result<Response, NetError>,
     ) {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::fetch::reply");
         let peer = request.peer;
         let client = fetch.client;
         let failed = |fetch: &mut Fetch, i: usize, e: RemoteError| {

@@ -65,6 +65,8 @@ impl Placement {
     /// (kept for [`Placement::under_replicated`]), and returns up to `max_pages`
     /// repairable ones, in page order per client (so a batch makes few extents).
     pub(crate) fn repair_jobs(&mut self, pool: &[Candidate], max_pages: usize) -> Vec<RepairJob> {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::repair::scan");
         let mut count = UnderReplicated::default();
         let mut jobs = Vec::new();
         let wanted = self.replicas as usize;
@@ -172,6 +174,8 @@ impl Placement {
     /// A page discarded or spilled again meanwhile (its record gone or of another
     /// checksum) keeps its record; the copies made for it come back, to delete.
     pub(crate) fn repaired(&mut self, client: u32, planned: &[Planned]) -> Deletes {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::repair::placed");
         let mut stale = Deletes::new();
         let mut dead_copies: Vec<(NodeId, PageId, PageId)> = Vec::new();
         for p in planned {
