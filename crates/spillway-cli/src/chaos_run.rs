@@ -42,6 +42,10 @@ pub const FAULT_HOLD: Duration = Duration::from_secs(10);
 pub const REPAIR_LIMIT: Duration = Duration::from_secs(60);
 /// How long the demo may take: 10 minutes.
 const DEMO_LIMIT: Duration = Duration::from_secs(600);
+/// Starts of the demo client while its node reports no room on peers yet: 5.
+const DEMO_STARTS: u32 = 5;
+/// A node's longest reconnect backoff (1 s): what a client waits before starting again.
+const PEER_BACKOFF: Duration = spillway_node::peers::RECONNECT_BACKOFF_MAX;
 /// The step after which the fault hits (the pool has learned the loop, and every page
 /// has been spilled once).
 const FAULT_AFTER_STEP: u32 = 2;
@@ -517,7 +521,7 @@ impl Pool {
         fetch_status(self.node(k).metrics_addr, Duration::from_millis(500)).ok()
     }
 
-    /// The leader every live node agrees on, with every member up.
+    /// The leader every live node agrees on, with every member up and lending.
     fn settled_leader(&self) -> Option<u64> {
         let live = self.live();
         let mut leader = None;
@@ -527,8 +531,13 @@ impl Pool {
                 return None;
             }
             leader = s.leader;
-            let up = s.members.iter().filter(|m| m.state == "up").count();
-            if up < live.len() {
+            // Every member up and lending (a client asks for room on its peers first).
+            let ready = s
+                .members
+                .iter()
+                .filter(|m| m.state == "up" && m.capacity_bytes > 0)
+                .count();
+            if ready < live.len() {
                 return None;
             }
         }
@@ -645,33 +654,50 @@ fn run_scenario(
     report.client_node = client;
     // The client: the demo against its node's socket, in its node's namespace.
     let out_path = dir.join("demo.json");
-    let mut demo = Command::new("ip")
-        .args(["netns", "exec", &net.host(client)])
-        .arg(exe)
-        .args(["demo", "--connect"])
-        .arg(&pool.node(client).client_socket)
-        .args(["--steps", &steps.to_string(), "--device", "sim", "--json"])
-        .stdout(fs::File::create(&out_path)?)
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the demo client")?;
-    let mut progress = BufReader::new(demo.stderr.take().expect("piped"));
-    let mut line = String::new();
-    let mut stderr_tail = Vec::new();
-    loop {
-        line.clear();
-        if progress.read_line(&mut line)? == 0 {
-            let _ = demo.wait();
+    // A node that has just started may not reach its peers yet (its connections in their
+    // first backoff) and tell the client it has no room: the client starts again then,
+    // up to DEMO_STARTS times.
+    let mut attempt = 0;
+    let (mut demo, mut progress) = loop {
+        attempt += 1;
+        let mut demo = Command::new("ip")
+            .args(["netns", "exec", &net.host(client)])
+            .arg(exe)
+            .args(["demo", "--connect"])
+            .arg(&pool.node(client).client_socket)
+            .args(["--steps", &steps.to_string(), "--device", "sim", "--json"])
+            .stdout(fs::File::create(&out_path)?)
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting the demo client")?;
+        let mut progress = BufReader::new(demo.stderr.take().expect("piped"));
+        let mut line = String::new();
+        let mut stderr_tail = Vec::new();
+        let reached = loop {
+            line.clear();
+            if progress.read_line(&mut line)? == 0 {
+                let _ = demo.wait();
+                break false;
+            }
+            stderr_tail.push(line.trim().to_string());
+            if line.starts_with(&format!("demo: steps {FAULT_AFTER_STEP}/")) {
+                break true;
+            }
+        };
+        if reached {
+            break (demo, progress);
+        }
+        let no_room = stderr_tail
+            .iter()
+            .any(|l| l.contains("of room on its peers"));
+        if !no_room || attempt >= DEMO_STARTS {
             bail!(
                 "the demo ended before step {FAULT_AFTER_STEP}: {}",
                 stderr_tail.join(" | ")
             );
         }
-        stderr_tail.push(line.trim().to_string());
-        if line.starts_with(&format!("demo: steps {FAULT_AFTER_STEP}/")) {
-            break;
-        }
-    }
+        std::thread::sleep(PEER_BACKOFF);
+    };
     // The rest of the demo's stderr is drained beside, so it never blocks on a pipe.
     let drain = std::thread::spawn(move || {
         let mut rest = String::new();

@@ -649,6 +649,38 @@ fn a_spill_is_not_acknowledged_short_while_an_up_member_is_out_of_reach() {
     assert_eq!(b.short_copies, 4);
 }
 
+/// A fetch of `ids` run to its end, each holder answering with `bytes(holder)` for every
+/// page asked (`None`: it has none of them).
+fn serve_rounds(
+    b: &mut Placement,
+    ids: Vec<PageId>,
+    held: &[Option<Held>],
+    pool: &[Candidate],
+    bytes: impl Fn(NodeId) -> Option<&'static [u8]>,
+) -> Fetch {
+    let mut fetch = b.start_fetch(1, ids, held, pool, None).unwrap();
+    for _ in 0..=SLOTS {
+        for r in b.get_requests(&fetch) {
+            let reply = match bytes(r.peer) {
+                Some(data) => Response::Get {
+                    pages: r
+                        .ids
+                        .iter()
+                        .map(|id| Page::new(*id, Bytes::from_static(data)))
+                        .collect(),
+                    missing: vec![],
+                },
+                None => Response::Get {
+                    pages: vec![],
+                    missing: r.ids.clone(),
+                },
+            };
+            b.got(&mut fetch, &r, Ok(reply));
+        }
+    }
+    fetch
+}
+
 /// Node 1's pages 0..n spilled on nodes 2 and 3, then both fenced: node 2 came back
 /// from a partition at epoch 2 (its bytes kept), node 3 restarted at epoch 2.
 fn fenced_pool(b: &mut Placement, n: u32) -> Vec<Candidate> {
@@ -670,66 +702,13 @@ fn a_page_whose_copies_are_all_fenced_is_read_from_an_up_holder_by_its_checksum(
     let pool = fenced_pool(&mut b, 2);
     let ids: Vec<PageId> = pages(2).iter().map(|p| p.page).collect();
     let held = b.known_holders(1, &ids);
-    let mut fetch = b.start_fetch(1, ids.clone(), &held, &pool, None).unwrap();
-    let requests = b.get_requests(&fetch);
-    assert!(!requests.is_empty());
     // Node 3 restarted (nothing there); node 2 kept the bytes.
-    let mut served = false;
-    for r in &requests {
-        let reply = if r.peer == NodeId(2) {
-            served = true;
-            Ok(Response::Get {
-                pages: r
-                    .ids
-                    .iter()
-                    .map(|id| Page::new(*id, Bytes::from_static(b"x")))
-                    .collect(),
-                missing: vec![],
-            })
-        } else {
-            Ok(Response::Get {
-                pages: vec![],
-                missing: r.ids.clone(),
-            })
-        };
-        b.got(&mut fetch, r, reply);
-    }
-    if !served {
-        for r in b.get_requests(&fetch) {
-            assert_eq!(r.peer, NodeId(2));
-            let pages = r
-                .ids
-                .iter()
-                .map(|id| Page::new(*id, Bytes::from_static(b"x")));
-            b.got(
-                &mut fetch,
-                &r,
-                Ok(Response::Get {
-                    pages: pages.collect(),
-                    missing: vec![],
-                }),
-            );
-        }
-    }
+    let fetch = serve_rounds(&mut b, ids.clone(), &held, &pool, |peer| {
+        (peer == NodeId(2)).then_some(&b"x"[..])
+    });
     assert_eq!(fetch.finish().unwrap(), vec![Bytes::from_static(b"x"); 2]);
     // Other bytes under the same id (a stale version) are refused by the checksum.
-    let mut fetch = b.start_fetch(1, ids.clone(), &held, &pool, None).unwrap();
-    for _ in 0..SLOTS {
-        for r in b.get_requests(&fetch) {
-            let pages = r
-                .ids
-                .iter()
-                .map(|id| Page::new(*id, Bytes::from_static(b"old")));
-            b.got(
-                &mut fetch,
-                &r,
-                Ok(Response::Get {
-                    pages: pages.collect(),
-                    missing: vec![],
-                }),
-            );
-        }
-    }
+    let fetch = serve_rounds(&mut b, ids.clone(), &held, &pool, |_| Some(&b"old"[..]));
     assert!(matches!(fetch.finish(), Err(RemoteError::Corrupt { .. })));
     // A holder that is down is not read.
     let mut down = pool.clone();
