@@ -39,7 +39,7 @@
 //! - deletes that did not land: [`Placement::queue_deletes`], retried from
 //!   [`Placement::pending_deletes`], cleared by [`Placement::deletes_landed`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -340,6 +340,12 @@ pub(crate) struct Placement {
     /// The last page a repair scan handed out: the next scan starts after it, so pages
     /// that cannot be repaired now never keep the others from their turn.
     repair_cursor: Option<(u32, PageId)>,
+    /// Pages a client's spill or discard is changing, with how many such operations are
+    /// running: a repair scan leaves them out (see [`Placement::claim`]).
+    changing: HashMap<(u32, PageId), u32>,
+    /// Pages a repair batch is copying: a client's spill or discard of them waits until
+    /// the batch ends (see [`Placement::claim`]).
+    repairing: HashSet<(u32, PageId)>,
     next_reservation: u64,
     next_version: u64,
 }
@@ -377,6 +383,8 @@ impl Placement {
             repair_errors: 0,
             repair_dirty: false,
             repair_cursor: None,
+            changing: HashMap::new(),
+            repairing: HashSet::new(),
             next_reservation: node.0 << RESERVATION_NODE_SHIFT
                 | (start_ms & ((1 << RESERVATION_NODE_SHIFT) - 1)),
             next_version: start_ms << VERSION_SHIFT,

@@ -57,6 +57,8 @@
 //! Lock order: `plan` (async, held across the reservation proposal only) before `brain`
 //! (sync, never held across an await).
 
+mod repair;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -88,16 +90,6 @@ pub use crate::tier::{
 const GRACE_RETRY_MIN: Duration = Duration::from_millis(50);
 /// Longest wait between two tries of a request within the peer grace: 1 s.
 const GRACE_RETRY_MAX: Duration = Duration::from_secs(1);
-/// How often the repair loop looks for pages with a dead copy when it found none: every
-/// 500 ms (a scan is skipped while the pool's members, states and epochs are unchanged
-/// and nothing was left to do, but runs at least every [`REPAIR_RESCAN`]).
-const REPAIR_IDLE: Duration = Duration::from_millis(500);
-/// Longest time between two repair scans: 10 s (free capacity is not in the pool's
-/// fingerprint: a repair that found no room retries this often).
-const REPAIR_RESCAN: Duration = Duration::from_secs(10);
-/// Most pages one repair batch copies: 64 (128 MiB of 2 MiB pages, read then written);
-/// a batch is also at most a quarter second of `repair_bytes_per_s`.
-const REPAIR_BATCH_PAGES_MAX: u64 = 64;
 
 /// The remote tier of this node's clients (see the module docs).
 #[derive(Debug)]
@@ -115,6 +107,9 @@ pub struct RemoteService {
     brain: Mutex<Placement>,
     /// Serializes planning and reserving, so two spills never spend one reservation twice.
     plan: tokio::sync::Mutex<()>,
+    /// Woken when a repair batch ends: a client's spill or discard waiting for the
+    /// batch's pages ([`Placement::claim`]) tries again.
+    repair_ended: tokio::sync::Notify,
     in_flight: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
     /// What the metadata view does not carry of each member: (epoch, zone, group-clock
     /// ms it came up), read from the replicated state by the repair loop every
@@ -149,6 +144,7 @@ impl RemoteService {
                 now_ms(),
             )),
             plan: tokio::sync::Mutex::new(()),
+            repair_ended: tokio::sync::Notify::new(),
             in_flight: Mutex::new(HashMap::new()),
             member_extras: Mutex::new(HashMap::new()),
         }
@@ -203,6 +199,31 @@ impl RemoteService {
             .entry(peer)
             .or_insert_with(|| Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_PER_PEER)))
             .clone()
+    }
+
+    /// Claims `pages` of `client` for a spill or a discard, waiting while a repair batch
+    /// holds one of them; the claim ends when the guard drops (see
+    /// [`crate::placement::repair`]).
+    async fn claim(&self, client: u32, pages: Vec<PageId>) -> Claim<'_> {
+        loop {
+            let ended = self.repair_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the try: a batch ending in between still wakes it.
+            ended.as_mut().enable();
+            if self.brain().claim(client, &pages) {
+                return Claim {
+                    service: self,
+                    client,
+                    pages,
+                };
+            }
+            tracing::debug!(
+                client,
+                pages = pages.len(),
+                "waiting for a repair batch holding some of these pages"
+            );
+            ended.await;
+        }
     }
 
     fn failed<T>(&self, e: RemoteError) -> Result<T, RemoteError> {
@@ -263,6 +284,9 @@ impl RemoteService {
         }
         pages.sort_by_key(|(id, _)| *id);
         pages.dedup_by_key(|(id, _)| *id);
+        let _claim = self
+            .claim(client, pages.iter().map(|(id, _)| *id).collect())
+            .await;
         // Hash once, outside every lock; the checksum travels with the page from here.
         let pages: Vec<SpillPage> = pages
             .into_iter()
@@ -315,6 +339,7 @@ impl RemoteService {
             self.drop_copies(client, &plan).await;
             return Err(e);
         }
+        tracing::debug!(client, copies = %copies_of(&plan), "spilled");
         // Record, and drop copies a re-spill left on another holder.
         let stale = self.brain().placed(client, &plan);
         self.delete_all_or_queue(stale).await;
@@ -588,6 +613,7 @@ impl RemoteService {
         pages.retain(|p| self.check(client, *p, None).is_ok());
         pages.sort();
         pages.dedup();
+        let _claim = self.claim(client, pages.clone()).await;
         let held = self.locate(client, &pages).await?;
         let (removes, copies) = self.brain().removals(client, &pages, &held);
         if removes.is_empty() {
@@ -744,132 +770,6 @@ impl RemoteService {
         }
     }
 
-    /// Re-replication until `cancel`: repairs batches of this node's pages whose copies
-    /// died ([`RemoteService::repair_once`]), paced to `repair_bytes_per_s` (after a batch
-    /// of N bytes it waits N / rate), scanning every [`REPAIR_IDLE`] while there is
-    /// nothing to do. One batch at a time, each request taking one of its peer's
-    /// [`REQUESTS_IN_FLIGHT_PER_PEER`] slots, so demand fetches keep the others.
-    pub(crate) async fn run_repair(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
-        let rate = self.repair_bytes_per_s.max(1);
-        let batch_pages = (rate / 4 / self.page_bytes.max(1)).clamp(1, REPAIR_BATCH_PAGES_MAX);
-        let mut wait = REPAIR_IDLE;
-        let mut fingerprint = None;
-        let mut last_scan = Instant::now();
-        let mut more = false;
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-            wait = REPAIR_IDLE;
-            self.refresh_members().await;
-            let pool = self.candidates();
-            let now = pool_fingerprint(&pool);
-            let due = more
-                || fingerprint != Some(now)
-                || self.brain().take_repair_dirty()
-                || last_scan.elapsed() >= REPAIR_RESCAN;
-            if !due {
-                continue;
-            }
-            fingerprint = Some(now);
-            last_scan = Instant::now();
-            // A batch cut short by the shutdown leaves at most copies no record names
-            // (deleted by nobody: the node is going) and reservations that lapse.
-            let moved = tokio::select! {
-                _ = cancel.cancelled() => return,
-                moved = self.repair_once(&pool, batch_pages as usize) => moved,
-            };
-            more = moved > 0;
-            if moved > 0 {
-                wait = Duration::from_secs_f64(moved as f64 / rate as f64).max(REPAIR_PACE_MIN);
-            }
-        }
-    }
-
-    /// Reads each member's epoch, zone and the group-clock time it came up from the
-    /// replicated state (the placement ramp and zones need them; the view lacks them).
-    async fn refresh_members(&self) {
-        let read = self
-            .meta
-            .read(|s| {
-                s.members()
-                    .map(|m| {
-                        let zone = m.zone.as_deref().map(Arc::from);
-                        (m.id, (m.epoch, zone, m.up_since_ms))
-                    })
-                    .collect::<HashMap<NodeId, MemberExtra>>()
-            })
-            .await;
-        match read {
-            Ok(extras) => *self.member_extras.lock().expect("member extras lock") = extras,
-            Err(e) => tracing::debug!(error = %e, "could not read the members' zones"),
-        }
-    }
-
-    /// One repair batch: up to `max_pages` of this node's pages with a dead copy are read
-    /// from a live copy (checksum checked), then spilled into their dead slots on new
-    /// holders (distinct from the live copies) and placed there. Returns the bytes copied.
-    pub(crate) async fn repair_once(&self, pool: &[Candidate], max_pages: usize) -> u64 {
-        let jobs = self.brain().repair_jobs(pool, max_pages);
-        let mut moved = 0u64;
-        let mut start = 0;
-        while start < jobs.len() {
-            let client = jobs[start].client;
-            let end = start
-                + jobs[start..]
-                    .iter()
-                    .take_while(|j| j.client == client)
-                    .count();
-            let batch = &jobs[start..end];
-            start = end;
-            match self.repair_client(client, batch, pool).await {
-                Ok(bytes) => moved += bytes,
-                Err(e) => {
-                    self.brain().repair_errors += 1;
-                    tracing::debug!(client, error = %e, "repair batch failed; retried later");
-                }
-            }
-        }
-        moved
-    }
-
-    async fn repair_client(
-        &self,
-        client: u32,
-        jobs: &[crate::placement::RepairJob],
-        pool: &[Candidate],
-    ) -> Result<u64, RemoteError> {
-        let pages: Vec<PageId> = jobs.iter().map(|j| j.page).collect();
-        let held: Vec<Option<Held>> = jobs.iter().map(|j| Some(j.live)).collect();
-        let mut fetch =
-            self.brain()
-                .start_fetch(client, pages, &held, pool, self.zone.as_deref())?;
-        self.run_fetch(&mut fetch, false).await;
-        let items = Placement::repair_items(jobs, fetch.finish_partial());
-        if items.is_empty() {
-            return Ok(0);
-        }
-        let planned = self.plan_and_reserve(client, items, &[]).await?;
-        if planned.is_empty() {
-            return Ok(0);
-        }
-        let failures = self.move_pages(&planned).await;
-        if let Some((_, e)) = failures.into_iter().next() {
-            self.abandon(client, &planned).await;
-            return Err(e);
-        }
-        if let Err(e) = self.place(client, &planned, false).await {
-            self.drop_copies(client, &planned).await;
-            return Err(e);
-        }
-        let stale = self.brain().repaired(client, &planned);
-        self.delete_all_or_queue(stale).await;
-        let bytes: u64 = planned.iter().map(|p| p.data.len() as u64).sum();
-        tracing::debug!(client, copies = planned.len(), bytes, "repaired copies");
-        Ok(bytes)
-    }
-
     /// Bytes this node's clients may keep on peers now: the up and reachable peers' lent
     /// capacity not used or reserved, plus what this node holds reserved there and has not
     /// spent, divided by the copies a page takes.
@@ -968,20 +868,6 @@ async fn request_within_grace(
 /// A member's epoch, zone and the group-clock ms it came up (see `member_extras`).
 type MemberExtra = (spillway_meta::Epoch, Option<Arc<str>>, u64);
 
-/// Shortest pause between two repair batches: 10 ms (yields the links to demand fetches
-/// even at a high `repair_bytes_per_s`).
-const REPAIR_PACE_MIN: Duration = Duration::from_millis(10);
-
-/// What the repair loop watches of the pool: members, their states and epochs.
-fn pool_fingerprint(pool: &[Candidate]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for c in pool {
-        (c.id, c.state, c.epoch.0, c.reachable).hash(&mut h);
-    }
-    h.finish()
-}
-
 /// Whether a request's failure may pass if the peer is waited for (the connection, not the
 /// request, failed).
 fn transient(e: &NetError) -> bool {
@@ -992,4 +878,31 @@ fn transient(e: &NetError) -> bool {
             | NetError::Io { .. }
             | NetError::HelloTimeout { .. }
     )
+}
+
+/// A client's claim on pages for a spill or a discard ([`RemoteService::claim`]).
+struct Claim<'a> {
+    service: &'a RemoteService,
+    client: u32,
+    pages: Vec<PageId>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.service.brain().unclaim(self.client, &self.pages);
+    }
+}
+
+/// `planned`'s copies for a debug log: `buffer.page@holder/slot`, comma-separated.
+fn copies_of(planned: &[Planned]) -> String {
+    let copies: Vec<String> = planned
+        .iter()
+        .map(|p| {
+            format!(
+                "{}.{}@{}/{}",
+                p.client_page.buffer.0, p.client_page.index, p.holder.0, p.slot
+            )
+        })
+        .collect();
+    copies.join(",")
 }

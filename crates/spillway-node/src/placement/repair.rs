@@ -12,6 +12,15 @@
 //! leaving is live (read from, kept apart from) but its slot is refilled elsewhere, so a
 //! leaving node drains.
 //!
+//! A page is never changed by a client and repaired at once (found by `spillway chaos run
+//! kill-two`): a repair that read a page's old bytes could put them over the copy a
+//! newer spill left on the same holder (copies are keyed by page, not by version), or
+//! delete that copy as stale when it finds the record changed, leaving the record naming
+//! a copy that is gone; a second death then lost the page. So a client's spill or
+//! discard claims its pages ([`Placement::claim`]; it waits while a repair batch holds
+//! one of them), a repair scan leaves claimed pages out, and a repair batch holds its
+//! pages ([`Placement::hold_for_repair`]) until it ends ([`Placement::end_repair`]).
+//!
 //! Bounds: a scan visits every page this node spilled once (it runs at most every
 //! repair round of the driver) and yields at most `max_pages` jobs.
 
@@ -120,6 +129,13 @@ impl Placement {
             }
             count.pages += 1;
             count.bytes += u64::from(slots.count_ones()) * self.page_bytes;
+            // Counted, but left to a later scan while a client changes it or another
+            // batch repairs it.
+            if self.changing.contains_key(&(client, page))
+                || self.repairing.contains(&(client, page))
+            {
+                continue;
+            }
             jobs.push(RepairJob {
                 client,
                 page,
@@ -142,6 +158,46 @@ impl Placement {
         // Each client's pages in page order again (a batch makes few extents).
         jobs.sort_by_key(|j| (j.client, j.page));
         jobs
+    }
+
+    /// Marks `jobs`' pages as being repaired: a client's [`Placement::claim`] of one of
+    /// them fails until [`Placement::end_repair`].
+    pub(crate) fn hold_for_repair(&mut self, jobs: &[RepairJob]) {
+        self.repairing
+            .extend(jobs.iter().map(|j| (j.client, j.page)));
+    }
+
+    /// Ends the repair of `jobs`' pages (whatever became of it).
+    pub(crate) fn end_repair(&mut self, jobs: &[RepairJob]) {
+        for j in jobs {
+            self.repairing.remove(&(j.client, j.page));
+        }
+    }
+
+    /// Claims `pages` of `client` for a spill or a discard: `false` (nothing claimed)
+    /// while a repair batch holds one of them, then the caller waits for the batch to
+    /// end and tries again. A claimed page is left out of repair scans until
+    /// [`Placement::unclaim`].
+    pub(crate) fn claim(&mut self, client: u32, pages: &[PageId]) -> bool {
+        if pages.iter().any(|p| self.repairing.contains(&(client, *p))) {
+            return false;
+        }
+        for p in pages {
+            *self.changing.entry((client, *p)).or_default() += 1;
+        }
+        true
+    }
+
+    /// Ends a claim of [`Placement::claim`].
+    pub(crate) fn unclaim(&mut self, client: u32, pages: &[PageId]) {
+        for p in pages {
+            if let Some(n) = self.changing.get_mut(&(client, *p)) {
+                *n -= 1;
+                if *n == 0 {
+                    self.changing.remove(&(client, *p));
+                }
+            }
+        }
     }
 
     /// The spill items of `jobs` whose bytes were read (`data`, in job order; `None`:

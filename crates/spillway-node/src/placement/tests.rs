@@ -516,6 +516,43 @@ fn a_repair_of_a_page_spilled_again_meanwhile_is_deleted() {
 }
 
 #[test]
+fn a_page_is_never_repaired_while_a_client_changes_it_nor_changed_while_repaired() {
+    // Found by `spillway chaos run --scenarios kill-two`: a repair copying a page's old
+    // bytes raced a newer spill of it to the same holder and then deleted that copy as
+    // stale; the record named a copy that was gone, and a second death lost the page.
+    let mut b = brain(2, 8);
+    let pool = [peer(2, 50), peer(3, 40), peer(4, 30)];
+    let planned = spilled(&mut b, 4, &pool);
+    let mut pages: Vec<PageId> = planned.iter().map(|p| p.client_page).collect();
+    pages.dedup();
+    assert_eq!(pages.len(), 4);
+    let mut after = pool.to_vec();
+    after[0].state = MemberState::Down;
+    // A client spills pages 0 and 1 again: the scan counts them but leaves them out.
+    assert!(b.claim(1, &pages[..2]));
+    let jobs = b.repair_jobs(&after, 100);
+    assert_eq!(
+        jobs.iter().map(|j| j.page).collect::<Vec<_>>(),
+        pages[2..].to_vec()
+    );
+    assert_eq!(b.under_replicated.pages, 4);
+    // The batch holds pages 2 and 3: a client's claim on one of them fails, whole.
+    b.hold_for_repair(&jobs);
+    assert!(!b.claim(1, &pages[1..3]));
+    assert!(b.claim(1, &pages[..2]), "claims of clients stack");
+    // A second scan hands out nothing: 0 and 1 are claimed, 2 and 3 held.
+    assert!(b.repair_jobs(&after, 100).is_empty());
+    b.end_repair(&jobs);
+    assert!(b.claim(1, &pages[2..3]));
+    b.unclaim(1, &pages[2..3]);
+    // Page 0 and 1 stay claimed until both claims end.
+    b.unclaim(1, &pages[..2]);
+    assert_eq!(b.repair_jobs(&after, 100).len(), 2);
+    b.unclaim(1, &pages[..2]);
+    assert_eq!(b.repair_jobs(&after, 100).len(), 4);
+}
+
+#[test]
 fn pending_deletes_keep_a_peer_out_of_plans_until_they_land() {
     let mut brain = brain(1, 1);
     let remote = remote_page_id(NodeId(1), 1, pages(1)[0].page);
