@@ -102,6 +102,8 @@ struct Summary {
     pages_verified: u64,
     pages_lost_allowed: u64,
     pages_repaired: u64,
+    /// Spills and discards that waited for a repair batch holding their pages.
+    ops_waited: u64,
     faults: u64,
     crashes: u64,
     /// The first failing run, shrunk (its fault list cut to what still fails).
@@ -253,6 +255,7 @@ fn run_sim(args: SimArgs) -> Result<()> {
         pages_verified: sum(|r| r.counts.pages_verified),
         pages_lost_allowed: sum(|r| r.counts.pages_lost_allowed),
         pages_repaired: sum(|r| r.counts.pages_repaired),
+        ops_waited: sum(|r| r.counts.ops_waited),
         faults: sum(|r| r.counts.faults),
         crashes: sum(|r| r.counts.crashes),
         first_failure,
@@ -285,14 +288,15 @@ fn print_report(r: &RunReport) {
         r.counts.events
     );
     println!(
-        "  spills {} ok / {} failed, fetches {} ok / {} failed, {} pages verified, {} copies repaired, {} pages lost as allowed",
+        "  spills {} ok / {} failed, fetches {} ok / {} failed, {} pages verified, {} copies repaired, {} pages lost as allowed, {} operations waited for a repair batch",
         r.counts.spills_ok,
         r.counts.spills_failed,
         r.counts.fetches_ok,
         r.counts.fetches_failed,
         r.counts.pages_verified,
         r.counts.pages_repaired,
-        r.counts.pages_lost_allowed
+        r.counts.pages_lost_allowed,
+        r.counts.ops_waited
     );
     println!("  event log hash {:016x}, commit {COMMIT}", r.log_hash);
     if r.passed() {

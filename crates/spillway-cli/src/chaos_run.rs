@@ -69,8 +69,7 @@ pub enum Scenario {
     /// SIGKILL the Raft leader (the client on another node).
     KillLeader,
     /// SIGKILL a holder, wait until its pages have their copies again, SIGKILL another
-    /// (5 nodes at least, so the survivors can hold every copy). Not in the default set:
-    /// the client hangs after the second kill (open, docs/CHAOS.md).
+    /// (5 nodes at least, so the survivors can hold every copy).
     KillTwo,
     /// SIGSTOP a holder for 10 s, then SIGCONT.
     StopPeer,
@@ -88,11 +87,11 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    /// What a run without --scenarios does: all but `kill-two` (the longest; it found
-    /// a race between repair and spill, now fixed: docs/CHAOS.md; run it by name).
-    const DEFAULT: [Scenario; 8] = [
+    /// What a run without --scenarios does: every scenario.
+    const DEFAULT: [Scenario; 9] = [
         Scenario::KillHolder,
         Scenario::KillLeader,
+        Scenario::KillTwo,
         Scenario::StopPeer,
         Scenario::PartitionNode,
         Scenario::PartitionLeader,
@@ -115,7 +114,7 @@ impl Scenario {
 /// `spillway chaos run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Scenarios to run (comma-separated); by default all but kill-two (see its doc).
+    /// Scenarios to run (comma-separated); by default all nine.
     #[arg(long, value_enum, value_delimiter = ',')]
     scenarios: Vec<Scenario>,
     /// Node processes in the pool (kill-two uses at least 5).

@@ -152,6 +152,43 @@ pub(super) fn spill(
 ) -> Result<(), OpError> {
     pages.sort_by_key(|(id, _)| *id);
     pages.dedup_by_key(|(id, _)| *id);
+    let ids: Vec<PageId> = pages.iter().map(|(id, _)| *id).collect();
+    claimed(w, node, generation, client, &ids, |w| {
+        spill_claimed(w, node, generation, client, pages)
+    })
+}
+
+/// Runs `op` with `pages` of `client` claimed (`RemoteService::claim`): refused with
+/// [`OpError::Busy`] while a repair batch holds one of them; the claim ends with `op`.
+fn claimed<T>(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    pages: &[PageId],
+    op: impl FnOnce(&mut World) -> Result<T, OpError>,
+) -> Result<T, OpError> {
+    if !brain(w, node, generation)?.claim(client, pages) {
+        w.log(format!(
+            "{node}'s client waits: a repair batch holds some of {pages:?}"
+        ));
+        return Err(OpError::Busy);
+    }
+    let out = op(w);
+    // A crash took the claim with the brain.
+    if let Ok(b) = brain(w, node, generation) {
+        b.unclaim(client, pages);
+    }
+    out
+}
+
+fn spill_claimed(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    pages: Vec<(PageId, Bytes)>,
+) -> Result<(), OpError> {
     let pages: Vec<SpillPage> = pages
         .into_iter()
         .map(|(page, data)| SpillPage {
@@ -193,6 +230,8 @@ pub(super) fn spill(
             }
         };
     }
+    // The tokio driver's repair task runs while a spill awaits: it may come now.
+    w.repair_during_spill(node, generation)?;
     if let Err(e) = place(w, node, generation, client, &plan, true) {
         drop_copies(w, node, generation, client, &plan)?;
         return Err(e);
@@ -429,6 +468,19 @@ pub(super) fn discard(
 ) -> Result<(), OpError> {
     pages.sort();
     pages.dedup();
+    let ids = pages.clone();
+    claimed(w, node, generation, client, &ids, |w| {
+        discard_claimed(w, node, generation, client, pages)
+    })
+}
+
+fn discard_claimed(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    client: u32,
+    pages: Vec<PageId>,
+) -> Result<(), OpError> {
     let held = locate(w, node, generation, client, &pages)?;
     let (removes, copies) = brain(w, node, generation)?.removals(client, &pages, &held);
     if removes.is_empty() {
@@ -577,7 +629,27 @@ pub(super) fn announce(w: &mut World, node: NodeId, generation: u64) -> Result<b
 /// read from a live copy and copied into their dead slots. Returns the copies made.
 pub(super) fn repair_once(w: &mut World, node: NodeId, generation: u64) -> Result<u64, OpError> {
     let pool = candidates(w, node);
-    let jobs = brain(w, node, generation)?.repair_jobs(&pool, REPAIR_BATCH_PAGES);
+    let jobs = {
+        let b = brain(w, node, generation)?;
+        let jobs = b.repair_jobs(&pool, REPAIR_BATCH_PAGES);
+        b.hold_for_repair(&jobs);
+        jobs
+    };
+    let out = repair_held(w, node, generation, &jobs, &pool);
+    // A crash took the hold with the brain.
+    if let Ok(b) = brain(w, node, generation) {
+        b.end_repair(&jobs);
+    }
+    out
+}
+
+fn repair_held(
+    w: &mut World,
+    node: NodeId,
+    generation: u64,
+    jobs: &[RepairJob],
+    pool: &[Candidate],
+) -> Result<u64, OpError> {
     let mut copies = 0;
     let mut start = 0;
     while start < jobs.len() {
@@ -587,12 +659,12 @@ pub(super) fn repair_once(w: &mut World, node: NodeId, generation: u64) -> Resul
                 .iter()
                 .take_while(|j| j.client == client)
                 .count();
-        match repair_client(w, node, generation, client, &jobs[start..end], &pool) {
+        match repair_client(w, node, generation, client, &jobs[start..end], pool) {
             Ok(n) => copies += n,
             Err(OpError::Crashed) => return Err(OpError::Crashed),
-            Err(OpError::Remote(e)) => {
+            Err(e) => {
                 w.log(format!(
-                    "{node}'s repair of {} pages failed: {e}",
+                    "{node}'s repair of {} pages failed: {e:?}",
                     end - start
                 ));
                 brain(w, node, generation)?.repair_errors += 1;
@@ -615,6 +687,9 @@ fn repair_client(
     let held: Vec<Option<Held>> = jobs.iter().map(|j| Some(j.live)).collect();
     let mut fetch = brain(w, node, generation)?.start_fetch(client, pages, &held, pool, None)?;
     run_fetch(w, node, generation, &mut fetch, false)?;
+    // The tokio driver's client operations run while a repair batch awaits: one may
+    // come now, between the batch's read and its writes.
+    w.client_op_during_repair(node, generation, client, jobs)?;
     let items = Placement::repair_items(jobs, fetch.finish_partial());
     if items.is_empty() {
         return Ok(0);

@@ -150,6 +150,9 @@ pub struct RunCounts {
     pub fetches_failed: u64,
     /// Discards acknowledged.
     pub discards_ok: u64,
+    /// Spills and discards refused while a repair batch held one of their pages (the
+    /// client tries again later; the tokio driver waits).
+    pub ops_waited: u64,
     /// Pages read back and compared byte for byte.
     pub pages_verified: u64,
     /// Pages lost with every copy's holder down (allowed: `replicas` or more nodes went

@@ -18,6 +18,7 @@ use spillway_types::{BufferId, NodeId, PageId};
 use super::driver::{self, HOUSEKEEPING_EVERY_MS, REPAIR_EVERY_MS};
 use super::world::{OpError, PAGE_BYTES, World};
 use super::{REPAIR_BOUND_MS, ViolationKind};
+use crate::placement::RepairJob;
 use crate::tier::remote_page_id;
 
 /// Buffers per client.
@@ -196,8 +197,7 @@ impl World {
                 }
             })
         } else if work {
-            self.client_op(id, generation);
-            Ok(())
+            self.client_op(id, generation)
         } else {
             Ok(())
         }
@@ -214,41 +214,14 @@ impl World {
         pages
     }
 
-    fn client_op(&mut self, id: NodeId, generation: u64) {
+    fn client_op(&mut self, id: NodeId, generation: u64) -> Result<(), OpError> {
         let pick = self.work_rng.below(100);
         let count = 1 + self.work_rng.below(PAGES_PER_OP as u64) as usize;
         let client = &self.nodes[&id].client;
         let (home, remote) = (client.at(Where::Home), client.at(Where::Remote));
         if pick < 45 && !home.is_empty() {
             let pages = self.draw(home, count);
-            // The client writes the pages (new versions), then spills them.
-            let mut out = Vec::new();
-            let c = &mut self.nodes.get_mut(&id).expect("running").client;
-            for p in &pages {
-                let version = c.pages[p].version + 1;
-                let data = c.data(*p, version);
-                let state = c.pages.get_mut(p).expect("drawn");
-                state.version = version;
-                state.seen_on.clear();
-                state.checksum = page_checksum(&data);
-                state.data = data.clone();
-                out.push((*p, data));
-            }
-            match driver::spill(self, id, generation, CLIENT, out) {
-                Ok(()) => {
-                    self.counts.spills_ok += 1;
-                    self.log(format!("{id} spilled {pages:?}"));
-                    let c = &mut self.nodes.get_mut(&id).expect("running").client;
-                    for p in &pages {
-                        c.pages.get_mut(p).expect("drawn").at = Where::Remote;
-                    }
-                }
-                Err(OpError::Crashed) => {}
-                Err(OpError::Remote(e)) => {
-                    self.counts.spills_failed += 1;
-                    self.log(format!("{id} could not spill {pages:?}: {e}"));
-                }
-            }
+            self.spill_pages(id, generation, pages)
         } else if pick < 85 && !remote.is_empty() {
             let pages = self.draw(remote, count);
             match driver::fetch(self, id, generation, CLIENT, pages.clone()) {
@@ -256,31 +229,173 @@ impl World {
                     self.counts.fetches_ok += 1;
                     self.log(format!("{id} fetched {pages:?}"));
                     self.verify(id, &pages, &bytes);
+                    Ok(())
                 }
-                Err(OpError::Crashed) => {}
                 Err(OpError::Remote(e)) => {
                     self.counts.fetches_failed += 1;
                     self.log(format!("{id} could not fetch {pages:?}: {e}"));
+                    Ok(())
                 }
+                Err(e) => Err(e),
             }
         } else if !remote.is_empty() {
             let pages = self.draw(remote, count.min(4));
-            // The client no longer needs the remote copies from the moment it discards
-            // them (a buffer freed or written anew), whatever the discard's outcome.
-            let c = &mut self.nodes.get_mut(&id).expect("running").client;
-            for p in &pages {
-                c.pages.get_mut(p).expect("drawn").at = Where::Home;
+            self.discard_pages(id, generation, pages)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A client operation of `id` in the middle of its own repair batch (between the
+    /// batch's read and its writes), as the tokio driver lets one run while a repair
+    /// awaits: one time in three, either the client writes and spills the batch's pages
+    /// it holds at home (a fetched page keeps its remote copies) or discards its remote
+    /// ones, or it does what a turn would. The node's claims (`Placement::claim`) must
+    /// refuse an operation on pages the batch holds; without them, the batch's old bytes
+    /// would land over the new spill's copies.
+    pub(super) fn client_op_during_repair(
+        &mut self,
+        id: NodeId,
+        generation: u64,
+        client: u32,
+        jobs: &[RepairJob],
+    ) -> Result<(), OpError> {
+        if self.nested || client != CLIENT || self.work_rng.below(3) != 0 {
+            return Ok(());
+        }
+        self.nested = true;
+        let out = self.op_on_batch(id, generation, jobs);
+        self.nested = false;
+        out
+    }
+
+    fn op_on_batch(
+        &mut self,
+        id: NodeId,
+        generation: u64,
+        jobs: &[RepairJob],
+    ) -> Result<(), OpError> {
+        self.log(format!(
+            "{id}'s client acts during a repair batch of {:?}",
+            jobs.iter().map(|j| j.page).collect::<Vec<_>>()
+        ));
+        if self.work_rng.below(2) == 0 {
+            return self.client_op(id, generation);
+        }
+        let c = &self.nodes[&id].client;
+        let (mut home, mut remote) = (Vec::new(), Vec::new());
+        for j in jobs {
+            match c.pages.get(&j.page).map(|p| p.at) {
+                Some(Where::Home) => home.push(j.page),
+                Some(Where::Remote) => remote.push(j.page),
+                _ => {}
             }
-            match driver::discard(self, id, generation, CLIENT, pages.clone()) {
-                Ok(()) => {
-                    self.counts.discards_ok += 1;
-                    self.log(format!("{id} discarded {pages:?}"));
-                }
-                Err(OpError::Crashed) => {}
-                Err(OpError::Remote(e)) => {
-                    self.log(format!("{id} could not discard {pages:?}: {e}"));
-                }
+        }
+        if !home.is_empty() {
+            self.spill_pages(id, generation, home)
+        } else if !remote.is_empty() {
+            self.discard_pages(id, generation, remote)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A repair batch of `id` in the middle of its client's spill (its copies written,
+    /// not yet placed), as the tokio driver's repair task may run then: one time in six.
+    /// A repair scan must leave the spill's claimed pages out.
+    pub(super) fn repair_during_spill(
+        &mut self,
+        id: NodeId,
+        generation: u64,
+    ) -> Result<(), OpError> {
+        if self.nested || self.work_rng.below(6) != 0 {
+            return Ok(());
+        }
+        self.nested = true;
+        self.log(format!("{id} runs a repair batch during a spill"));
+        let out = driver::repair_once(self, id, generation);
+        self.nested = false;
+        let copies = out?;
+        if copies > 0 {
+            self.counts.pages_repaired += copies;
+            self.log(format!("{id} repaired {copies} copies"));
+        }
+        Ok(())
+    }
+
+    /// The client writes `pages` (new versions), then spills them.
+    fn spill_pages(
+        &mut self,
+        id: NodeId,
+        generation: u64,
+        pages: Vec<PageId>,
+    ) -> Result<(), OpError> {
+        let mut out = Vec::new();
+        let c = &mut self.nodes.get_mut(&id).expect("running").client;
+        for p in &pages {
+            let version = c.pages[p].version + 1;
+            let data = c.data(*p, version);
+            let state = c.pages.get_mut(p).expect("drawn");
+            state.version = version;
+            state.seen_on.clear();
+            state.checksum = page_checksum(&data);
+            state.data = data.clone();
+            out.push((*p, data));
+        }
+        match driver::spill(self, id, generation, CLIENT, out) {
+            Ok(()) => {
+                self.counts.spills_ok += 1;
+                self.log(format!("{id} spilled {pages:?}"));
+                self.mark_all(id, &pages, Where::Remote);
+                Ok(())
             }
+            Err(OpError::Remote(e)) => {
+                self.counts.spills_failed += 1;
+                self.log(format!("{id} could not spill {pages:?}: {e}"));
+                Ok(())
+            }
+            Err(OpError::Busy) => {
+                self.counts.ops_waited += 1;
+                Ok(())
+            }
+            Err(OpError::Crashed) => Err(OpError::Crashed),
+        }
+    }
+
+    /// The client discards `pages`' remote copies.
+    fn discard_pages(
+        &mut self,
+        id: NodeId,
+        generation: u64,
+        pages: Vec<PageId>,
+    ) -> Result<(), OpError> {
+        // The client no longer needs the remote copies from the moment it discards them
+        // (a buffer freed or written anew), whatever the discard's outcome.
+        self.mark_all(id, &pages, Where::Home);
+        match driver::discard(self, id, generation, CLIENT, pages.clone()) {
+            Ok(()) => {
+                self.counts.discards_ok += 1;
+                self.log(format!("{id} discarded {pages:?}"));
+                Ok(())
+            }
+            Err(OpError::Busy) => {
+                // Refused before anything moved: the pages stay remote.
+                self.counts.ops_waited += 1;
+                self.mark_all(id, &pages, Where::Remote);
+                Ok(())
+            }
+            Err(OpError::Remote(e)) => {
+                self.log(format!("{id} could not discard {pages:?}: {e}"));
+                Ok(())
+            }
+            Err(OpError::Crashed) => Err(OpError::Crashed),
+        }
+    }
+
+    fn mark_all(&mut self, id: NodeId, pages: &[PageId], at: Where) {
+        let c = &mut self.nodes.get_mut(&id).expect("running").client;
+        for p in pages {
+            c.pages.get_mut(p).expect("drawn").at = at;
         }
     }
 

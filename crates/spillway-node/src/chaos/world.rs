@@ -115,6 +115,12 @@ pub(super) enum OpError {
     Crashed,
     /// The remote tier's error.
     Remote(RemoteError),
+    /// A repair batch of the node holds one of the pages ([`Placement::claim`] refused):
+    /// the tokio driver waits for the batch to end; a simulated client tries again on a
+    /// later turn.
+    ///
+    /// [`Placement::claim`]: crate::placement::Placement::claim
+    Busy,
 }
 
 impl From<RemoteError> for OpError {
@@ -174,6 +180,9 @@ pub(super) struct World {
     net_rng: SimRng,
     /// The workload's randomness (which operation, which pages).
     pub(super) work_rng: SimRng,
+    /// Whether an operation runs inside another of its node (a client's spill inside a
+    /// repair batch, or a repair batch inside a spill): no deeper nesting.
+    pub(super) nested: bool,
     msgs: Queue<Msg>,
     timers: Queue<Timer>,
     page_cut: BTreeSet<(NodeId, NodeId)>,
@@ -232,6 +241,7 @@ impl World {
             config: config.clone(),
             net_rng: SimRng::new(seed ^ 0x0E70_0000_0000_0003),
             work_rng: SimRng::new(seed ^ 0x3012_0000_0000_0004),
+            nested: false,
             msgs: Queue::new(),
             timers,
             page_cut: BTreeSet::new(),

@@ -179,6 +179,10 @@ impl Placement {
     /// end and tries again. A claimed page is left out of repair scans until
     /// [`Placement::unclaim`].
     pub(crate) fn claim(&mut self, client: u32, pages: &[PageId]) -> bool {
+        // A build without claims (the race `spillway chaos run`'s kill-two found), which
+        // the simulation must catch (`tests/chaos_broken.rs`).
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("spillway-node::repair::claim", |_| true);
         if pages.iter().any(|p| self.repairing.contains(&(client, *p))) {
             return false;
         }
