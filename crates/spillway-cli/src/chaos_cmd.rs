@@ -42,6 +42,10 @@ pub enum FaultKind {
     Partitions,
     /// Message loss, delay (reordering) and duplication.
     Network,
+    /// A node's clock skewed (seconds to minutes, either way) or stopped.
+    Clocks,
+    /// A node's log disk slow (20 to 500 ms a write).
+    Disks,
     /// No faults: the workload alone.
     None,
 }
@@ -120,6 +124,8 @@ fn mix(kinds: &[FaultKind]) -> FaultMix {
             FaultKind::Pauses => m.pauses = true,
             FaultKind::Partitions => m.partitions = true,
             FaultKind::Network => m.network = true,
+            FaultKind::Clocks => m.clocks = true,
+            FaultKind::Disks => m.disks = true,
             FaultKind::None => {}
         }
     }

@@ -253,6 +253,16 @@ struct Output {
     completions: Vec<Completion>,
 }
 
+/// How a node's clock reads against simulated time (a clock fault of a harness; see
+/// [`SimCluster::set_clock`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeClock {
+    /// `ms` ahead of simulated time (behind when negative; never below 0).
+    Skewed(i64),
+    /// Stopped at this reading until set otherwise.
+    StoppedAt(u64),
+}
+
 /// An in-process cluster (see the module doc).
 pub struct SimCluster {
     config: SimConfig,
@@ -266,6 +276,11 @@ pub struct SimCluster {
     initial: InitialCluster,
     completions: Vec<(NodeId, Completion)>,
     stats: NetStats,
+    /// Nodes whose clock is off ([`SimCluster::set_clock`]).
+    clocks: BTreeMap<NodeId, NodeClock>,
+    /// Nodes with a slow log disk: µs each of their messages leaves late
+    /// ([`SimCluster::set_disk_delay_us`]).
+    disk_delay_us: BTreeMap<NodeId, u64>,
 }
 
 impl SimCluster {
@@ -294,6 +309,8 @@ impl SimCluster {
             initial,
             completions: Vec::new(),
             stats: NetStats::default(),
+            clocks: BTreeMap::new(),
+            disk_delay_us: BTreeMap::new(),
         };
         for i in 1..=c.config.voters {
             c.start(NodeId(i), true)?;
@@ -309,6 +326,39 @@ impl SimCluster {
     /// Simulated time since the start, in milliseconds.
     pub fn now_ms(&self) -> u64 {
         self.now_us / 1000
+    }
+
+    /// What node `id`'s clock reads, ms: simulated time unless a clock fault holds
+    /// ([`SimCluster::set_clock`]).
+    pub fn clock_ms(&self, id: NodeId) -> u64 {
+        let now = self.now_ms();
+        match self.clocks.get(&id) {
+            None => now,
+            Some(NodeClock::Skewed(ms)) => now.saturating_add_signed(*ms),
+            Some(NodeClock::StoppedAt(at)) => *at,
+        }
+    }
+
+    /// Puts node `id`'s clock off (`None`: back to simulated time). Its metadata node
+    /// observes this clock at every tick; a clock never runs back there (a node keeps
+    /// the largest reading it saw), so a clock set behind stands still until time
+    /// catches up.
+    pub fn set_clock(&mut self, id: NodeId, clock: Option<NodeClock>) {
+        match clock {
+            Some(c) => self.clocks.insert(id, c),
+            None => self.clocks.remove(&id),
+        };
+    }
+
+    /// Makes node `id`'s log disk slow: every message it sends leaves `us` later (a
+    /// Raft message goes out after the log write before it; heartbeats, which follow
+    /// none, are delayed too, so this overstates the fault a little). 0 ends it.
+    pub fn set_disk_delay_us(&mut self, id: NodeId, us: u64) {
+        if us == 0 {
+            self.disk_delay_us.remove(&id);
+        } else {
+            self.disk_delay_us.insert(id, us);
+        }
     }
 
     /// Simulated time since the start, in microseconds.
@@ -525,7 +575,7 @@ impl SimCluster {
                     .get(&node)
                     .is_some_and(|n| n.generation == generation && n.host.is_some());
                 if current {
-                    let now_ms = self.now_us / 1000;
+                    let now_ms = self.clock_ms(node);
                     self.drive(node, move |n| {
                         n.observe_clock_ms(now_ms);
                         n.tick()
@@ -632,7 +682,8 @@ impl SimCluster {
         let generation = target.generation;
         let latency = self
             .rng
-            .between(self.config.latency_us_min, self.config.latency_us_max);
+            .between(self.config.latency_us_min, self.config.latency_us_max)
+            + self.disk_delay_us.get(&from).copied().unwrap_or(0);
         let snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
         let bytes = wire::encode_message(&msg);
         if self.rng.chance(self.config.duplicate_rate) {

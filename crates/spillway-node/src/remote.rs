@@ -158,6 +158,14 @@ impl RemoteService {
         self.brain.lock().expect("remote tier lock")
     }
 
+    /// The clock reservations are asked for and spent by: this host's, or the group's
+    /// when that is ahead. A proposer whose clock runs minutes ahead stamps the group's
+    /// clock forward; asked by this host's clock alone, every reservation would expire on
+    /// arrival until real time caught up (found by `spillway chaos sim`'s clock faults).
+    fn pool_now_ms(&self) -> u64 {
+        now_ms().max(self.meta.view().clock_ms)
+    }
+
     /// The pool as the brain sees it now: members from the metadata view, reachability
     /// from the connection cache.
     fn candidates(&self) -> Vec<Candidate> {
@@ -167,9 +175,10 @@ impl RemoteService {
             .lock()
             .expect("member extras lock")
             .clone();
-        let now = now_ms();
-        meta.view()
-            .members
+        let view = meta.view();
+        // In the group's clock, as `up_since_ms` is (see `pool_now_ms`).
+        let now = now_ms().max(view.clock_ms);
+        view.members
             .iter()
             .map(|m| {
                 // A member at another epoch than last read came back since: just up.
@@ -358,7 +367,7 @@ impl RemoteService {
         let candidates = self.candidates();
         let plan = self
             .brain()
-            .plan(client, items, &candidates, excluded, now_ms())?;
+            .plan(client, items, &candidates, excluded, self.pool_now_ms())?;
         let proposal = plan.proposal();
         let outcomes = if proposal.is_empty() {
             Vec::new()
@@ -775,7 +784,7 @@ impl RemoteService {
     /// spent, divided by the copies a page takes.
     pub fn capacity_bytes(&self) -> u64 {
         let candidates = self.candidates();
-        self.brain().capacity_bytes(&candidates, now_ms())
+        self.brain().capacity_bytes(&candidates, self.pool_now_ms())
     }
 
     /// Which buffers of this node's clients have a copy of a page on each holder (at

@@ -7,6 +7,11 @@
 //! stops the metadata group of the node for good, says so, and resolves `raft_failed`
 //! (on which the daemon exits).
 //!
+//!
+//! A proposer whose clock ran 20 minutes ahead (the failpoint
+//! `spillway-node::meta::clock-ahead-ms`) stamps the group's clock forward; after it, spills
+//! still go through (reservations are asked by the group's clock when it is ahead).
+//!
 //! Run: `cargo test --release -p spillway-node --features failpoints --test failpoints`.
 //! Failpoints are global to the process: each test holds a `fail::FailScenario`, which
 //! runs them one at a time and clears every failpoint when it ends.
@@ -21,6 +26,7 @@ use spillway_node::{NodeHandle, ProposeFailure};
 
 const PAGE: u64 = 64 << 10;
 const WRITE: &str = "spillway-meta::storage::write";
+const CLOCK_AHEAD: &str = "spillway-node::meta::clock-ahead-ms";
 /// How soon a failure must show in `/status`.
 const UNHEALTHY_WITHIN: Duration = Duration::from_secs(1);
 
@@ -225,6 +231,64 @@ fn metrics_total(text: &str, name: &str) -> u64 {
 }
 
 /// `/status` over HTTP as JSON (what `spillway status` parses).
+/// Found by `spillway chaos sim`'s clock faults: one proposer's clock minutes ahead moved
+/// the group's clock forward, and every other node asked for reservations by its own
+/// clock, which expired on arrival ("expiry is not after the group clock") until real
+/// time caught up: no spill went through for as long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spills_go_on_after_a_proposer_stamped_the_group_clock_minutes_ahead() {
+    const AHEAD_MS: u64 = 20 * 60_000;
+    let scenario = fail::FailScenario::setup();
+    let pool = Pool::new("clockahead", PAGE, [64, 64, 64]);
+    let nodes = pool.start_all().await;
+    let leader = settled(&nodes).await;
+    let spiller = nodes
+        .iter()
+        .flatten()
+        .find(|n| n.node_id() != leader)
+        .unwrap();
+    // Every batch proposed while the failpoint is on is stamped 20 minutes ahead.
+    fail::cfg(CLOCK_AHEAD, &format!("return({AHEAD_MS})")).unwrap();
+    within("a proposal with a clock ahead", spiller.propose(release(1)))
+        .await
+        .unwrap();
+    fail::remove(CLOCK_AHEAD);
+    let ahead = spillway_node::now_ms() + AHEAD_MS / 2;
+    wait_for(
+        "the group's clock ahead on every node",
+        Duration::from_secs(10),
+        || {
+            nodes
+                .iter()
+                .flatten()
+                .all(|n| n.meta_view().clock_ms > ahead)
+                .then_some(())
+        },
+    )
+    .await;
+    // Every node's own clock is now 20 minutes behind the group's.
+    let pages: Vec<_> = (0..6u32)
+        .map(|i| (page_id(4, i), page_bytes(u64::from(i) + 5, PAGE)))
+        .collect();
+    within(
+        "a spill after the clock jump",
+        spiller.remote().spill(2, pages.clone()),
+    )
+    .await
+    .expect("reservations asked by the group's clock");
+    let ids: Vec<_> = pages.iter().map(|(id, _)| *id).collect();
+    let back = within("a fetch", spiller.remote().fetch(2, ids))
+        .await
+        .unwrap();
+    assert_eq!(
+        back,
+        pages.into_iter().map(|(_, b)| b).collect::<Vec<_>>(),
+        "the pages' bytes"
+    );
+    scenario.teardown();
+    shutdown_all(nodes).await;
+}
+
 async fn status_over_http(addr: std::net::SocketAddr) -> serde_json::Value {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = within("connect", tokio::net::TcpStream::connect(addr))

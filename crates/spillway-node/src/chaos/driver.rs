@@ -250,7 +250,9 @@ fn plan_and_reserve(
     excluded: &[NodeId],
 ) -> Result<Vec<Planned>, OpError> {
     let pool = candidates(w, node);
-    let now = w.now_ms();
+    // `RemoteService::pool_now_ms`: this node's clock, or the group's when ahead.
+    let group_ms = w.c.try_node(node).map_or(0, |m| m.state().clock_ms());
+    let now = w.c.clock_ms(node).max(group_ms);
     let plan = brain(w, node, generation)?.plan(client, items, &pool, excluded, now)?;
     let proposal = plan.proposal();
     let outcomes = if proposal.is_empty() {

@@ -98,6 +98,35 @@ pub enum Fault {
         /// How long.
         ms: u64,
     },
+    /// Node `node`'s clock reads `skew_ms` off (ahead when positive) for `ms`: what it
+    /// stamps on its proposals (the group's clock, which reservations expire by) and what
+    /// its brain spends reservations by.
+    ClockSkew {
+        /// The node.
+        node: u64,
+        /// Off by, ms.
+        skew_ms: i64,
+        /// How long.
+        ms: u64,
+    },
+    /// Node `node`'s clock stands still for `ms`, then jumps to the time (a VM paused
+    /// with its clock, a clock stepped back by NTP and held monotonic).
+    ClockStop {
+        /// The node.
+        node: u64,
+        /// How long.
+        ms: u64,
+    },
+    /// Node `node`'s log disk is slow for `ms`: each write takes `write_ms`, so every
+    /// Raft message it sends leaves that much later.
+    SlowDisk {
+        /// The node.
+        node: u64,
+        /// Per write.
+        write_ms: u64,
+        /// How long.
+        ms: u64,
+    },
 }
 
 impl Fault {
@@ -113,7 +142,10 @@ impl Fault {
             | Fault::Split { ms, .. }
             | Fault::Loss { ms, .. }
             | Fault::Delay { ms, .. }
-            | Fault::Duplicate { ms, .. } => ms,
+            | Fault::Duplicate { ms, .. }
+            | Fault::ClockSkew { ms, .. }
+            | Fault::ClockStop { ms, .. }
+            | Fault::SlowDisk { ms, .. } => ms,
         }
     }
 
@@ -125,7 +157,10 @@ impl Fault {
             | Fault::Isolate { node, .. }
             | Fault::CutIn { node, .. }
             | Fault::CutOut { node, .. }
-            | Fault::CutFromLeader { node, .. } => Some(NodeId(node)),
+            | Fault::CutFromLeader { node, .. }
+            | Fault::ClockSkew { node, .. }
+            | Fault::ClockStop { node, .. }
+            | Fault::SlowDisk { node, .. } => Some(NodeId(node)),
             _ => None,
         }
     }
@@ -152,6 +187,10 @@ pub struct FaultMix {
     pub partitions: bool,
     /// Loss, delay and duplication.
     pub network: bool,
+    /// Clocks skewed or stopped.
+    pub clocks: bool,
+    /// Slow log disks.
+    pub disks: bool,
 }
 
 impl FaultMix {
@@ -162,6 +201,8 @@ impl FaultMix {
             pauses: true,
             partitions: true,
             network: true,
+            clocks: true,
+            disks: true,
         }
     }
 
@@ -172,14 +213,18 @@ impl FaultMix {
             pauses: false,
             partitions: false,
             network: false,
+            clocks: false,
+            disks: false,
         }
     }
 }
 
 /// The faults of a run of `length_ms` over `nodes` nodes, drawn from `rng`: a link fault
-/// or a network condition every 2 to 8 s (one at a time of each), and a crash every 5 to
-/// 15 s (a node down 1 to 8 s). Nothing starts in the first 3 s (the pool forms) or in
-/// the last 5 s before `length_ms`.
+/// or a network condition every 2 to 8 s (one at a time of each), a crash every 5 to
+/// 15 s (a node down 1 to 8 s), and a node's clock or disk fault every 4 to 12 s (one at
+/// a time; drawn last, so the other faults of a seed are those drawn without it).
+/// Nothing starts in the first 3 s (the pool forms) or in the last 5 s before
+/// `length_ms`.
 pub fn schedule(
     rng: &mut SimRng,
     mix: FaultMix,
@@ -263,6 +308,42 @@ pub fn schedule(
                 ms: rng.between(1_000, 8_000),
             };
             out.push(ScheduledFault { at_ms: t, fault });
+        }
+    }
+    if mix.clocks || mix.disks {
+        let mut t = 3_000;
+        loop {
+            t += rng.between(4_000, 12_000);
+            if t >= end {
+                break;
+            }
+            let node = node(rng);
+            let ms = rng.between(1_000, 10_000);
+            let disk = !mix.clocks || (mix.disks && rng.below(3) == 0);
+            let fault = if disk {
+                Fault::SlowDisk {
+                    node,
+                    write_ms: rng.between(20, 500),
+                    ms,
+                }
+            } else if rng.below(3) == 0 {
+                Fault::ClockStop { node, ms }
+            } else {
+                // Seconds (as NTP leaves them) or minutes (an unsynchronised host, a
+                // restored VM): past a reservation's life (10 minutes) either way.
+                let by = if rng.below(2) == 0 {
+                    rng.between(1_000, 60_000)
+                } else {
+                    rng.between(60_000, 1_200_000)
+                } as i64;
+                Fault::ClockSkew {
+                    node,
+                    skew_ms: if rng.below(2) == 0 { by } else { -by },
+                    ms,
+                }
+            };
+            out.push(ScheduledFault { at_ms: t, fault });
+            t += ms;
         }
     }
     out.sort_by_key(|f| f.at_ms);

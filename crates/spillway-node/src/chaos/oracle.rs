@@ -19,7 +19,7 @@ use super::driver::{self, HOUSEKEEPING_EVERY_MS, REPAIR_EVERY_MS};
 use super::world::{OpError, PAGE_BYTES, World};
 use super::{REPAIR_BOUND_MS, ViolationKind};
 use crate::placement::RepairJob;
-use crate::tier::remote_page_id;
+use crate::tier::{RemoteError, remote_page_id};
 
 /// Buffers per client.
 const BUFFERS: u64 = 3;
@@ -49,6 +49,14 @@ pub(super) struct PageState {
     /// The nodes that held its latest version at the last check (after each turn).
     seen_on: Vec<NodeId>,
     at: Where,
+}
+
+/// What came of a client's spill.
+pub(super) enum Spilled {
+    Done,
+    Failed(RemoteError),
+    /// Refused while a repair batch held some of its pages.
+    Waited,
 }
 
 /// One node's client.
@@ -221,7 +229,7 @@ impl World {
         let (home, remote) = (client.at(Where::Home), client.at(Where::Remote));
         if pick < 45 && !home.is_empty() {
             let pages = self.draw(home, count);
-            self.spill_pages(id, generation, pages)
+            self.spill_pages(id, generation, pages).map(drop)
         } else if pick < 85 && !remote.is_empty() {
             let pages = self.draw(remote, count);
             match driver::fetch(self, id, generation, CLIENT, pages.clone()) {
@@ -292,7 +300,7 @@ impl World {
             }
         }
         if !home.is_empty() {
-            self.spill_pages(id, generation, home)
+            self.spill_pages(id, generation, home).map(drop)
         } else if !remote.is_empty() {
             self.discard_pages(id, generation, remote)
         } else {
@@ -329,7 +337,7 @@ impl World {
         id: NodeId,
         generation: u64,
         pages: Vec<PageId>,
-    ) -> Result<(), OpError> {
+    ) -> Result<Spilled, OpError> {
         let mut out = Vec::new();
         let c = &mut self.nodes.get_mut(&id).expect("running").client;
         for p in &pages {
@@ -347,16 +355,16 @@ impl World {
                 self.counts.spills_ok += 1;
                 self.log(format!("{id} spilled {pages:?}"));
                 self.mark_all(id, &pages, Where::Remote);
-                Ok(())
+                Ok(Spilled::Done)
             }
             Err(OpError::Remote(e)) => {
                 self.counts.spills_failed += 1;
                 self.log(format!("{id} could not spill {pages:?}: {e}"));
-                Ok(())
+                Ok(Spilled::Failed(e))
             }
             Err(OpError::Busy) => {
                 self.counts.ops_waited += 1;
-                Ok(())
+                Ok(Spilled::Waited)
             }
             Err(OpError::Crashed) => Err(OpError::Crashed),
         }
@@ -660,6 +668,7 @@ impl World {
             );
         }
         self.check_directory();
+        self.check_spills_resume(deadline);
         // Every page reads back, byte for byte.
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for id in ids {
@@ -694,6 +703,43 @@ impl World {
             "end: {} events, {} pages verified, {} lost as allowed",
             self.counts.events, self.counts.pages_verified, self.counts.pages_lost_allowed
         ));
+    }
+
+    /// After every fault healed, each node's client can spill again within the progress
+    /// bound: a spill goes through, or the pool says it has no room (found by the clock
+    /// faults: one node's clock minutes ahead stamped the group's clock forward, and every
+    /// other node's reservations expired on arrival for as long).
+    fn check_spills_resume(&mut self, deadline_us: u64) {
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for id in ids {
+            let generation = self.nodes[&id].generation;
+            loop {
+                let home = self.nodes[&id].client.at(Where::Home);
+                if home.is_empty() {
+                    break;
+                }
+                let pages: Vec<PageId> = home.into_iter().take(PAGES_PER_OP).collect();
+                let error = match self.spill_pages(id, generation, pages) {
+                    Ok(Spilled::Done) | Err(_) => break, // Err: a crash at a failpoint
+                    Ok(Spilled::Failed(RemoteError::NoRoom { .. })) => break,
+                    Ok(Spilled::Failed(e)) => e.to_string(),
+                    Ok(Spilled::Waited) => "waiting for a repair batch".into(),
+                };
+                if self.now_us() >= deadline_us {
+                    self.violation(
+                        ViolationKind::NoProgress,
+                        format!("{id}'s client cannot spill after the faults healed: {error}"),
+                    );
+                    break;
+                }
+                // The nodes' background work (pending deletes, repairs) goes on meanwhile.
+                let retry_at = self.now_us() + 500_000;
+                while self.now_us() < retry_at {
+                    self.turn(false);
+                    self.idle_ms(20);
+                }
+            }
+        }
     }
 
     /// Every live directory record (its holder up, at the recorded epoch) of a remote

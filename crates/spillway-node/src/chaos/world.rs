@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::path::Path;
 
 use spillway_meta::rng::SimRng;
-use spillway_meta::sim::{SimCluster, SimConfig};
+use spillway_meta::sim::{NodeClock, SimCluster, SimConfig};
 use spillway_meta::{Applied, Batch, ProposalFailed, Ticket, Update};
 use spillway_net::{Request, Response};
 use spillway_types::NodeId;
@@ -567,7 +567,7 @@ impl World {
             };
             let id = self.fresh_id();
             let batch = Batch {
-                now_ms: self.now_ms(),
+                now_ms: self.c.clock_ms(node),
                 updates: updates.clone(),
             };
             self.send(node, l, id, Body::Forward(batch));
@@ -699,6 +699,18 @@ impl World {
             Fault::Duplicate { permille, .. } => {
                 self.c.set_duplicate_rate(permille as f64 / 1000.0);
             }
+            Fault::ClockSkew { node, skew_ms, .. } => {
+                self.c
+                    .set_clock(NodeId(node), Some(NodeClock::Skewed(skew_ms)));
+            }
+            Fault::ClockStop { node, .. } => {
+                let at = self.c.clock_ms(NodeId(node));
+                self.c
+                    .set_clock(NodeId(node), Some(NodeClock::StoppedAt(at)));
+            }
+            Fault::SlowDisk { node, write_ms, .. } => {
+                self.c.set_disk_delay_us(NodeId(node), write_ms * 1000);
+            }
         }
         let end = self.now_us() + f.fault.ms() * 1000;
         self.timers.push(end, Timer::End(f));
@@ -735,6 +747,10 @@ impl World {
                 self.delay_max_us = 0;
             }
             Fault::Duplicate { .. } => self.c.set_duplicate_rate(0.0),
+            Fault::ClockSkew { node, .. } | Fault::ClockStop { node, .. } => {
+                self.c.set_clock(NodeId(node), None);
+            }
+            Fault::SlowDisk { node, .. } => self.c.set_disk_delay_us(NodeId(node), 0),
         }
     }
 

@@ -231,6 +231,9 @@ pub struct MetaView {
     pub applied_index: u64,
     /// The members, by id.
     pub members: Vec<MemberView>,
+    /// The group's clock in the state applied here (ms since the Unix epoch): the
+    /// largest clock any proposer stamped on a batch, which reservations expire by.
+    pub clock_ms: u64,
     /// Whether the Raft thread runs.
     pub running: bool,
     /// Whether this node takes part in the group: false from a storage failure until its
@@ -250,6 +253,7 @@ impl Default for MetaView {
             commit_index: 0,
             applied_index: 0,
             members: Vec::new(),
+            clock_ms: 0,
             running: false,
             healthy: true,
             error: None,

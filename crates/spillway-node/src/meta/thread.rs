@@ -537,7 +537,15 @@ fn sync_capacity(
 
 /// Takes pendings from the front of `queue` up to one batch's worth of updates.
 fn take_batch(queue: &mut VecDeque<Pending>, ctx: &ThreadCtx) -> (Batch, Vec<Pending>) {
-    let mut batch = Batch::new(now_ms());
+    let stamp = now_ms();
+    // A clock running ahead by the failpoint's milliseconds (`tests/failpoints.rs`).
+    #[cfg(feature = "failpoints")]
+    let stamp = stamp
+        + fail::eval("spillway-node::meta::clock-ahead-ms", |ms| {
+            ms.and_then(|m| m.parse::<u64>().ok()).unwrap_or(0)
+        })
+        .unwrap_or(0);
+    let mut batch = Batch::new(stamp);
     let mut taken = Vec::new();
     while let Some(p) = queue.front() {
         if !taken.is_empty()
@@ -787,6 +795,7 @@ fn publish(
         commit_index: status.commit_index,
         applied_index: status.applied_index,
         members,
+        clock_ms: state.clock_ms(),
         running: true,
         healthy: true,
         error: None,
