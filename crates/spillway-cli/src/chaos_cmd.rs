@@ -108,6 +108,10 @@ struct Summary {
     pages_repaired: u64,
     /// Spills and discards that waited for a repair batch holding their pages.
     ops_waited: u64,
+    /// Accesses of the clients running the real core.
+    core_acquires: u64,
+    /// Buffers those clients lost where the loss rule allowed it.
+    core_buffers_lost_allowed: u64,
     faults: u64,
     crashes: u64,
     /// The first failing run, shrunk (its fault list cut to what still fails).
@@ -262,6 +266,8 @@ fn run_sim(args: SimArgs) -> Result<()> {
         pages_lost_allowed: sum(|r| r.counts.pages_lost_allowed),
         pages_repaired: sum(|r| r.counts.pages_repaired),
         ops_waited: sum(|r| r.counts.ops_waited),
+        core_acquires: sum(|r| r.counts.core_acquires),
+        core_buffers_lost_allowed: sum(|r| r.counts.core_buffers_lost_allowed),
         faults: sum(|r| r.counts.faults),
         crashes: sum(|r| r.counts.crashes),
         first_failure,

@@ -59,7 +59,7 @@ mod fetch;
 mod plan;
 mod repair;
 
-pub(crate) use fetch::Fetch;
+pub(crate) use fetch::{FETCH_ROUNDS_MAX, Fetch};
 pub(crate) use repair::{RepairJob, UnderReplicated};
 
 /// Replica slots of a page: `crate::config::REPLICAS_MAX`, the directory's slots.

@@ -75,8 +75,8 @@ use crate::config::NodeConfig;
 use crate::meta::{MetaDriver, now_ms};
 use crate::peers::Peers;
 use crate::placement::{
-    Candidate, Deletes, Fetch, Held, MoveVerdict, Placement, Planned, Replica, SLOTS, SpillPage,
-    ToPlace, buffer_of_node,
+    Candidate, Deletes, FETCH_ROUNDS_MAX, Fetch, Held, MoveVerdict, Placement, Planned, Replica,
+    SLOTS, SpillPage, ToPlace, buffer_of_node,
 };
 pub use crate::tier::{
     CLIENT_BUFFER_BITS, CLIENT_BUFFER_MAX, CLIENT_ID_BITS, CLIENT_ID_MAX, MOVE_RETRIES,
@@ -87,9 +87,9 @@ pub use crate::tier::{
 
 /// First wait before a request to a peer that stopped answering is sent again: 50 ms,
 /// doubling up to [`GRACE_RETRY_MAX`], within the node's `peer_grace_ms`.
-const GRACE_RETRY_MIN: Duration = Duration::from_millis(50);
+pub(crate) const GRACE_RETRY_MIN: Duration = Duration::from_millis(50);
 /// Longest wait between two tries of a request within the peer grace: 1 s.
-const GRACE_RETRY_MAX: Duration = Duration::from_secs(1);
+pub(crate) const GRACE_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// The remote tier of this node's clients (see the module docs).
 #[derive(Debug)]
@@ -543,7 +543,7 @@ impl RemoteService {
     async fn run_fetch(&self, fetch: &mut Fetch, grace: bool) {
         // Each round moves every failed page to its next holder: SLOTS rounds at most;
         // the bound also ends a round whose replies were lost (a panicked task).
-        for _ in 0..=SLOTS {
+        for _ in 0..=FETCH_ROUNDS_MAX {
             let requests = self.brain().get_requests(fetch);
             if requests.is_empty() {
                 return;
@@ -879,7 +879,7 @@ type MemberExtra = (spillway_meta::Epoch, Option<Arc<str>>, u64);
 
 /// Whether a request's failure may pass if the peer is waited for (the connection, not the
 /// request, failed).
-fn transient(e: &NetError) -> bool {
+pub(crate) fn transient(e: &NetError) -> bool {
     matches!(
         e,
         NetError::Connect { .. }

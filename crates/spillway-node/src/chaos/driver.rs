@@ -17,8 +17,8 @@ use spillway_types::{NodeId, PageId};
 
 use super::world::{OpError, World};
 use crate::placement::{
-    Candidate, Deletes, Fetch, Held, MoveVerdict, Placement, Planned, RepairJob, Replica, SLOTS,
-    SpillPage, ToPlace, buffer_of_node,
+    Candidate, Deletes, FETCH_ROUNDS_MAX, Fetch, Held, MoveVerdict, Placement, Planned, RepairJob,
+    Replica, SLOTS, SpillPage, ToPlace, buffer_of_node,
 };
 use crate::tier::{MOVE_RETRIES, RemoteError, remote_page_id};
 
@@ -32,6 +32,10 @@ pub(super) const HOUSEKEEPING_EVERY_MS: u64 = crate::tier::PENDING_DELETES_RETRY
 /// How long a fetch waits for the last holder of a page: the node's default peer grace
 /// (30 s), cut short when the pool declares the holder down.
 const PEER_GRACE_US: u64 = crate::config::PEER_GRACE_MS_DEFAULT * 1000;
+/// Waits between asks of a page's last holder within the grace: 50 ms doubling to 1 s
+/// (the node's `GRACE_RETRY_MIN` and `GRACE_RETRY_MAX`).
+const GRACE_RETRY_MIN_US: u64 = crate::remote::GRACE_RETRY_MIN.as_micros() as u64;
+const GRACE_RETRY_MAX_US: u64 = crate::remote::GRACE_RETRY_MAX.as_micros() as u64;
 /// A page request's timeout (3 s, the QUIC idle timeout).
 const REQUEST_US: u64 = spillway_net::config::IDLE_TIMEOUT_MS_DEFAULT * 1000;
 
@@ -433,26 +437,54 @@ fn run_fetch(
     fetch: &mut Fetch,
     grace: bool,
 ) -> Result<(), OpError> {
-    for _ in 0..=SLOTS {
+    for _ in 0..=FETCH_ROUNDS_MAX {
         let requests = brain(w, node, generation)?.get_requests(fetch);
         if requests.is_empty() {
             return Ok(());
         }
+        // The round's requests go out together; a page's last hope is then asked again
+        // and again within the peer grace, as `request_within_grace` does.
         let asks = requests
             .iter()
-            .map(|r| {
-                let last = r.last_chance && grace;
-                Ask {
-                    peer: r.peer,
-                    request: Request::Get {
-                        pages: r.ids.clone(),
-                    },
-                    timeout_us: if last { PEER_GRACE_US } else { REQUEST_US },
-                    until_down: last,
-                }
+            .map(|r| Ask {
+                peer: r.peer,
+                request: Request::Get {
+                    pages: r.ids.clone(),
+                },
+                timeout_us: REQUEST_US,
+                until_down: false,
             })
             .collect();
-        let results = request_all(w, node, generation, asks)?;
+        let mut results = request_all(w, node, generation, asks)?;
+        let start = w.now_us();
+        for (r, result) in requests.iter().zip(results.iter_mut()) {
+            if r.last_chance && grace {
+                let mut delay = GRACE_RETRY_MIN_US;
+                while let Err(e) = result {
+                    if !crate::remote::transient(e)
+                        || declared_down(w, node, r.peer)
+                        || w.now_us() + delay >= start + PEER_GRACE_US
+                    {
+                        break;
+                    }
+                    let at = w.now_us() + delay;
+                    w.run_until(at, |w| w.alive(node, generation).is_err());
+                    w.alive(node, generation)?;
+                    delay = (delay * 2).min(GRACE_RETRY_MAX_US);
+                    let ask = Ask {
+                        peer: r.peer,
+                        request: Request::Get {
+                            pages: r.ids.clone(),
+                        },
+                        timeout_us: REQUEST_US,
+                        until_down: true,
+                    };
+                    *result = request_all(w, node, generation, vec![ask])?
+                        .pop()
+                        .expect("one answer per ask");
+                }
+            }
+        }
         for (r, result) in requests.iter().zip(results) {
             brain(w, node, generation)?.got(fetch, r, result);
         }

@@ -8,8 +8,9 @@
 //! - its remote tier's brain, the real [`crate::placement::Placement`], driven by
 //!   [`driver`] through spills, fetches, discards, re-replication, pending deletes and
 //!   reservation reconciliation in the order `remote::RemoteService` drives it;
-//! - one local client running a training-like loop over a few buffers: it writes a page
-//!   (a new version), spills it, fetches it back and checks every byte, discards some.
+//! - two local clients: a scripted one that writes a page (a new version), spills it,
+//!   fetches it back and checks every byte, discards some; and one running the real core
+//!   (`spillway_core::PoolCore`, [`core_client`]) in a training-like loop.
 //!
 //! One seeded scheduler ([`world::World`]) merges the Raft cluster's events (ticks,
 //! deliveries) with the page network's and the fault timers, on one simulated clock.
@@ -19,7 +20,8 @@
 //! Faults ([`faults`]): page and Raft messages lost, delayed (reordered) and duplicated;
 //! partitions (a node isolated, one-way in or out, a node cut from the leader only, a
 //! minority split off); crashes with a torn write at the log's tail, then restarts;
-//! pauses (a stopped process: its messages wait, its Raft peers hear nothing).
+//! pauses (a stopped process: its messages wait, its Raft peers hear nothing); clocks
+//! skewed or stopped; slow log disks.
 //!
 //! Invariants ([`oracle`]), checked after every event (budgets) or every operation (the
 //! rest), and at the end after every fault healed:
@@ -33,15 +35,17 @@
 //! - the directory agrees with the holders: a live record of an acknowledged page names a
 //!   holder that has its bytes;
 //! - progress: within [`ChaosConfig::progress_bound_ms`] after the faults heal, every node
-//!   is back, every page not lost reads back and has its `replicas` copies.
+//!   is back, every page not lost reads back and has its `replicas` copies, and every
+//!   client spills again.
 //!
 //! What is simplified, and said here so no one reads more into a green run: the clients'
 //! operations run one at a time across the pool (background work — Raft, detection,
 //! message delivery, faults — runs during them); a page's bytes are short (the page size
 //! is the pool's, the data a few KiB); a pause stops the node's page traffic but its Raft
-//! node still ticks (cut off from its peers); disks are real and fast (no slow-disk
-//! fault: fsync costs wall time, not simulated time).
+//! node still ticks (cut off from its peers); disks are real and fast, a slow one
+//! modelled by delaying what its node sends (fsync costs wall time, not simulated time).
 
+mod core_client;
 mod driver;
 pub mod faults;
 mod oracle;
@@ -150,6 +154,11 @@ pub struct RunCounts {
     pub fetches_failed: u64,
     /// Discards acknowledged.
     pub discards_ok: u64,
+    /// Accesses of the clients running the real core (acquire, compare or write,
+    /// release).
+    pub core_acquires: u64,
+    /// Buffers the core clients lost (a fetch failed) where the loss rule allowed it.
+    pub core_buffers_lost_allowed: u64,
     /// Spills and discards refused while a repair batch held one of their pages (the
     /// client tries again later; the tokio driver waits).
     pub ops_waited: u64,

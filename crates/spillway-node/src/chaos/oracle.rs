@@ -151,7 +151,7 @@ impl World {
 
     /// One node's turn: its announcement until it lands, else its housekeeping or its
     /// repair round when due, else (when `work`) one client operation.
-    fn turn(&mut self, work: bool) {
+    pub(super) fn turn(&mut self, work: bool) {
         let ids: Vec<NodeId> = self
             .nodes
             .iter()
@@ -204,6 +204,9 @@ impl World {
                     self.log(format!("{id} repaired {copies} copies"));
                 }
             })
+        } else if work && self.work_rng.below(3) == 0 {
+            self.core_op(id, generation, false);
+            Ok(())
         } else if work {
             self.client_op(id, generation)
         } else {
@@ -487,7 +490,7 @@ impl World {
     /// declared down now or back up from down
     /// within it. A spill may leave out a copy for want of up members, so a member the
     /// pool declared down counts as one of the holders that went down.
-    fn recently_down(&self) -> Vec<NodeId> {
+    pub(super) fn recently_down(&self) -> Vec<NodeId> {
         let since = self.now_us().saturating_sub(REPAIR_BOUND_MS * 1000);
         let since_ms = since / 1000;
         // The leader's state, or without a leader the most advanced running node's.
@@ -541,7 +544,7 @@ impl World {
             .unwrap_or_default()
     }
 
-    fn loss_allowed(&self, down: &[NodeId]) -> bool {
+    pub(super) fn loss_allowed(&self, down: &[NodeId]) -> bool {
         down.len() >= usize::from(self.config.replicas)
     }
 
@@ -697,6 +700,12 @@ impl World {
                     }
                 }
             }
+        }
+        // Every core client reads each of its buffers back once.
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for id in ids {
+            let generation = self.nodes[&id].generation;
+            self.core_op(id, generation, true);
         }
         self.check_raft();
         self.log(format!(

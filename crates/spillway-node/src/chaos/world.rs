@@ -19,6 +19,7 @@ use spillway_meta::{Applied, Batch, ProposalFailed, Ticket, Update};
 use spillway_net::{Request, Response};
 use spillway_types::NodeId;
 
+use super::core_client::CoreClient;
 use super::faults::{self, Fault, ScheduledFault};
 use super::oracle::Client;
 use super::{ChaosConfig, ChaosError, RunCounts, RunReport, Violation, ViolationKind};
@@ -30,10 +31,11 @@ use crate::tier::RemoteError;
 /// The pool's page size in the simulation: 64 KiB, the smallest allowed (the data of a
 /// page is shorter; capacity is counted in whole pages).
 pub(super) const PAGE_BYTES: u64 = 64 << 10;
-/// Each node lends room for 72 pages (4.5 MiB at 64 KiB): the two other clients of a
-/// 3-node pool keep at most 48 copies on it (24 pages, 2 copies, over 2 holders each),
-/// plus a reservation chunk each.
-pub(super) const CAPACITY_PAGES: u64 = 72;
+/// Each node lends room for 96 pages (6 MiB at 64 KiB): the other nodes' clients of a
+/// 3-node pool keep at most 64 copies on it (the scripted client's 24 pages and the core
+/// client's 8, 2 copies over 2 holders each), plus a reservation chunk each and copies
+/// fenced or waiting to be deleted.
+pub(super) const CAPACITY_PAGES: u64 = 96;
 /// A proposal not answered this long fails: the node's `PROPOSAL_TIMEOUT` (5 s).
 const PROPOSAL_TIMEOUT_US: u64 = crate::meta::PROPOSAL_TIMEOUT.as_micros() as u64;
 /// One-way latency of a page message: 0.1 to 1 ms (a LAN), more under a `Delay` fault.
@@ -145,6 +147,8 @@ pub(super) struct PoolNode {
     pub(super) next_repair_us: u64,
     pub(super) next_housekeeping_us: u64,
     pub(super) client: Client,
+    /// The client running the real core; out of here while it works.
+    pub(super) core: Option<CoreClient>,
 }
 
 impl PoolNode {
@@ -167,6 +171,10 @@ impl PoolNode {
             next_repair_us: 0,
             next_housekeeping_us: 0,
             client: Client::new(id, generation),
+            core: Some(
+                CoreClient::new(id, generation, now_ms * 1000)
+                    .expect("the core client's configuration is valid"),
+            ),
         }
     }
 }
@@ -791,6 +799,7 @@ impl World {
         n.store = super::host_store(CAPACITY_PAGES * PAGE_BYTES, PAGE_BYTES);
         n.replies.clear();
         n.client.crashed();
+        n.core = None;
         if torn {
             let bytes = 1 + self.net_rng.below(4096) as usize;
             let garbage: Vec<u8> = (0..bytes).map(|_| self.net_rng.next_u64() as u8).collect();

@@ -10,7 +10,13 @@
 //! asked: the holder lost it with its memory, and would refuse to serve it anyway.
 //! A holder declared down but of the same epoch (paused, partitioned) is tried last.
 //!
-//! Bounds: at most `SLOTS` rounds per fetch (each page moves on by one holder per round).
+//! A holder that did not answer (unreachable, timed out) is asked once more after the
+//! page's other holders all failed: a copy whose holder was cut off for a moment while
+//! the other holder died is still read (found by `spillway chaos sim` with clients
+//! running the real core, which loses a buffer on a failed fetch).
+//!
+//! Bounds: at most [`FETCH_ROUNDS_MAX`] rounds per fetch (each page moves on by one
+//! holder per round, every holder asked at most twice).
 
 use bytes::Bytes;
 use spillway_meta::MemberState;
@@ -19,6 +25,10 @@ use spillway_types::{NodeId, PageId};
 
 use super::{Candidate, Held, Placement};
 use crate::tier::{RemoteError, remote_page_id};
+
+/// Rounds a fetch takes at most: every holder of a page asked once, and those that did
+/// not answer once more.
+pub(crate) const FETCH_ROUNDS_MAX: usize = 2 * super::SLOTS;
 
 /// One `Get` request of a fetch.
 #[derive(Clone, Debug)]
@@ -47,6 +57,11 @@ pub(crate) struct Fetch {
     next: Vec<usize>,
     out: Vec<Option<Bytes>>,
     errors: Vec<Option<RemoteError>>,
+    /// Per page: holders that did not answer, to ask once more at the end; `None` once
+    /// they were put back in `order`.
+    unanswered: Vec<Option<Vec<NodeId>>>,
+    /// Per page: how many holders `order` had before any was put back.
+    first_pass: Vec<usize>,
 }
 
 impl Fetch {
@@ -155,10 +170,12 @@ impl Placement {
             client,
             pages,
             checksums,
-            order,
             next: vec![0; n],
             out: vec![None; n],
             errors: (0..n).map(|_| None).collect(),
+            unanswered: vec![Some(Vec::new()); n],
+            first_pass: order.iter().map(Vec::len).collect(),
+            order,
         })
     }
 
@@ -183,9 +200,12 @@ impl Placement {
                     .iter()
                     .map(|&i| remote_page_id(self.node, fetch.client, fetch.pages[i]))
                     .collect();
-                let last_chance = chunk
-                    .iter()
-                    .any(|&i| fetch.next[i] + 1 >= fetch.order[i].len());
+                // A holder asked again (it did not answer the first time) is waited for
+                // too: every other holder failed already.
+                let last_chance = chunk.iter().any(|&i| {
+                    fetch.next[i] + 1 >= fetch.order[i].len()
+                        || fetch.next[i] >= fetch.first_pass[i]
+                });
                 out.push(GetRequest {
                     peer,
                     idx: chunk.to_vec(),
@@ -211,8 +231,18 @@ impl Placement {
         let peer = request.peer;
         let client = fetch.client;
         let failed = |fetch: &mut Fetch, i: usize, e: RemoteError| {
+            let silent = matches!(e, RemoteError::PeerUnreachable { .. });
             fetch.errors[i] = Some(e);
             fetch.next[i] += 1;
+            if silent && let Some(again) = &mut fetch.unanswered[i] {
+                again.push(peer);
+            }
+            // Every holder tried: those that did not answer are asked once more.
+            if fetch.next[i] >= fetch.order[i].len()
+                && let Some(again) = fetch.unanswered[i].take()
+            {
+                fetch.order[i].extend(again);
+            }
         };
         let got = match result {
             Ok(Response::Get { pages: got, .. }) => got,

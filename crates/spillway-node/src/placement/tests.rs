@@ -696,7 +696,7 @@ fn serve_rounds(
     bytes: impl Fn(NodeId) -> Option<&'static [u8]>,
 ) -> Fetch {
     let mut fetch = b.start_fetch(1, ids, held, pool, None).unwrap();
-    for _ in 0..=SLOTS {
+    for _ in 0..=FETCH_ROUNDS_MAX {
         for r in b.get_requests(&fetch) {
             let reply = match bytes(r.peer) {
                 Some(data) => Response::Get {
@@ -810,4 +810,51 @@ fn repair_rounds_take_turns_so_no_page_waits_forever() {
     seen.sort_unstable();
     seen.dedup();
     assert_eq!(seen, vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn a_holder_that_did_not_answer_is_asked_again_once_the_others_failed() {
+    // Regression (`spillway chaos sim`, clients running the real core): a page's first
+    // holder was cut off for a moment and its second died; the fetch failed, and the core
+    // lost the buffer, though the first holder was back with the bytes.
+    let mut b = brain(2, 8);
+    let pool = [peer(2, 40), peer(3, 40)];
+    spilled(&mut b, 1, &pool);
+    let ids: Vec<PageId> = pages(1).iter().map(|p| p.page).collect();
+    let held = b.known_holders(1, &ids);
+    let mut fetch = b.start_fetch(1, ids, &held, &pool, None).unwrap();
+    let mut asked = Vec::new();
+    for _ in 0..=FETCH_ROUNDS_MAX {
+        for r in b.get_requests(&fetch) {
+            asked.push((r.peer, r.last_chance));
+            // Each holder fails the first time it is asked; node 2 answers the second.
+            let again = asked.iter().filter(|(p, _)| *p == r.peer).count() > 1;
+            let reply = if again && r.peer == NodeId(2) {
+                Ok(Response::Get {
+                    pages: r
+                        .ids
+                        .iter()
+                        .map(|id| Page::new(*id, Bytes::from_static(b"x")))
+                        .collect(),
+                    missing: vec![],
+                })
+            } else {
+                Err(NetError::ConnectionLost {
+                    peer: r.peer,
+                    reason: "no answer".into(),
+                })
+            };
+            b.got(&mut fetch, &r, reply);
+        }
+    }
+    assert_eq!(fetch.finish().unwrap(), vec![Bytes::from_static(b"x")]);
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert!(
+        asked[2].1,
+        "the holder asked again is waited for: {asked:?}"
+    );
+    // A holder that answered it has no copy is not asked again.
+    let ids: Vec<PageId> = pages(1).iter().map(|p| p.page).collect();
+    let fetch = serve_rounds(&mut b, ids, &held, &pool, |_| None);
+    assert!(matches!(fetch.finish(), Err(RemoteError::NotFound { .. })));
 }
