@@ -260,10 +260,16 @@ impl World {
 
     /// The core lost buffer `k` (a fetch of one of its pages failed): allowed only when
     /// the loss rule allows it, now or when its copies died (`replicas` nodes crashed
-    /// within the repair bound since it was written); the client starts the buffer over.
+    /// within one repair bound of each other, from one bound before it was written on: a
+    /// node that crashed shortly before the write may still have been down or unrepaired
+    /// then, and a spill leaves out a copy for want of up members, as the scripted
+    /// client's rule counts it); the client starts the buffer over.
     fn core_buffer_lost(&mut self, c: &mut CoreClient, k: usize) -> Result<(), Stop> {
         let down = self.recently_down();
-        let crashed = self.crashes_within_bound_since(c.buffers[k].written_us);
+        let since = c.buffers[k]
+            .written_us
+            .saturating_sub(super::REPAIR_BOUND_MS * 1000);
+        let crashed = self.crashes_within_bound_since(since);
         if self.loss_allowed(&down) || crashed >= usize::from(self.config.replicas) {
             self.counts.core_buffers_lost_allowed += 1;
         } else {
