@@ -327,18 +327,32 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, config()).expect("bincode encoding of in-memory data")
 }
 
+/// Why bytes are not a join message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Longer than any message may be.
+    #[error("{bytes} bytes, more than {JOIN_MESSAGE_BYTES_MAX}")]
+    TooLarge {
+        /// Its length.
+        bytes: usize,
+    },
+    /// Not a message of the expected kind (bincode's reason).
+    #[error("malformed: {0}")]
+    Malformed(String),
+    /// A message followed by bytes that belong to none.
+    #[error("{0} trailing bytes")]
+    Trailing(usize),
+}
+
 /// Decodes one message under [`JOIN_MESSAGE_BYTES_MAX`], refusing trailing bytes.
-pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() > JOIN_MESSAGE_BYTES_MAX {
-        return Err(format!(
-            "{} bytes, more than {JOIN_MESSAGE_BYTES_MAX}",
-            bytes.len()
-        ));
+        return Err(DecodeError::TooLarge { bytes: bytes.len() });
     }
-    let (value, n) =
-        bincode::serde::decode_from_slice(bytes, config()).map_err(|e| e.to_string())?;
+    let (value, n) = bincode::serde::decode_from_slice(bytes, config())
+        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
     if n != bytes.len() {
-        return Err(format!("{} trailing bytes", bytes.len() - n));
+        return Err(DecodeError::Trailing(bytes.len() - n));
     }
     Ok(value)
 }
@@ -469,7 +483,8 @@ async fn serve_one<H: JoinHandler>(incoming: quinn::Incoming, handler: &H) -> Re
     let from = conn.remote_address();
     // A request that does not decode is answered as a refused join (what a version 1
     // joiner reads).
-    let reply = match bytes.and_then(|b| decode::<BootstrapRequest>(&b)) {
+    let reply = match bytes.and_then(|b| decode::<BootstrapRequest>(&b).map_err(|e| e.to_string()))
+    {
         Err(reason) => encode(&JoinReply::Refused(JoinRefusal::BadRequest { reason })),
         Ok(request) => match (request.invalid_reason(), request) {
             (Some(reason), BootstrapRequest::Remove(_)) => {
@@ -732,11 +747,12 @@ async fn join_inner(
     });
     let result = round_trip(&conn, &request).await;
     endpoint.close(0u32.into(), b"done");
-    let admission =
-        match decode::<JoinReply>(&result?).map_err(|reason| JoinError::BadReply { reason })? {
-            JoinReply::Accepted(a) => a,
-            JoinReply::Refused(r) => return Err(JoinError::Refused(r)),
-        };
+    let admission = match decode::<JoinReply>(&result?).map_err(|e| JoinError::BadReply {
+        reason: e.to_string(),
+    })? {
+        JoinReply::Accepted(a) => a,
+        JoinReply::Refused(r) => return Err(JoinError::Refused(r)),
+    };
     if certs::ca_fingerprint(&admission.ca_pem).ok() != Some(token.ca_sha256) {
         return Err(JoinError::BadReply {
             reason: "the CA certificate it sent is not the token's".into(),
@@ -804,7 +820,9 @@ pub async fn remove(
         });
         let result = round_trip(&conn, &request).await;
         endpoint.close(0u32.into(), b"done");
-        match decode::<RemoveReply>(&result?).map_err(|reason| JoinError::BadReply { reason })? {
+        match decode::<RemoveReply>(&result?).map_err(|e| JoinError::BadReply {
+            reason: e.to_string(),
+        })? {
             RemoveReply::Removed => Ok(()),
             RemoveReply::Refused(r) => Err(JoinError::RemovalRefused(r)),
         }
