@@ -484,6 +484,7 @@ fn batches_of_repeat(
                 device_planning_s: t.device_planning_s / n,
                 device_lock_wait_s: t.device_lock_wait_s / n,
                 completion_s: t.device.completion_sink_s / n,
+                submit_thread_s: t.device.submit_thread_s / n,
                 copies_per_step: t.device.copies as f64 / n,
                 completions_late_per_step: t.device.completions_late as f64 / n,
                 views_in_place_per_step: t.device.views_in_place as f64 / n,

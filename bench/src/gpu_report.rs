@@ -68,6 +68,8 @@ pub struct GpuVariant {
     /// The completion threads' time inside the pool's handler (a completion behind
     /// another reaches the pool that much later).
     pub completion_s: f64,
+    /// The copy lanes' submitter threads: enqueueing copies off the caller's thread.
+    pub submit_thread_s: f64,
     /// Driver copies per step (neighbouring pages submitted together share one).
     pub copies_per_step: f64,
     /// Completions whose copy had already finished when their thread came to them.
@@ -162,6 +164,7 @@ fn fold_variant(reps: &[&GpuVariant]) -> GpuVariant {
         device_planning_s: m(|v| v.device_planning_s),
         device_lock_wait_s: m(|v| v.device_lock_wait_s),
         completion_s: m(|v| v.completion_s),
+        submit_thread_s: m(|v| v.submit_thread_s),
         copies_per_step: m(|v| v.copies_per_step),
         completions_late_per_step: m(|v| v.completions_late_per_step),
         views_in_place_per_step: m(|v| v.views_in_place_per_step),

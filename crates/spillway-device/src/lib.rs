@@ -324,6 +324,12 @@ pub struct DeviceTimings {
     /// completion: its lock wait and planning); a completion behind another waits that
     /// long.
     pub completion_sink_s: f64,
+    /// Driver copies enqueued by the lanes' submitter threads, off the submitting
+    /// thread and the pool's lock (cuda; the rest were enqueued by the thread that
+    /// submitted them).
+    pub submitted_off_thread: u64,
+    /// Seconds the submitter threads spent enqueueing them.
+    pub submit_thread_s: f64,
 }
 
 impl DeviceTimings {
@@ -338,6 +344,8 @@ impl DeviceTimings {
             copies: self.copies - earlier.copies,
             completions_late: self.completions_late - earlier.completions_late,
             completion_sink_s: self.completion_sink_s - earlier.completion_sink_s,
+            submitted_off_thread: self.submitted_off_thread - earlier.submitted_off_thread,
+            submit_thread_s: self.submit_thread_s - earlier.submit_thread_s,
         }
     }
 }

@@ -21,17 +21,15 @@
 //! `gpu-<hash> --test-threads=1 --nocapture`.
 #![cfg(feature = "cuda")]
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use spillway_device::cuda::{
-    CudaDevice, RawCopyBandwidth, RawCopyOptions, STREAMS_PER_DIRECTION_DEFAULT, compute_reference,
-    cuda_available, raw_pinned_bandwidth, raw_pinned_bandwidth_with,
+    CudaDevice, STREAMS_PER_DIRECTION_DEFAULT, compute_reference, cuda_available,
 };
 use spillway_device::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DevicePtr,
 };
-use spillway_types::limits::H2D_BYTES_IN_FLIGHT_DEFAULT;
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, TransferId, pattern};
 
 const KIB: u64 = 1 << 10;
@@ -40,6 +38,9 @@ const MIB: u64 = 1 << 20;
 const COMPLETION_TIMEOUT: Duration = Duration::from_secs(30);
 
 static GPU: Mutex<()> = Mutex::new(());
+
+#[path = "gpu/bandwidth.rs"]
+mod bandwidth;
 
 /// The GPU lock, or `None` (with the reason printed) when there is no usable GPU.
 fn gpu(test: &str) -> Option<MutexGuard<'static, ()>> {
@@ -498,336 +499,6 @@ fn both_directions_with(streams: usize) {
     }
 }
 
-/// Counts completions per direction; the benchmark's sink.
-struct Counter {
-    done: Mutex<[u64; 2]>,
-    errors: Mutex<u64>,
-    changed: Condvar,
-}
-
-const D2H_BIT: u64 = 1 << 63;
-
-impl Counter {
-    fn wait_until(&self, lane: usize, at_least: u64) {
-        let mut done = self.done.lock().unwrap();
-        while done[lane] < at_least {
-            let (g, timeout) = self.changed.wait_timeout(done, COMPLETION_TIMEOUT).unwrap();
-            assert!(!timeout.timed_out(), "no completion within the timeout");
-            done = g;
-        }
-    }
-}
-
-/// Submits `count` copies of `page` in one direction, at most `window` in flight, and
-/// waits for the last; returns the seconds taken.
-fn stream_copies(
-    d: &CudaDevice,
-    counter: &Counter,
-    direction: Direction,
-    frames: u32,
-    count: u64,
-    window: u64,
-) -> f64 {
-    let lane = usize::from(direction == Direction::DeviceToHost);
-    let base = counter.done.lock().unwrap()[lane];
-    let page = d.config().page_bytes;
-    let start = Instant::now();
-    for k in 0..count {
-        if k >= window {
-            counter.wait_until(lane, base + k - window + 1);
-        }
-        let f = (k % u64::from(frames)) as u32;
-        // H2D uses slots 0..frames, D2H slots frames..2*frames: no slot is shared.
-        let (slot, id) = match direction {
-            Direction::HostToDevice => (f, k),
-            Direction::DeviceToHost => (frames + f, k | D2H_BIT),
-        };
-        d.submit(copy(id, direction, f, slot, page));
-    }
-    counter.wait_until(lane, base + count);
-    start.elapsed().as_secs_f64()
-}
-
-#[derive(Debug, Clone, Copy)]
-struct LaneRates {
-    h2d: f64,
-    d2h: f64,
-    both: f64,
-}
-
-fn gbps(bytes_per_s: f64) -> f64 {
-    bytes_per_s / 1e9
-}
-
-/// One submit-path measurement: best of three runs of 4 GiB per direction.
-struct SubmitRow {
-    page: u64,
-    streams: usize,
-    window: u64,
-    rates: LaneRates,
-    latency_us: f64,
-}
-
-fn measure_submit(page: u64, streams: usize, window_bytes: u64) -> SubmitRow {
-    let region_bytes = 1024 * MIB;
-    let per_direction_bytes = 4096 * MIB;
-    let frames = (region_bytes / page) as u32;
-    let counter = Arc::new(Counter {
-        done: Mutex::new([0; 2]),
-        errors: Mutex::new(0),
-        changed: Condvar::new(),
-    });
-    let c2 = counter.clone();
-    let sink: CompletionSink = Arc::new(move |c: Completion| {
-        let lane = usize::from(c.id.0 & D2H_BIT != 0);
-        if c.result.is_err() {
-            *c2.errors.lock().unwrap() += 1;
-        }
-        c2.done.lock().unwrap()[lane] += 1;
-        c2.changed.notify_all();
-    });
-    let config = DeviceConfig {
-        frames,
-        host_slots: 2 * frames,
-        page_bytes: page,
-    };
-    let d = CudaDevice::with_streams(config, sink, 0, streams).unwrap();
-    let count = per_direction_bytes / page;
-    let window = (window_bytes / page).max(2);
-    // Warm-up both lanes (event pool, first-touch paths).
-    stream_copies(
-        &d,
-        &counter,
-        Direction::HostToDevice,
-        frames,
-        window * 2,
-        window,
-    );
-    stream_copies(
-        &d,
-        &counter,
-        Direction::DeviceToHost,
-        frames,
-        window * 2,
-        window,
-    );
-    let mut best = LaneRates {
-        h2d: 0.0,
-        d2h: 0.0,
-        both: 0.0,
-    };
-    let bytes = (count * page) as f64;
-    for _ in 0..3 {
-        let t = stream_copies(&d, &counter, Direction::HostToDevice, frames, count, window);
-        best.h2d = best.h2d.max(bytes / t);
-        let t = stream_copies(&d, &counter, Direction::DeviceToHost, frames, count, window);
-        best.d2h = best.d2h.max(bytes / t);
-        let start = Instant::now();
-        std::thread::scope(|s| {
-            let (d, c) = (&d, &*counter);
-            s.spawn(move || stream_copies(d, c, Direction::HostToDevice, frames, count, window));
-            s.spawn(move || stream_copies(d, c, Direction::DeviceToHost, frames, count, window));
-        });
-        best.both = best.both.max(2.0 * bytes / start.elapsed().as_secs_f64());
-    }
-    // Latency of one copy on an idle lane (submit to completion), median of 21.
-    let mut lat: Vec<f64> = (0..21)
-        .map(|_| stream_copies(&d, &counter, Direction::HostToDevice, frames, 1, 1) * 1e6)
-        .collect();
-    lat.sort_by(f64::total_cmp);
-    assert_eq!(*counter.errors.lock().unwrap(), 0, "no copy failed");
-    SubmitRow {
-        page,
-        streams,
-        window,
-        rates: best,
-        latency_us: lat[10],
-    }
-}
-
-/// Best of three raw measurements.
-fn raw_best(block: u64, blocks: u32) -> RawCopyBandwidth {
-    let mut raw = raw_pinned_bandwidth(0, block, blocks).unwrap();
-    for _ in 0..2 {
-        let r = raw_pinned_bandwidth(0, block, blocks).unwrap();
-        raw.h2d_bytes_per_s = raw.h2d_bytes_per_s.max(r.h2d_bytes_per_s);
-        raw.d2h_bytes_per_s = raw.d2h_bytes_per_s.max(r.d2h_bytes_per_s);
-        raw.both_bytes_per_s = raw.both_bytes_per_s.max(r.both_bytes_per_s);
-    }
-    raw
-}
-
-#[test]
-fn copy_bandwidth_of_submit_against_raw_pinned() {
-    let Some(_gpu) = gpu("bandwidth") else {
-        return;
-    };
-    let name = cuda_available().unwrap();
-    // The ceiling: large blocks. Page-sized raw blocks (no events, all enqueued at once)
-    // show how much of any gap is the copy size itself.
-    let raw = raw_best(256 * MIB, 16);
-    let raw_pages: Vec<RawCopyBandwidth> = [2 * MIB, 8 * MIB]
-        .into_iter()
-        .map(|b| raw_best(b, (4096 * MIB / b) as u32))
-        .collect();
-    let mut rows = Vec::new();
-    for page in [2 * MIB, 8 * MIB] {
-        for streams in [1, 2] {
-            rows.push(measure_submit(page, streams, H2D_BYTES_IN_FLIGHT_DEFAULT));
-        }
-    }
-    // Where the 2 MiB gap comes from: copies walking 1 GiB (as the lanes do) with and
-    // without an event per copy, and the lanes with 4x the bytes in flight.
-    let diag_raw: Vec<(&str, RawCopyBandwidth)> = [false, true]
-        .into_iter()
-        .map(|event_per_copy| {
-            let label = if event_per_copy {
-                "raw 2 MiB over 1 GiB, event per copy"
-            } else {
-                "raw 2 MiB over 1 GiB"
-            };
-            let options = RawCopyOptions {
-                block_bytes: 2 * MIB,
-                blocks: 2048,
-                region_bytes: 1024 * MIB,
-                event_per_copy,
-            };
-            (label, raw_pinned_bandwidth_with(0, options).unwrap())
-        })
-        .collect();
-    let diag_window = measure_submit(2 * MIB, STREAMS_PER_DIRECTION_DEFAULT, 256 * MIB);
-
-    println!();
-    println!(
-        "copy bandwidth on {name} (GB/s = 1e9 B/s; best of 3 runs of 4 GiB per direction; \
-         submit() keeps {} MiB in flight per direction; default streams per direction: {})",
-        H2D_BYTES_IN_FLIGHT_DEFAULT / MIB,
-        STREAMS_PER_DIRECTION_DEFAULT
-    );
-    println!(
-        "| path | page/block | streams/dir | H2D GB/s | D2H GB/s | both at once GB/s (sum) | H2D / raw | D2H / raw | both / raw | 1-copy latency us |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for r in std::iter::once(&raw).chain(&raw_pages) {
-        println!(
-            "| raw cuMemcpyAsync, pinned | {} MiB | 1 | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | - |",
-            r.block_bytes / MIB,
-            gbps(r.h2d_bytes_per_s),
-            gbps(r.d2h_bytes_per_s),
-            gbps(r.both_bytes_per_s),
-            r.h2d_bytes_per_s / raw.h2d_bytes_per_s,
-            r.d2h_bytes_per_s / raw.d2h_bytes_per_s,
-            r.both_bytes_per_s / raw.both_bytes_per_s,
-        );
-    }
-    println!("diagnostics, 2 MiB copies (one run each):");
-    for (label, r) in &diag_raw {
-        println!(
-            "| {label} | {:.1} | {:.1} | {:.1} |",
-            gbps(r.h2d_bytes_per_s),
-            gbps(r.d2h_bytes_per_s),
-            gbps(r.both_bytes_per_s)
-        );
-    }
-    println!(
-        "| submit(), 256 MiB in flight | {:.1} | {:.1} | {:.1} |",
-        gbps(diag_window.rates.h2d),
-        gbps(diag_window.rates.d2h),
-        gbps(diag_window.rates.both)
-    );
-    let mut json_rows = Vec::new();
-    let mut misses = Vec::new();
-    for row in &rows {
-        let r = row.rates;
-        let (rh, rd, rb) = (
-            r.h2d / raw.h2d_bytes_per_s,
-            r.d2h / raw.d2h_bytes_per_s,
-            r.both / raw.both_bytes_per_s,
-        );
-        println!(
-            "| submit() | {} MiB | {} | {:.1} | {:.1} | {:.1} | {rh:.2} | {rd:.2} | {rb:.2} | {:.0} |",
-            row.page / MIB,
-            row.streams,
-            gbps(r.h2d),
-            gbps(r.d2h),
-            gbps(r.both),
-            row.latency_us,
-        );
-        if row.streams == STREAMS_PER_DIRECTION_DEFAULT {
-            if rh < 0.9 || rd < 0.9 {
-                misses.push(format!(
-                    "{} MiB: below 0.9x raw one way ({rh:.2}, {rd:.2})",
-                    row.page / MIB
-                ));
-            }
-            if r.both < 75e9 {
-                misses.push(format!(
-                    "{} MiB: both at once {:.1} GB/s < 75",
-                    row.page / MIB,
-                    gbps(r.both)
-                ));
-            }
-        }
-        json_rows.push(serde_json::json!({
-            "page_bytes": row.page,
-            "streams_per_direction": row.streams,
-            "default_streams": row.streams == STREAMS_PER_DIRECTION_DEFAULT,
-            "window_copies": row.window,
-            "h2d_bytes_per_s": r.h2d,
-            "d2h_bytes_per_s": r.d2h,
-            "both_bytes_per_s": r.both,
-            "h2d_vs_raw": rh,
-            "d2h_vs_raw": rd,
-            "both_vs_raw": rb,
-            "single_copy_latency_us_median": row.latency_us,
-        }));
-    }
-    println!(
-        "targets with the default streams (>= 0.9x raw each way, >= 75 GB/s both): {}",
-        if misses.is_empty() {
-            "met".to_string()
-        } else {
-            misses.join("; ")
-        }
-    );
-
-    if let Ok(dir) = std::env::var("SPILLWAY_BENCH_OUT") {
-        let raw_json = |r: &RawCopyBandwidth| {
-            serde_json::json!({
-                "block_bytes": r.block_bytes,
-                "h2d_bytes_per_s": r.h2d_bytes_per_s,
-                "d2h_bytes_per_s": r.d2h_bytes_per_s,
-                "both_bytes_per_s": r.both_bytes_per_s,
-            })
-        };
-        let doc = serde_json::json!({
-            "device": name,
-            "bytes_per_direction_per_run": 4096 * MIB,
-            "runs": 3,
-            "raw_pinned": raw_json(&raw),
-            "raw_pinned_page_blocks": raw_pages.iter().map(raw_json).collect::<Vec<_>>(),
-            "submit": json_rows,
-            "diagnostics_2mib": {
-                "raw_over_1gib": raw_json(&diag_raw[0].1),
-                "raw_over_1gib_event_per_copy": raw_json(&diag_raw[1].1),
-                "submit_256mib_in_flight": {
-                    "h2d_bytes_per_s": diag_window.rates.h2d,
-                    "d2h_bytes_per_s": diag_window.rates.d2h,
-                    "both_bytes_per_s": diag_window.rates.both,
-                },
-            },
-            "targets_missed": misses,
-        });
-        let path = std::path::Path::new(&dir).join("gpu_copy_bandwidth.json");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
-        println!("wrote {}", path.display());
-    }
-    if std::env::var("SPILLWAY_BENCH_STRICT").is_ok_and(|v| v == "1") {
-        assert!(misses.is_empty(), "bandwidth targets missed: {misses:?}");
-    }
-}
-
 #[test]
 fn an_acquire_in_consecutive_frames_is_shown_in_place_else_mapped_once() {
     let Some(_gpu) = gpu("views") else {
@@ -976,5 +647,113 @@ fn neighbouring_pages_go_as_one_copy_and_complete_one_by_one() {
         let mut tail = vec![0u8; 16];
         d.read_frame(FrameId(11), page / 2, &mut tail).unwrap();
         assert!(tail[..] != data[9][(page / 2) as usize..(page / 2 + 16) as usize]);
+    }
+}
+
+/// Batches of non-neighbouring pages: each lane's first run may be enqueued by the
+/// submitting thread, the rest by the lane's submitter thread; completions still come
+/// once each, in submission order per direction, a refused copy (bytes past its page)
+/// among them, and every page holds what was copied.
+#[test]
+fn batches_enqueued_partly_off_the_callers_thread_complete_once_in_order() {
+    let Some(_gpu) = gpu("submitter threads") else {
+        return;
+    };
+    let page = 256 * KIB;
+    let n = 32u32;
+    let (d, rx) = open(2 * n, 2 * n, page);
+    let data: Vec<Vec<u8>> = (0..n)
+        .map(|s| random_bytes(4_000 + u64::from(s), page as usize))
+        .collect();
+    for (s, bytes) in data.iter().enumerate() {
+        d.write_host(HostSlot(s as u32), 0, bytes).unwrap();
+    }
+    for f in 0..n {
+        d.fill_pattern(FrameId(n + f), page, 500 + u64::from(f))
+            .unwrap();
+    }
+    const DOWN: u64 = 1 << 40;
+    const REFUSED: u64 = 7_777;
+    let before = d.timings();
+    let rounds = 16u64;
+    let mut expected_up = Vec::new();
+    let mut expected_down = Vec::new();
+    for r in 0..rounds {
+        // Uploads to every other frame (no two neighbours: one run each) and downloads,
+        // interleaved in one batch; one refused upload in round 3.
+        let mut ops = Vec::new();
+        for k in 0..n / 2 {
+            let (frame, slot) = (2 * k + (r as u32 % 2), (k * 7 + r as u32) % n);
+            let id = r * 1_000 + u64::from(k);
+            ops.push(copy(id, Direction::HostToDevice, frame, slot, page));
+            expected_up.push((id, frame, slot));
+            let down = DOWN + id;
+            ops.push(copy(
+                down,
+                Direction::DeviceToHost,
+                n + 2 * k,
+                n + 2 * k,
+                page,
+            ));
+            expected_down.push(down);
+            if r == 3 && k == 5 {
+                ops.push(copy(REFUSED, Direction::HostToDevice, 0, 0, page + 1));
+                expected_up.push((REFUSED, 0, 0));
+            }
+        }
+        d.submit_batch(&ops);
+    }
+    let (mut up, mut down) = (expected_up.iter(), expected_down.iter());
+    for _ in 0..expected_up.len() + expected_down.len() {
+        let c = next(&rx);
+        if c.id.0 >= DOWN {
+            assert_eq!(Some(&c.id.0), down.next(), "D2H in submission order");
+            c.result.unwrap();
+        } else {
+            let &(id, _, _) = up.next().expect("no extra H2D completion");
+            assert_eq!(c.id.0, id, "H2D in submission order");
+            if id == REFUSED {
+                assert!(c.result.is_err(), "a copy past its page is refused");
+            } else {
+                c.result.unwrap();
+            }
+        }
+    }
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "one completion each"
+    );
+    // The last round's uploads are in their frames.
+    for &(id, frame, slot) in expected_up.iter().rev().take((n / 2) as usize) {
+        let mut back = vec![0u8; page as usize];
+        d.read_frame(FrameId(frame), 0, &mut back).unwrap();
+        assert!(
+            back == data[slot as usize],
+            "copy {id}: frame {frame} holds slot {slot}"
+        );
+    }
+    for k in 0..n / 2 {
+        let mut back = vec![0u8; page as usize];
+        d.read_host(HostSlot(n + 2 * k), 0, &mut back).unwrap();
+        assert_eq!(
+            pattern::checksum(&back),
+            pattern::expected_checksum(500 + u64::from(2 * k), page as usize),
+            "slot {} holds frame {}",
+            n + 2 * k,
+            n + 2 * k
+        );
+    }
+    let t = d.timings().since(&before);
+    let runs = (expected_up.len() + expected_down.len()) as u64;
+    assert_eq!(t.completions, runs);
+    if d.diagnostics().submit_off_thread {
+        assert!(
+            t.submitted_off_thread > 0 && t.submitted_off_thread < runs,
+            "some runs enqueued by the submitter threads, each lane's first by the caller \
+             when idle: {} of {runs}",
+            t.submitted_off_thread
+        );
+    } else {
+        assert_eq!(t.submitted_off_thread, 0);
     }
 }

@@ -1,23 +1,24 @@
 //! [`CudaDevice`]: the parts put together. Creation (driver and GPU checks, then frames,
-//! host slots, sync lane, ranges, copy lanes, fences and completion threads), the
+//! host slots, sync lane, ranges, copy lanes, fences, completion and submitter threads), the
 //! API beyond the [`Device`](crate::Device) trait (compute stream, memory outside the
 //! budget in a [`DeviceAlloc`], reads through a buffer range), the helpers the trait impl
 //! (`device_impl`) uses, and the teardown order.
 //!
-//! Invariants: drop order is field order, after [`Drop`] stopped the fences, closed the
-//! queues, drained the lanes and joined the lane threads (unless it
+//! Invariants: drop order is field order, after [`Drop`] stopped the fences, joined the
+//! submitter threads (each enqueues what it was sent first), closed the queues, drained the lanes and joined the lane threads (unless it
 //! runs on one): sync lane, ranges, frames, host slots, and the context last. Lock order:
 //! a lane's lock, or the sync lane's lock, or the buffer ranges' lock; never two at once.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::{JoinHandle, ThreadId};
 
 use cudarc::driver::sys;
-use spillway_types::{BufferId, Direction};
+use spillway_types::BufferId;
 
-use super::context::{Context, Event, Stream};
+use super::context::{Context, Stream};
 use super::driver::{
     check, device_attribute, device_handle, device_name, init_driver, lock, unavailable,
 };
@@ -25,7 +26,9 @@ use super::fence::FenceLane;
 use super::frames::Frames;
 use super::host::HostSlots;
 use super::kernels::SyncLane;
-use super::lanes::{Lane, LaneState, LaneStats, Pending, completion_loop};
+use super::lanes::{
+    Lane, LaneState, LaneStats, Pending, RawCopy, Submission, completion_loop, submit_loop,
+};
 use super::mapper::{ViewStats, apply};
 use super::ranges::Ranges;
 use crate::{
@@ -57,7 +60,10 @@ pub struct CudaDevice {
     // slots, and the context last (every part also holds an `Arc` of it).
     pub(crate) fences: FenceLane,
     pub(crate) lanes: [Arc<Lane>; 2],
+    /// The lanes' completion threads.
     threads: Vec<JoinHandle<()>>,
+    /// The lanes' submitter threads (none with `SPILLWAY_CUDA_SUBMIT=inline`).
+    submitters: Vec<JoinHandle<()>>,
     sync: Mutex<SyncLane>,
     /// Counts of the views of acquired buffers (`mapper`).
     pub(crate) views: ViewStats,
@@ -79,7 +85,9 @@ pub struct CudaDevice {
 /// - `SPILLWAY_CUDA_VIEWS=mapped`: an acquire is shown through its buffer's range even
 ///   when its frames are consecutive (needs pages of a multiple of the granularity);
 /// - `SPILLWAY_CUDA_SYNC_RELEASES=1`: a release behind consumer streams synchronizes them
-///   on the releasing thread before the pool takes the pages back.
+///   on the releasing thread before the pool takes the pages back;
+/// - `SPILLWAY_CUDA_SUBMIT=inline`: every copy is enqueued in the driver by the thread
+///   that submits it (the pool's caller, under the pool's lock), no submitter threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Diagnostics {
     /// Neighbouring pages go as one copy (default true).
@@ -88,6 +96,9 @@ pub struct Diagnostics {
     pub views_in_place: bool,
     /// Releases wait for their consumer streams on the host (default false).
     pub sync_releases: bool,
+    /// Copies after a batch's first are enqueued by the lane's submitter thread
+    /// (default true).
+    pub submit_off_thread: bool,
 }
 
 impl Default for Diagnostics {
@@ -96,6 +107,7 @@ impl Default for Diagnostics {
             copy_runs: true,
             views_in_place: true,
             sync_releases: false,
+            submit_off_thread: true,
         }
     }
 }
@@ -116,6 +128,7 @@ impl Diagnostics {
             copy_runs: var("SPILLWAY_CUDA_COPY_RUNS").as_deref() != Some("0"),
             views_in_place: var("SPILLWAY_CUDA_VIEWS").as_deref() != Some("mapped"),
             sync_releases: var("SPILLWAY_CUDA_SYNC_RELEASES").as_deref() == Some("1"),
+            submit_off_thread: var("SPILLWAY_CUDA_SUBMIT").as_deref() != Some("inline"),
         }
     }
 }
@@ -227,6 +240,8 @@ impl CudaDevice {
                     free_events: Vec::new(),
                     next_stream: 0,
                 }),
+                submitter: Mutex::new(None),
+                queued: AtomicUsize::new(0),
                 stats: Mutex::new(LaneStats::default()),
             }))
         };
@@ -244,6 +259,7 @@ impl CudaDevice {
             handles,
             lanes,
             threads: Vec::new(),
+            submitters: Vec::new(),
             sync: Mutex::new(sync),
             ranges,
             frames,
@@ -264,6 +280,22 @@ impl CudaDevice {
                     message: e.to_string(),
                 })?;
             device.threads.push(handle);
+        }
+        if device.diagnostics.submit_off_thread {
+            for i in 0..2 {
+                let lane = device.lanes[i].clone();
+                let (tx, rx) = mpsc::channel();
+                let name = ["spillway-cuda-h2d-submit", "spillway-cuda-d2h-submit"][i];
+                let handle = std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn(move || submit_loop(&lane, &rx))
+                    .map_err(|e| DeviceError::Driver {
+                        op: "spawn submitter thread",
+                        message: e.to_string(),
+                    })?;
+                *lock(&device.lanes[i].submitter) = Some(tx);
+                device.submitters.push(handle);
+            }
         }
         Ok(device)
     }
@@ -291,6 +323,8 @@ impl CudaDevice {
             t.copies += l.copies;
             t.completions_late += l.completions_late;
             t.completion_sink_s += l.completion_sink_s;
+            t.submitted_off_thread += l.submitted_off_thread;
+            t.submit_thread_s += l.submit_thread_s;
         }
         t
     }
@@ -377,66 +411,31 @@ impl CudaDevice {
         n
     }
 
-    /// Enqueues `run` (one op, or neighbouring pages that [`CudaDevice::run_len`]
-    /// accepted) as one copy on its lane's stream and records its event (lane lock held).
-    pub(crate) fn enqueue(
-        &self,
-        lane: &Lane,
-        state: &mut LaneState,
-        run: &[CopyOp],
-    ) -> Result<Event, DeviceError> {
-        let first = &run[0];
+    /// `run` (one op, or neighbouring pages that [`CudaDevice::run_len`] accepted) as
+    /// one driver copy's addresses, checked; refused (its completion will say why) when a
+    /// page's bytes exceed a page. An id out of range panics (a caller bug), on the
+    /// submitting thread.
+    pub(crate) fn resolve(&self, run: &[CopyOp]) -> Submission {
+        let ids = run.iter().map(|op| op.id).collect();
         let mut bytes = 0;
         for op in run {
-            check_range(0, op.bytes, self.config.page_bytes)?;
+            if let Err(e) = check_range(0, op.bytes, self.config.page_bytes) {
+                return Submission { ids, copy: Err(e) };
+            }
             // Validates the ids (panics on a caller bug, as everywhere).
             let _ = (self.frames.ptr(op.frame), self.host.ptr(op.slot));
             bytes += op.bytes;
         }
-        let op = CopyOp { bytes, ..*first };
-        let frame = self.frames.ptr(op.frame);
-        let slot = self.host.ptr(op.slot);
-        self.ctx.bind()?;
-        let event = match state.free_events.pop() {
-            Some(e) => e,
-            None => Event::new()?,
+        let first = &run[0];
+        let copy = RawCopy {
+            direction: first.direction,
+            frame: self.frames.ptr(first.frame),
+            slot: self.host.ptr(first.slot) as usize,
+            bytes,
         };
-        let stream = lane.streams[state.next_stream].raw;
-        state.next_stream = (state.next_stream + 1) % lane.streams.len();
-        let copied = if op.bytes == 0 {
-            Ok(())
-        } else {
-            // SAFETY: every page's range lies inside its frame and slot (checked above)
-            // and a run's frames and slots are neighbours at consecutive addresses
-            // (`run_len`); the slots are pinned, so the copy is truly asynchronous, and by
-            // the pool's contract nobody touches the frames or slots until the
-            // completions arrive.
-            check("cuMemcpyAsync", unsafe {
-                match op.direction {
-                    Direction::HostToDevice => sys::cuMemcpyHtoDAsync_v2(
-                        frame,
-                        slot.cast_const().cast(),
-                        op.bytes as usize,
-                        stream,
-                    ),
-                    Direction::DeviceToHost => {
-                        sys::cuMemcpyDtoHAsync_v2(slot.cast(), frame, op.bytes as usize, stream)
-                    }
-                }
-            })
-        };
-        // SAFETY: a live event and stream of the current context.
-        let recorded = copied.and_then(|()| {
-            check("cuEventRecord", unsafe {
-                sys::cuEventRecord(event.0, stream)
-            })
-        });
-        match recorded {
-            Ok(()) => Ok(event),
-            Err(e) => {
-                state.free_events.push(event);
-                Err(e)
-            }
+        Submission {
+            ids,
+            copy: Ok(copy),
         }
     }
 
@@ -580,6 +579,14 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         // Fences first: their `done` may call back into the pool.
         self.fences.shutdown();
+        // Close the submitters: they enqueue every run sent to them, then end (they never
+        // call into the pool, so joining them from a completion thread is safe).
+        for lane in &self.lanes {
+            lock(&lane.submitter).take();
+        }
+        for t in self.submitters.drain(..) {
+            let _ = t.join();
+        }
         // Close the queues: the threads deliver every queued completion, then end.
         for lane in &self.lanes {
             lock(&lane.state).queue.take();
@@ -648,6 +655,7 @@ mod tests {
             Some(String::from(match n {
                 "SPILLWAY_CUDA_COPY_RUNS" => "0",
                 "SPILLWAY_CUDA_VIEWS" => "mapped",
+                "SPILLWAY_CUDA_SUBMIT" => "inline",
                 _ => "1",
             }))
         };
@@ -656,7 +664,8 @@ mod tests {
             Diagnostics {
                 copy_runs: false,
                 views_in_place: false,
-                sync_releases: true
+                sync_releases: true,
+                submit_off_thread: false,
             }
         );
         let other = |_: &str| Some("yes".to_string());

@@ -14,7 +14,7 @@ use spillway_types::{BufferId, Direction, FrameId, HostSlot};
 
 use super::device::{BANDWIDTH_HINT_BYTES_PER_S, CudaDevice};
 use super::driver::{check, lock};
-use super::lanes::{Pending, lane_index};
+use super::lanes::{Submission, lane_index};
 use super::mapper::{consecutive, record};
 use super::ranges::BufferRange;
 use crate::{
@@ -46,34 +46,21 @@ impl Device for CudaDevice {
     }
 
     /// Runs of neighbouring pages ([`CudaDevice::run_len`]) go as one copy with one
-    /// event; the completion thread reports each page of a run, in order.
+    /// event; the completion thread reports each page of a run, in order. Each lane's
+    /// first run is enqueued here, the rest by its submitter thread (`lanes`).
     fn submit_batch(&self, ops: &[CopyOp]) {
+        let mut per_lane: [Vec<Submission>; 2] = [Vec::new(), Vec::new()];
         let mut rest = ops;
         while !rest.is_empty() {
             let n = self.run_len(rest);
             let (run, tail) = rest.split_at(n);
             rest = tail;
-            let lane = &self.lanes[lane_index(run[0].direction)];
-            let mut state = lock(&lane.state);
-            let ids = run.iter().map(|op| op.id).collect();
-            let pending = match self.enqueue(lane, &mut state, run) {
-                Ok(event) => Pending {
-                    ids,
-                    event: Some(event),
-                    result: Ok(()),
-                },
-                Err(e) => Pending {
-                    ids,
-                    event: None,
-                    result: Err(e),
-                },
-            };
-            state
-                .queue
-                .as_ref()
-                .expect("queues live until drop")
-                .send(pending)
-                .expect("completion thread lives until drop");
+            per_lane[lane_index(run[0].direction)].push(self.resolve(run));
+        }
+        for (lane, runs) in self.lanes.iter().zip(per_lane) {
+            if !runs.is_empty() {
+                lane.submit(runs);
+            }
         }
     }
 

@@ -26,10 +26,14 @@
 //!   copies run at full PCIe speed and never fault.
 //! - **Two copy lanes**, host-to-device and device-to-host, each with its own
 //!   non-blocking stream(s) (so the GPU's copy engines run both directions at once) and
-//!   a completion thread. `submit` enqueues `cuMemcpy{HtoD,DtoH}Async` and records an
-//!   event right after it on one of the lane's streams (round-robin when there are
-//!   several, [`CudaDevice::with_streams`]), under the lane's lock, and queues
-//!   `(id, event)` to the lane's thread. The thread waits for each event in turn with
+//!   a submitter and a completion thread. A copy is enqueued as
+//!   `cuMemcpy{HtoD,DtoH}Async` with an event recorded right after it on one of the
+//!   lane's streams (round-robin when there are several, [`CudaDevice::with_streams`]),
+//!   under the lane's lock, and `(id, event)` queued to the completion thread. A batch's
+//!   first copy per lane is enqueued by the submitting thread when the lane's submitter
+//!   thread is idle (a demand load waits for no hand-off); the rest are enqueued by the
+//!   submitter thread, so the pool's caller, which submits holding the pool's lock, does
+//!   not pay the driver's microseconds per copy. The thread waits for each event in turn with
 //!   `cuEventSynchronize` on a *blocking-sync* event (the thread sleeps in the kernel
 //!   driver until the copy engine signals; it does not spin a core) and then calls the
 //!   sink. The queue holds copies in submission order and the thread reports them in that
@@ -56,7 +60,7 @@
 //! - `host`: the pinned host slots.
 //! - `kernels`: the PTX module and the sync lane that runs the kernels;
 //!   [`compute_reference`].
-//! - `lanes`: the two copy lanes and their completion threads.
+//! - `lanes`: the two copy lanes, their submitter and completion threads.
 //! - `fence`: the compute stream and its fences.
 //! - `ranges`: buffer ranges; `mapper`: views of acquired buffers (in place, or pages
 //!   mapped into their buffer's range).
@@ -71,7 +75,8 @@
 //! [`Diagnostics`]: environment switches, read when a device is made, that turn off copy
 //! runs (`SPILLWAY_CUDA_COPY_RUNS=0`) or in-place views (`SPILLWAY_CUDA_VIEWS=mapped`),
 //! or make releases wait for their consumer streams on the host
-//! (`SPILLWAY_CUDA_SYNC_RELEASES=1`), to tell which part a wrong result comes from.
+//! (`SPILLWAY_CUDA_SYNC_RELEASES=1`), or enqueue every copy on the thread that submits it
+//! (`SPILLWAY_CUDA_SUBMIT=inline`, no submitter threads), to tell which part a wrong result comes from.
 //! A device made with any of them set logs a warning once.
 //!
 //! # Kernels
