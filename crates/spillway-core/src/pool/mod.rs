@@ -144,7 +144,7 @@ pub const JITTER_MARGIN: Duration = Duration::from_millis(10);
 /// expected unused bytes of the guesses planned, the sum of `(1 - p) x bytes`, stay
 /// within this share of the bytes of the sure predictions planned so far (at least those
 /// of the next `MIN_LOOKAHEAD_ACCESSES`), plus one page.
-pub const SPECULATION_WASTE_RATIO: f64 = 0.25;
+pub const SPECULATION_WASTE_RATIO: f64 = 4.0;
 /// First wait before a spill is tried again after the remote tier refused one: 10 ms.
 pub const SPILL_RETRY_MIN: Duration = Duration::from_millis(10);
 /// Longest wait between spill attempts: 1 s.

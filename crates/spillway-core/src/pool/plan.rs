@@ -589,11 +589,15 @@ mod tests {
 
     #[test]
     fn a_guess_is_planned_only_within_the_speculation_cap() {
-        // Pages of 100 bytes; a sure buffer of 4 pages, then guesses of 2 pages each.
+        // Pages of 100 bytes; a sure buffer of 4 pages, then guesses of `n` pages each,
+        // sized from the cap so that one guess at probability 0.5 fits and two do not:
+        // the cap is R x (400 sure + one page of 100) = 500 R, a guess's expected unused
+        // bytes 0.5 x 100 n = 300 R.
+        let n = (6.0 * SPECULATION_WASTE_RATIO).ceil() as usize;
         let mut pages = PageTable::new(100);
         let sure = pages.insert(400, (0..4).map(|_| Page::new(None)).collect());
         let guesses: Vec<BufferId> = (0..4)
-            .map(|_| pages.insert(200, vec![Page::new(None), Page::new(None)]))
+            .map(|_| pages.insert(100 * n as u64, (0..n).map(|_| Page::new(None)).collect()))
             .collect();
         let guess = |b: BufferId, d: u64, p: f64| Upcoming {
             buffer: b,
@@ -601,21 +605,25 @@ mod tests {
             time_until: Duration::from_millis(d),
             probability: p,
         };
-        // Probability 0.5: each guess's expected unused bytes are 100. The cap is
-        // 0.25 x (400 sure + one page of 100) = 125: one guess fits, not two; the sure
-        // buffer counts wherever it stands in the lookahead (here after the guesses).
+        // The sure buffer counts wherever it stands in the lookahead (here after the
+        // guesses).
         let mut ups: Vec<Upcoming> = guesses
             .iter()
             .enumerate()
             .map(|(i, &g)| guess(g, i as u64, 0.5))
             .collect();
         ups.push(upcoming(sure.0, 7, 7));
+        // At 1 B/s the horizon covers every access: only the cap limits.
+        let slow = 1.0;
         let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
-        plan.replan(&ups, 0, 1.0, &pages);
+        plan.replan(&ups, 0, slow, &pages);
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
-        assert_eq!(planned, [guesses[0], guesses[0], sure, sure, sure, sure]);
-        let waste: f64 = 0.5 * 200.0;
-        assert!(waste <= SPECULATION_WASTE_RATIO * 500.0);
+        let mut want = vec![guesses[0]; n];
+        want.extend([sure; 4]);
+        assert_eq!(planned, want);
+        let waste = 0.5 * 100.0 * n as f64;
+        let cap = SPECULATION_WASTE_RATIO * 500.0;
+        assert!(waste <= cap && 2.0 * waste > cap);
         // A guess already loading counts against the cap: the next one does not fit.
         pages
             .page_mut(PageId {
@@ -626,11 +634,13 @@ mod tests {
             frame: spillway_types::FrameId(0),
             prefetch: true,
         };
-        plan.replan(&ups, 0, 1.0, &pages);
+        plan.replan(&ups, 0, slow, &pages);
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
-        assert_eq!(planned, [guesses[0], sure, sure, sure, sure]);
-        // Sure predictions are never capped; nearly sure guesses (0.95) fit five times
-        // more: all four (expected unused 4 x 10 = 40 <= 125).
+        let mut want = vec![guesses[0]; n - 1];
+        want.extend([sure; 4]);
+        assert_eq!(planned, want);
+        // Sure predictions are never capped; nearly sure guesses (0.95) fit ten times
+        // more: all four (expected unused 4 x 0.05 x 100 n = 120 R <= 500 R).
         let ups: Vec<Upcoming> = std::iter::once(upcoming(sure.0, 0, 0))
             .chain(
                 guesses
@@ -639,7 +649,7 @@ mod tests {
                     .map(|(i, &g)| guess(g, 1 + i as u64, 0.95)),
             )
             .collect();
-        plan.replan(&ups, 0, 1.0, &pages);
-        assert_eq!(plan.queue.len(), 4 + 1 + 3 * 2);
+        plan.replan(&ups, 0, slow, &pages);
+        assert_eq!(plan.queue.len(), 4 + (n - 1) + 3 * n);
     }
 }
