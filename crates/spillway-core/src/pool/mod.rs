@@ -143,7 +143,10 @@ pub const JITTER_MARGIN: Duration = Duration::from_millis(10);
 /// below 1, which the predictor bounds by its measured precision) only while the
 /// expected unused bytes of the guesses planned, the sum of `(1 - p) x bytes`, stay
 /// within this share of the bytes of the sure predictions planned so far (at least those
-/// of the next `MIN_LOOKAHEAD_ACCESSES`), plus one page.
+/// of the next `MIN_LOOKAHEAD_ACCESSES`), plus one page. A runaway stop, not the bound
+/// that usually binds: the bandwidth horizon counts the guesses' bytes and the eviction
+/// bound keeps a guess from displacing a page needed sooner. At 0.25 batch-1 MoE steps
+/// stalled on the experts no guess brought (DESIGN, "The cap raised to 4").
 pub const SPECULATION_WASTE_RATIO: f64 = 4.0;
 /// First wait before a spill is tried again after the remote tier refused one: 10 ms.
 pub const SPILL_RETRY_MIN: Duration = Duration::from_millis(10);
