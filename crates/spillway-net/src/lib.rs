@@ -46,6 +46,8 @@ pub mod ucx;
 mod exchange;
 mod message;
 mod server;
+#[cfg(test)]
+mod test_dirs;
 mod tls;
 
 use std::future::Future;

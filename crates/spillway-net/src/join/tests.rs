@@ -4,16 +4,7 @@ use super::*;
 use crate::certs::PoolCa;
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "spillway-join-{name}-{}-{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    crate::test_dirs::temp_dir("join", name)
 }
 
 fn now_ms() -> u64 {
