@@ -146,6 +146,9 @@ struct State {
     pending_releases: u64,
     names: HashMap<BufferId, Arc<str>>,
     remote_errors_log: LogLimit,
+    /// Device mapping failures (a device that refused every page's mapping once wrote a
+    /// line per page loaded, under this lock).
+    mapping_errors_log: LogLimit,
 }
 
 /// At most one log line a second for a kind of repeated error; counts what it held back.
@@ -230,8 +233,10 @@ impl Shared {
                 }
                 MappingChange::Unmap { page } => device.unmap_page(page.buffer, page.index),
             };
-            if let Err(e) = r {
-                tracing::error!(error = %e, "device mapping failed");
+            if let Err(e) = r
+                && let Some(suppressed) = state.mapping_errors_log.should_log(self.now())
+            {
+                tracing::error!(error = %e, suppressed, "device mapping failed");
             }
         }
         // All at once: the device may carry neighbouring pages in one copy.
@@ -403,6 +408,7 @@ impl Pool {
                 pending_releases: 0,
                 names: HashMap::new(),
                 remote_errors_log: LogLimit::default(),
+                mapping_errors_log: LogLimit::default(),
             }),
             cond: Condvar::new(),
             device: OnceLock::new(),
