@@ -1,13 +1,15 @@
 //! [`CudaDevice`]: the parts put together. Creation (driver and GPU checks, then frames,
-//! host slots, sync lane, ranges, copy lanes, fences, completion and submitter threads), the
-//! API beyond the [`Device`](crate::Device) trait (compute stream, memory outside the
+//! host slots, sync lane, ranges, copy lanes, fences, completion and submitter threads),
+//! the API beyond the [`Device`](crate::Device) trait (compute stream, memory outside the
 //! budget in a [`DeviceAlloc`], reads through a buffer range), the helpers the trait impl
 //! (`device_impl`) uses, and the teardown order.
 //!
 //! Invariants: drop order is field order, after [`Drop`] stopped the fences, joined the
-//! submitter threads (each enqueues what it was sent first), closed the queues, drained the lanes and joined the lane threads (unless it
-//! runs on one): sync lane, ranges, frames, host slots, and the context last. Lock order:
-//! a lane's lock, or the sync lane's lock, or the buffer ranges' lock; never two at once.
+//! submitter threads (each enqueues what it was sent first), closed the queues, drained
+//! the lanes and joined the lane threads (unless it runs on one): sync lane, ranges,
+//! frames, host slots, and the context last. Lock order: a lane's lock (its submitter's
+//! lock may be held around it, never taken inside it), or the sync lane's lock, or the
+//! buffer ranges' lock; never two of these at once.
 
 use std::collections::HashMap;
 use std::ffi::c_void;

@@ -118,14 +118,8 @@ impl Lane {
             return;
         }
         self.queued.fetch_add(rest.len(), Ordering::AcqRel);
-        if let Err(mpsc::SendError(rest)) = tx.send(rest) {
-            // The submitter ended (it only does when the sender is dropped, so this
-            // cannot happen while we hold it): enqueue here rather than lose a copy.
-            self.queued.fetch_sub(rest.len(), Ordering::AcqRel);
-            for run in rest {
-                self.enqueue_and_queue(run);
-            }
-        }
+        tx.send(rest)
+            .expect("the submitter thread lives until its sender is dropped");
     }
 
     /// Enqueues `run` in the driver and queues it for the completion thread, under the
