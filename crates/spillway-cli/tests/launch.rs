@@ -37,6 +37,8 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
         assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        // The poll interval: `f` reads files and processes of other processes, which
+        // signal nothing this test could wait on.
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -47,6 +47,8 @@ fn wait_status(dir: &Path, what: &str, f: impl Fn(&Value) -> bool) -> Value {
             start.elapsed() < DEADLINE,
             "timed out waiting for {what}: {s:?}"
         );
+        // The poll interval: the status comes from `spillway status` against node
+        // processes, which signal nothing this test could wait on.
         std::thread::sleep(Duration::from_millis(100));
     }
 }

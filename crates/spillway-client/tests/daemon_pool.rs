@@ -31,6 +31,8 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        // The poll interval: `cond` reads state of the node's tasks, which signal
+        // nothing this test could wait on.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
