@@ -504,3 +504,56 @@ fn a_discard_acquire_loads_nothing_and_its_pages_are_written_back() {
     c.release(h, t(8));
     c.check_invariants();
 }
+
+/// One training-like step: weights read, gradients overwritten then read (the
+/// optimizer), more weights read; copies finish after each acquire.
+fn training_step(c: &mut PoolCore, w: &[BufferId], g: BufferId, ms: &mut u64) {
+    let mut acquire = |c: &mut PoolCore, b: BufferId, discard: bool| {
+        *ms += 1;
+        let (h, _) = if discard {
+            c.begin_acquire_discard(b, t(*ms)).unwrap()
+        } else {
+            c.begin_acquire(b, AccessMode::Shared, t(*ms)).unwrap()
+        };
+        settle(c, t(*ms));
+        assert!(c.is_ready(h).unwrap());
+        c.release(h, t(*ms));
+        settle(c, t(*ms));
+    };
+    acquire(c, w[0], false);
+    acquire(c, w[1], false);
+    acquire(c, g, true);
+    acquire(c, w[0], false);
+    acquire(c, g, false);
+    acquire(c, w[2], false);
+    c.step(t(*ms));
+    settle(c, t(*ms));
+}
+
+#[test]
+fn a_learned_pool_does_not_prefetch_a_buffer_its_next_access_overwrites() {
+    // Four frames for 8 pages of weights and gradients: every buffer leaves the GPU
+    // between its uses, so each access but the overwrite needs its pages brought back.
+    let mut c = pool(4, 16, Policy::Learned);
+    let w: Vec<BufferId> = (0..3).map(|_| c.alloc(2 * PAGE).unwrap()).collect();
+    let g = c.alloc(2 * PAGE).unwrap();
+    let mut ms = 0;
+    for _ in 0..2 {
+        training_step(&mut c, &w, g, &mut ms);
+    }
+    let before = c.stats();
+    for _ in 0..3 {
+        training_step(&mut c, &w, g, &mut ms);
+    }
+    let after = c.stats();
+    assert_eq!(
+        after.overwrites - before.overwrites,
+        3 * 2,
+        "the gradients' pages get frames without a load at each step (not prefetched)"
+    );
+    // Per step at most the weights' 3 buffers and one reload of the first (4 frames):
+    // 8 pages. Prefetching the gradients' old bytes too made it 10.
+    let h2d_pages = (after.h2d_bytes - before.h2d_bytes) / PAGE;
+    assert!(h2d_pages <= 3 * 8, "{h2d_pages} pages loaded in 3 steps");
+    c.check_invariants();
+}
