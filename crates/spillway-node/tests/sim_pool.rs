@@ -46,10 +46,14 @@ struct Run {
     checksums: Vec<u64>,
 }
 
-async fn run(seed: u64) -> Run {
-    let root = TempDir::new(&format!("sim-{seed}"));
-    let net = SimNetwork::seeded(seed);
-    let transports: Vec<_> = (1..=3)
+/// Starts `n` members of one pool (QUIC pages, default replicas) over `net`, their files
+/// under `root`; returns their addresses and handles.
+async fn start_members(
+    root: &TempDir,
+    net: &SimNetwork,
+    n: u64,
+) -> (Vec<SocketAddr>, Vec<Option<NodeHandle>>) {
+    let transports: Vec<_> = (1..=n)
         .map(|i| net.transport(POOL, NodeId(i), &QuicConfig::default()))
         .collect();
     let addrs: Vec<SocketAddr> = transports
@@ -57,15 +61,23 @@ async fn run(seed: u64) -> Run {
         .map(spillway_net::Transport::local_addr)
         .collect();
     let members = members_at(&addrs);
-    let mut nodes: Vec<Option<NodeHandle>> = Vec::new();
+    let mut nodes = Vec::new();
     for (i, transport) in transports.into_iter().enumerate() {
-        let mut c = member_config(&root, &root.0.join("pool"), &members, i, PAGE, 256);
+        let mut c = member_config(root, &root.0.join("pool"), &members, i, PAGE, 256);
         c.transport = PageTransport::Quic;
+        assert_eq!(c.replicas, 2, "the default");
         let node = within("node start", Node::start_over(c, transport))
             .await
             .unwrap();
         nodes.push(Some(node));
     }
+    (addrs, nodes)
+}
+
+async fn run(seed: u64) -> Run {
+    let root = TempDir::new(&format!("sim-{seed}"));
+    let net = SimNetwork::seeded(seed);
+    let (_, nodes) = start_members(&root, &net, 3).await;
     settled(&nodes).await;
 
     let mut rng = Rng(seed);
@@ -180,24 +192,7 @@ async fn a_dead_holder_loses_nothing_and_its_copies_are_made_again() {
     let seed = 14u64;
     let root = TempDir::new("sim-replicas");
     let net = SimNetwork::seeded(seed);
-    let transports: Vec<_> = (1..=4)
-        .map(|i| net.transport(POOL, NodeId(i), &QuicConfig::default()))
-        .collect();
-    let addrs: Vec<SocketAddr> = transports
-        .iter()
-        .map(spillway_net::Transport::local_addr)
-        .collect();
-    let members = members_at(&addrs);
-    let mut nodes: Vec<Option<NodeHandle>> = Vec::new();
-    for (i, transport) in transports.into_iter().enumerate() {
-        let mut c = member_config(&root, &root.0.join("pool"), &members, i, PAGE, 256);
-        c.transport = PageTransport::Quic;
-        assert_eq!(c.replicas, 2, "the default");
-        let node = within("node start", Node::start_over(c, transport))
-            .await
-            .unwrap();
-        nodes.push(Some(node));
-    }
+    let (addrs, mut nodes) = start_members(&root, &net, 4).await;
     let leader = settled_n(&nodes, 4).await;
 
     let count = 40u32;
