@@ -12,6 +12,11 @@ training (forward + backward + AdamW step, batch --train-batch x --seq tokens):
   learned    spillway.torch.offload + spillway.torch.Optimizer, policy learned
   on_demand  the same, policy on_demand
   fsdp2      FSDP2 fully_shard(..., offload_policy=CPUOffloadPolicy()) on one rank
+  handwritten decoder layers' weights, gradients and AdamW state in pinned host memory,
+             a ring of 2 GPU slots filled by a side stream (per-layer checkpointing so
+             no saved tensor holds a slot), gradients copied out as they come, the
+             optimizer streamed layer by layer through two staging sets (what a user
+             writes by hand; `train_handwritten`)
 inference (forward only under torch.no_grad(), batch --infer-batch x --infer-seq):
   resident, copy_floor, learned, on_demand as above;
   accelerate accelerate.cpu_offload hooks;
@@ -228,6 +233,179 @@ def train_fsdp2(args, config, weights, data):
     out = {"step_s": median_after_first(times), "times": times,
            "gpu_peak_bytes": torch.cuda.max_memory_allocated()}
     del m, opt
+    return out
+
+
+def train_handwritten(args, config, weights, data, ref_losses=None):
+    """What a user writes by hand to train a model whose weights, gradients and AdamW
+    state do not fit: each decoder layer's weights, gradients and state in flat pinned
+    host buffers; the embedding, final norm and head resident (with a GPU AdamW).
+    Forward and backward run with per-layer activation checkpointing (transformers'
+    non-reentrant checkpointing), so no saved tensor points at a layer's weights; a
+    forward pre-hook binds layer i's weights from a ring of 2 GPU slots and a side
+    stream copies the next layer in (i+1 forward, i-1 during backward's recomputation).
+    Each layer's gradients go to the host on a third stream as soon as they are
+    accumulated. The optimizer step streams each layer's weights, gradients and state
+    through two staging sets (copy in, AdamW on the GPU, copy out, overlapped), with
+    torch's single-tensor AdamW arithmetic."""
+    import math
+    reset_gpu()
+    m = new_model(config, weights)
+    m.train()
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = list(m.model.layers)
+    n_layers = len(layers)
+    metas, w_host = [], []
+    for layer in layers:
+        ps = list(layer.parameters())
+        n = sum(p.numel() for p in ps)
+        h = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
+        off, meta = 0, []
+        for p in ps:
+            h[off:off + p.numel()].copy_(p.detach().reshape(-1))
+            meta.append((p, off, p.shape))
+            off += p.numel()
+            p.data = torch.empty(0, dtype=p.dtype, device="cuda")
+        w_host.append(h)
+        metas.append(meta)
+    def pinned(n):
+        return torch.zeros(n, dtype=torch.bfloat16, pin_memory=True)
+    g_host = [pinned(h.numel()) for h in w_host]
+    m_host = [pinned(h.numel()) for h in w_host]
+    v_host = [pinned(h.numel()) for h in w_host]
+    moved = {"h2d": 0, "d2h": 0}  # bytes of the step under way
+    slot_n = max(h.numel() for h in w_host)
+    slots = [torch.empty(slot_n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    stage = [[torch.empty(slot_n, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+             for _ in range(2)]  # gradients, exp_avg, exp_avg_sq per set
+    h2d, d2h = torch.cuda.Stream(), torch.cuda.Stream()
+    ready = [torch.cuda.Event() for _ in layers]
+    w_done = [torch.cuda.Event() for _ in layers]
+    g_done = [torch.cuda.Event() for _ in layers]
+    holds = [None, None]
+    # A slot or staging set comes free when the optimizer's copies out of it are done.
+    freed = [torch.cuda.Event() for _ in range(2)]
+    for e in w_done + freed:
+        e.record()
+
+    def load(i):
+        s = i % 2
+        if holds[s] == i:
+            return
+        free = torch.cuda.Event()
+        free.record(torch.cuda.current_stream())  # kernels using the slot are queued before
+        with torch.cuda.stream(h2d):
+            h2d.wait_event(free)
+            h2d.wait_event(freed[s])
+            h2d.wait_event(w_done[i])
+            slots[s][:w_host[i].numel()].copy_(w_host[i], non_blocking=True)
+            ready[i].record(h2d)
+        moved["h2d"] += 2 * w_host[i].numel()
+        holds[s] = i
+
+    def pre(i):
+        def hook(mod, a):
+            load(i)  # no copy when the slot holds it (the first layer, the last in backward)
+            torch.cuda.current_stream().wait_event(ready[i])
+            for p, off, shape in metas[i]:
+                p.data = slots[i % 2][off:off + shape.numel()].view(shape)
+            backward = torch._C._current_graph_task_id() != -1
+            nxt = i - 1 if backward else i + 1
+            if 0 <= nxt < n_layers:
+                load(nxt)
+        return hook
+
+    pending = [0] * n_layers
+    per_layer = [len(meta) for meta in metas]
+
+    def grad_hook(i):
+        def hook(p):
+            pending[i] += 1
+            if pending[i] < per_layer[i]:
+                return
+            pending[i] = 0
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream())
+            with torch.cuda.stream(d2h):
+                d2h.wait_event(done)
+                for q, off, shape in metas[i]:
+                    g_host[i][off:off + shape.numel()].copy_(q.grad.reshape(-1), non_blocking=True)
+                    q.grad.record_stream(d2h)
+                g_done[i].record(d2h)
+            moved["d2h"] += 2 * g_host[i].numel()
+            for q, _, _ in metas[i]:
+                q.grad = None
+        return hook
+
+    hs = []
+    for i, layer in enumerate(layers):
+        hs.append(layer.register_forward_pre_hook(pre(i)))
+        for p, _, _ in metas[i]:
+            hs.append(p.register_post_accumulate_grad_hook(grad_hook(i)))
+    layer_params = {id(p) for meta in metas for p, _, _ in meta}
+    resident = [p for p in m.parameters() if id(p) not in layer_params]
+    opt = torch.optim.AdamW(resident, lr=1e-4, foreach=False)
+    lr, (beta1, beta2), eps, wd = 1e-4, (0.9, 0.999), 1e-8, 0.01
+    step_no = [0]
+    loaded = [torch.cuda.Event() for _ in range(2)]
+    computed = [torch.cuda.Event() for _ in range(2)]
+
+    def step():
+        opt.step()
+        opt.zero_grad()
+        step_no[0] += 1
+        t = step_no[0]
+        step_size = lr / (1 - beta1 ** t)
+        bc2_sqrt = math.sqrt(1 - beta2 ** t)
+        cur = torch.cuda.current_stream()
+        backward_done = torch.cuda.Event()
+        backward_done.record(cur)  # the slots' last readers
+        for i in range(n_layers):
+            s, n = i % 2, w_host[i].numel()
+            w, g, ea, eas = slots[s][:n], stage[s][0][:n], stage[s][1][:n], stage[s][2][:n]
+            with torch.cuda.stream(h2d):
+                h2d.wait_event(backward_done)
+                h2d.wait_event(freed[s])
+                h2d.wait_event(g_done[i])
+                w.copy_(w_host[i], non_blocking=True)
+                g.copy_(g_host[i], non_blocking=True)
+                ea.copy_(m_host[i], non_blocking=True)
+                eas.copy_(v_host[i], non_blocking=True)
+                loaded[s].record(h2d)
+            cur.wait_event(loaded[s])
+            w.mul_(1 - lr * wd)
+            ea.lerp_(g, 1 - beta1)
+            eas.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            w.addcdiv_(ea, (eas.sqrt() / bc2_sqrt).add_(eps), value=-step_size)
+            computed[s].record(cur)
+            with torch.cuda.stream(d2h):
+                d2h.wait_event(computed[s])
+                w_host[i].copy_(w, non_blocking=True)
+                m_host[i].copy_(ea, non_blocking=True)
+                v_host[i].copy_(eas, non_blocking=True)
+                w_done[i].record(d2h)
+                freed[s].record(d2h)
+            moved["h2d"] += 8 * n
+            moved["d2h"] += 6 * n
+        holds[0] = holds[1] = None  # the slots held the old weights or staging
+
+    reset_gpu()
+    times, losses = [], []
+    for x in data:
+        moved["h2d"] = moved["d2h"] = 0
+        dt, loss = sync_time(lambda: forward_backward(m, x))
+        losses.append(loss.item())
+        dt2, _ = sync_time(step)
+        times.append(dt + dt2)
+    out = {"step_s": median_after_first(times), "times": times, "losses": losses,
+           "gpu_peak_bytes": torch.cuda.max_memory_allocated(),
+           "h2d_bytes_per_step": moved["h2d"], "d2h_bytes_per_step": moved["d2h"]}
+    if ref_losses:
+        out["first_loss_equal"] = losses[0] == ref_losses[0]
+        out["max_loss_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
+    for h in hs:
+        h.remove()
+    del m, opt, slots, stage, w_host, g_host, m_host, v_host
     return out
 
 
@@ -463,6 +641,9 @@ def main():
     if "on_demand" not in args.skip and "train" in args.parts:
         guarded(tr, "on_demand", lambda: train_offload(args, config, weights, data, "on_demand",
                                                        ref if ref else None))
+    if "handwritten" not in args.skip and "train" in args.parts:
+        guarded(tr, "handwritten", lambda: train_handwritten(args, config, weights, data,
+                                                             ref.get("losses")))
     ref.clear()
     if "h2d_bytes_per_step" in tr.get("learned", {}):
         guarded(tr, "copy_floor", lambda: {"step_s": copy_floor(tr["learned"]["h2d_bytes_per_step"],
@@ -516,7 +697,8 @@ def main():
                                                        "first_loss_differing")}
             print(f"\n{variant}: bit-identical to resident training over", args.train_steps,
                   "steps:", checks)
-    for k in ("train_fsdp2_over_learned", "infer_accelerate_over_learned", "infer_handwritten_over_learned"):
+    for k in ("train_fsdp2_over_learned", "train_handwritten_over_learned",
+              "infer_accelerate_over_learned", "infer_handwritten_over_learned"):
         if k in doc:
             print(f"{k}: {doc[k]:.2f}")
     with open(args.out, "w") as f:
