@@ -68,6 +68,29 @@ def forward_backward(m, x):
     return loss
 
 
+def timed_forward_backward(args, m, x, phases, mark=None):
+    """forward_backward, timed whole (the step's time), or with --phases, forward and
+    backward timed apart (a synchronisation between them: a diagnostic of where a
+    variant's time goes, not its step time) into `phases`."""
+    if not args.phases:
+        return sync_time(lambda: forward_backward(m, x))
+    if mark:
+        mark("start")
+    dtf, loss = sync_time(lambda: m(input_ids=x, labels=x).loss)
+    if mark:
+        mark("forward")
+    dtb, _ = sync_time(lambda: loss.backward())
+    if mark:
+        mark("backward")
+    phases.setdefault("forward", []).append(dtf)
+    phases.setdefault("backward", []).append(dtb)
+    return dtf + dtb, loss
+
+
+def phase_medians(phases):
+    return {k: median_after_first(v) for k, v in phases.items()}
+
+
 def median_after_first(times):
     return statistics.median(times[1:]) if len(times) > 1 else times[0]
 
@@ -116,19 +139,20 @@ def train_resident(args, config, weights, data):
     reset_gpu()
     m = new_model(config, weights)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=False)
-    times, losses = [], []
+    times, losses, phases = [], [], {}
     for i, x in enumerate(data):
-        dt, loss = sync_time(lambda: forward_backward(m, x))
+        dt, loss = timed_forward_backward(args, m, x, phases)
         losses.append(loss.item())
         if i == len(data) - 1:
             grads = {n: p.grad.detach().cpu() for n, p in m.named_parameters()}
         dt2, _ = sync_time(lambda: (opt.step(), opt.zero_grad()))
+        phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
     final = {n: p.detach().cpu() for n, p in m.named_parameters()}
     peak = torch.cuda.max_memory_allocated()
     del m, opt
     return {"step_s": median_after_first(times), "times": times, "losses": losses,
-            "gpu_peak_bytes": peak}, grads, final
+            "phase_s": phase_medians(phases), "gpu_peak_bytes": peak}, grads, final
 
 
 def make_pool(args, policy, host_bytes):
@@ -165,23 +189,42 @@ def train_offload(args, config, weights, data, policy, ref=None):
     handle.discard_overwritten = not args.no_discard
     reset_gpu()
     opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-4, foreach=False)
-    times, losses, grads_equal = [], [], None
+    times, losses, grads_equal, phases = [], [], None, {}
     s0 = None
+    # With --phases: the pool's counters at each phase's end, per measured step.
+    marks = []
+    phase_pool = {}
+
+    def mark(name):
+        if name == "start":
+            marks.clear()
+        marks.append((name, pool.stats()))
+
     for i, x in enumerate(data):
         if i == 1:
             torch.cuda.synchronize()
             s0 = pool.stats()
-        dt, loss = sync_time(lambda: forward_backward(m, x))
+        dt, loss = timed_forward_backward(args, m, x, phases, mark if i >= 1 else None)
         losses.append(loss.item())
         if ref is not None and i == len(data) - 1:
             got = st.gradients(handle)
             grads_equal = all(torch.equal(got[n].cpu(), g) for n, g in ref["grads"].items())
             del got
         dt2, _ = sync_time(lambda: (opt.step(), opt.zero_grad()))
+        phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
+        if marks:
+            marks.append(("optimizer", pool.stats()))
+            for (_, a), (name, b) in zip(marks, marks[1:]):
+                acc = phase_pool.setdefault(name, {})
+                for k in ("stall_s", "stalls", "acquires", "h2d_bytes", "d2h_bytes",
+                          "demand_loads", "prefetch_loads", "prefetch_wasted_pages"):
+                    acc[k] = acc.get(k, 0) + (b[k] - a[k]) / (len(data) - 1)
+            marks.clear()
     s1 = pool.stats()
     steps = len(data) - 1
     out = {"step_s": median_after_first(times), "times": times, "losses": losses,
+           "phase_s": phase_medians(phases), "phase_pool_stats_per_step": phase_pool,
            "gpu_peak_bytes": torch.cuda.max_memory_allocated() + s1["gpu_budget_bytes"],
            "torch_peak_bytes": torch.cuda.max_memory_allocated(),
            "pool_gpu_bytes": s1["gpu_budget_bytes"],
@@ -390,14 +433,16 @@ def train_handwritten(args, config, weights, data, ref_losses=None):
         holds[0] = holds[1] = None  # the slots held the old weights or staging
 
     reset_gpu()
-    times, losses = [], []
+    times, losses, phases = [], [], {}
     for x in data:
         moved["h2d"] = moved["d2h"] = 0
-        dt, loss = sync_time(lambda: forward_backward(m, x))
+        dt, loss = timed_forward_backward(args, m, x, phases)
         losses.append(loss.item())
         dt2, _ = sync_time(step)
+        phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
     out = {"step_s": median_after_first(times), "times": times, "losses": losses,
+           "phase_s": phase_medians(phases),
            "gpu_peak_bytes": torch.cuda.max_memory_allocated(),
            "h2d_bytes_per_step": moved["h2d"], "d2h_bytes_per_step": moved["d2h"]}
     if ref_losses:
@@ -601,6 +646,8 @@ def main():
     ap.add_argument("--page-size", default="8MiB")
     ap.add_argument("--skip", nargs="*", default=[], help="variants to skip, e.g. fsdp2")
     ap.add_argument("--parts", nargs="*", default=["train", "infer"], help="train, infer")
+    ap.add_argument("--phases", action="store_true",
+                    help="time forward and backward apart (a sync between them: a diagnostic)")
     ap.add_argument("--no-discard", action="store_true",
                     help="acquire gradients and new optimizer state without discard (copy their old bytes in)")
     ap.add_argument("--out", default="bench-torch.json")
@@ -691,6 +738,13 @@ def main():
         print(f"\n{part}: {doc['weights_bytes'] / GiB:.2f} GiB weights, GPU budget "
               f"{args.gpu_budget}, pages {args.page_size}, floor {floor:.3f} s")
         print(table(list(rs.items()), floor))
+        for name, r in rs.items():
+            if r.get("phase_s") and args.phases:
+                print(f"  {name} phases s: " + ", ".join(f"{k} {v:.3f}" for k, v in r["phase_s"].items()))
+            for ph, st in (r.get("phase_pool_stats_per_step") or {}).items():
+                print(f"    {name} {ph}: stall {st['stall_s']:.3f} s, {st['stalls']:.0f} of "
+                      f"{st['acquires']:.0f} acquires, H2D {st['h2d_bytes'] / 1e9:.2f} GB, "
+                      f"D2H {st['d2h_bytes'] / 1e9:.2f} GB, demand {st['demand_loads']:.0f} pages")
     for variant in ("learned", "on_demand"):
         if "losses_equal" in tr.get(variant, {}):
             checks = {k: tr[variant].get(k) for k in ("losses_equal", "grads_equal", "weights_equal",
