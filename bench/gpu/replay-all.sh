@@ -17,11 +17,16 @@ modes=${SPILLWAY_REPLAY_MODES:-"default inline"}
 traces=${SPILLWAY_REPLAY_TRACES:-$(ls bench/traces/*.jsonl | xargs -n1 basename | sed 's/\.jsonl$//')}
 work=$(mktemp -d)
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+mkdir -p "$out"
+pack() {
+    tar czf "$out/replay.tar.gz.part" --exclude=./err -C "$work" . && mv "$out/replay.tar.gz.part" "$out/replay.tar.gz"
+}
 : > "$work/status.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$work/nvidia-smi.csv" 2>&1
 t0=$SECONDS
 timeout 120 "$bin/gpu-tests" --test-threads=1 > "$work/gpu-tests.out" 2>&1
 echo "gpu-tests rc=$? s=$((SECONDS - t0))" >> "$work/status.txt"
+pack
 for trace in $traces; do
     for mode in $modes; do
         mkdir -p "$work/$mode"
@@ -31,9 +36,9 @@ for trace in $traces; do
             --compare --repeats 3 --device cuda --json > "$work/$mode/$trace.json" 2> "$work/err"
         echo "$mode $trace rc=$? s=$((SECONDS - t0))" >> "$work/status.txt"
         tail -n 20 "$work/err" > "$work/$mode/$trace.err-tail"
+        pack # after every run: a run cut off by the tool's time limit keeps what finished
     done
 done
 rm -f "$work/err"
-mkdir -p "$out"
-tar czf "$out/replay.tar.gz" -C "$work" .
+pack
 cat "$work/status.txt"

@@ -34,6 +34,9 @@ step() { # name, timeout seconds, command...
     timeout "$limit" "$@" > "$out/$name.out" 2> "$out/$name.err"
     local rc=$?
     echo "$name rc=$rc seconds=$((SECONDS - t0))" >> "$out/status.txt"
+    if [ -n "${SPILLWAY_GPU_PACK:-}" ]; then
+        tar czf "$SPILLWAY_GPU_PACK.part" -C "$out" . && mv "$SPILLWAY_GPU_PACK.part" "$SPILLWAY_GPU_PACK"
+    fi
 }
 
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv > "$out/nvidia-smi.csv" 2>&1
