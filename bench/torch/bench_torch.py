@@ -279,6 +279,25 @@ def train_fsdp2(args, config, weights, data):
     return out
 
 
+def layers_to_pinned_host(layers):
+    """Moves each layer's parameters into one flat pinned bf16 host buffer per layer (the
+    parameters keep empty GPU placeholders); returns the buffers and, per layer, each
+    parameter with its offset and shape in its buffer (the hand-written variants)."""
+    hosts, metas = [], []
+    for layer in layers:
+        ps = list(layer.parameters())
+        h = torch.empty(sum(p.numel() for p in ps), dtype=torch.bfloat16, pin_memory=True)
+        off, meta = 0, []
+        for p in ps:
+            h[off:off + p.numel()].copy_(p.detach().reshape(-1))
+            meta.append((p, off, p.shape))
+            off += p.numel()
+            p.data = torch.empty(0, dtype=p.dtype, device="cuda")
+        hosts.append(h)
+        metas.append(meta)
+    return hosts, metas
+
+
 def train_handwritten(args, config, weights, data, ref_losses=None):
     """What a user writes by hand to train a model whose weights, gradients and AdamW
     state do not fit: each decoder layer's weights, gradients and state in flat pinned
@@ -298,19 +317,8 @@ def train_handwritten(args, config, weights, data, ref_losses=None):
     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     layers = list(m.model.layers)
     n_layers = len(layers)
-    metas, w_host = [], []
-    for layer in layers:
-        ps = list(layer.parameters())
-        n = sum(p.numel() for p in ps)
-        h = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
-        off, meta = 0, []
-        for p in ps:
-            h[off:off + p.numel()].copy_(p.detach().reshape(-1))
-            meta.append((p, off, p.shape))
-            off += p.numel()
-            p.data = torch.empty(0, dtype=p.dtype, device="cuda")
-        w_host.append(h)
-        metas.append(meta)
+    w_host, metas = layers_to_pinned_host(layers)
+
     def pinned(n):
         return torch.zeros(n, dtype=torch.bfloat16, pin_memory=True)
     g_host = [pinned(h.numel()) for h in w_host]
@@ -543,20 +551,7 @@ def infer_handwritten(args, config, weights, x, ref_logits):
     reset_gpu()
     m = new_model(config, weights)
     layers = list(m.model.layers)
-    metas = []
-    host = []
-    for layer in layers:
-        ps = list(layer.parameters())
-        n = sum(p.numel() for p in ps)
-        h = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
-        off, meta = 0, []
-        for p in ps:
-            h[off:off + p.numel()].copy_(p.detach().reshape(-1))
-            meta.append((p, off, p.shape))
-            off += p.numel()
-            p.data = torch.empty(0, dtype=p.dtype, device="cuda")
-        host.append(h)
-        metas.append(meta)
+    host, metas = layers_to_pinned_host(layers)
     slot_n = max(h.numel() for h in host)
     slots = [torch.empty(slot_n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
     side = torch.cuda.Stream()
