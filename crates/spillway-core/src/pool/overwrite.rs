@@ -18,12 +18,10 @@
 //! Only marked steps ([`super::PoolCore::step`]) are learned from; a job that never marks
 //! steps gets the plain plan. State: one entry per buffer used in the current step, and
 //! one per buffer with a discard in the last step, each with the occurrences that
-//! discarded: at most one per access, and a step's accesses are counted up to
-//! [`limits::TRACE_ACCESSES_PER_STEP_MAX`] (past it the step is forgotten and teaches
-//! nothing, as for a job that never marks steps: at most 16 MiB of occurrences).
+//! discarded (at most one per access of the step).
 
 use crate::idmap::IdMap;
-use spillway_types::{BufferId, limits};
+use spillway_types::BufferId;
 
 /// One buffer's accesses in a step: how many, and which of them (0-based occurrence
 /// numbers, ascending) were discards.
@@ -40,24 +38,11 @@ pub(super) struct Overwrites {
     step: IdMap<BufferId, Occurrences>,
     /// The last marked step, only buffers with at least one discard.
     last: IdMap<BufferId, Occurrences>,
-    /// Accesses of the current step, up to the limit.
-    accesses: usize,
-    /// The current step passed the limit: it is not learned from.
-    overflowed: bool,
 }
 
 impl Overwrites {
     /// `buffer` is acquired, with discard or not.
     pub(super) fn on_access(&mut self, buffer: BufferId, discard: bool) {
-        if self.overflowed {
-            return;
-        }
-        self.accesses += 1;
-        if self.accesses > limits::TRACE_ACCESSES_PER_STEP_MAX {
-            self.overflowed = true;
-            self.step = IdMap::default();
-            return;
-        }
         let o = self.step.entry(buffer).or_default();
         if discard {
             o.discards.push(o.count);
@@ -68,13 +53,8 @@ impl Overwrites {
     /// A step was marked: its discards predict the next step's.
     pub(super) fn end_step(&mut self) {
         self.last.clear();
-        if !self.overflowed {
-            self.last
-                .extend(self.step.drain().filter(|(_, o)| !o.discards.is_empty()));
-        }
-        self.step.clear();
-        self.accesses = 0;
-        self.overflowed = false;
+        self.last
+            .extend(self.step.drain().filter(|(_, o)| !o.discards.is_empty()));
     }
 
     /// Whether `buffer`'s next access is predicted to overwrite it.
@@ -82,9 +62,6 @@ impl Overwrites {
         let Some(last) = self.last.get(&buffer) else {
             return false;
         };
-        if self.overflowed {
-            return false;
-        }
         let used = self.step.get(&buffer).map_or(0, |o| o.count);
         let next = if used < last.count { used } else { 0 };
         last.discards.binary_search(&next).is_ok()
@@ -143,37 +120,6 @@ mod tests {
         o.end_step();
         assert!(!o.any());
         assert!(!o.next_overwrites(b(7)));
-    }
-
-    #[test]
-    fn a_step_past_the_access_limit_teaches_nothing_and_holds_no_occurrences() {
-        let mut o = Overwrites::default();
-        o.on_access(b(1), true);
-        o.end_step();
-        for _ in 0..limits::TRACE_ACCESSES_PER_STEP_MAX {
-            o.on_access(b(2), true);
-        }
-        assert_eq!(
-            o.step[&b(2)].discards.len(),
-            limits::TRACE_ACCESSES_PER_STEP_MAX
-        );
-        o.on_access(b(2), true);
-        assert!(
-            o.step.is_empty(),
-            "past the limit the step's occurrences are dropped"
-        );
-        assert!(
-            !o.next_overwrites(b(1)),
-            "no prediction while the step cannot be followed"
-        );
-        o.end_step();
-        assert!(!o.any(), "the overflowed step teaches nothing");
-        o.on_access(b(3), true);
-        o.end_step();
-        assert!(
-            o.next_overwrites(b(3)),
-            "the next step is learned from again"
-        );
     }
 
     #[test]
