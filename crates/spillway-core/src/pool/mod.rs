@@ -107,7 +107,6 @@ mod copies;
 mod frames;
 mod gpu;
 mod host;
-mod overwrite;
 mod pages;
 mod plan;
 mod pump;
@@ -457,7 +456,7 @@ impl PoolCore {
                 budget_bytes: self.gpu.total() * page_bytes,
             });
         }
-        self.access.on_access(id, discard, now);
+        self.access.on_access(id, now);
         self.eviction.on_buffer_use(id, self.access.accesses());
         let b = self.pages.buffer_mut(id);
         match mode {

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use spillway_types::{BufferId, PageId};
 
-use super::overwrite::Overwrites;
 use super::pages::{Gpu, Host, Page, PageTable};
 use super::{
     JITTER_MARGIN, LEAD_FACTOR, MIN_LOOKAHEAD_ACCESSES, REMOTE_LEAD_FACTOR, SPECULATION_WASTE_RATIO,
@@ -99,8 +98,7 @@ impl TierPlan {
 
     /// Plans the pages of `upcoming` accesses (after access `now`) not in the tier,
     /// within the horizon at `bytes_per_s`; a guess only within the speculation cap
-    /// ([`SPECULATION_WASTE_RATIO`]); none of a buffer whose next access `overwrites`
-    /// predicts to overwrite it (its bytes are not needed).
+    /// ([`SPECULATION_WASTE_RATIO`]).
     /// Returns where the horizon ended the plan, the index of the first entry of
     /// `upcoming` beyond it (`None`: the upcoming accesses ran out first).
     fn replan(
@@ -109,7 +107,6 @@ impl TierPlan {
         now: u64,
         bytes_per_s: f64,
         pages: &PageTable,
-        overwrites: &Overwrites,
     ) -> Option<usize> {
         self.queue.clear();
         self.horizon = now;
@@ -135,9 +132,6 @@ impl TierPlan {
             let Some(b) = pages.plannable(u.buffer) else {
                 continue;
             };
-            if overwrites.any() && overwrites.next_overwrites(u.buffer) {
-                continue;
-            }
             // What the buffer needs of the tier, on its way included (a guess loading
             // still counts against the cap).
             let bring: u64 = (0..b.pages.len())
@@ -218,8 +212,6 @@ pub(super) struct Access {
     predictor: Box<dyn Predictor>,
     /// Whether the predictor is used (the learned policy).
     learned: bool,
-    /// Which predicted accesses overwrite their buffer (learned policy only).
-    overwrites: Overwrites,
 }
 
 impl Access {
@@ -250,7 +242,6 @@ impl Access {
             accesses: 0,
             predictor,
             learned,
-            overwrites: Overwrites::default(),
         }
     }
 
@@ -264,8 +255,8 @@ impl Access {
         self.accesses
     }
 
-    /// `buffer` is acquired at `now` (with `discard`: to be overwritten): one more access.
-    pub(super) fn on_access(&mut self, buffer: BufferId, discard: bool, now: Duration) {
+    /// `buffer` is acquired at `now`: one more access.
+    pub(super) fn on_access(&mut self, buffer: BufferId, now: Duration) {
         self.accesses += 1;
         self.used_since_plan.push(buffer);
         self.as_planned = self.expected.front() == Some(&buffer);
@@ -276,7 +267,6 @@ impl Access {
         }
         if self.learned {
             self.predictor.on_access(buffer, now);
-            self.overwrites.on_access(buffer, discard);
         }
     }
 
@@ -285,7 +275,6 @@ impl Access {
         self.full_due = true;
         if self.learned {
             self.predictor.end_step(now);
-            self.overwrites.end_step();
         }
     }
 
@@ -370,18 +359,11 @@ impl Access {
             let mut window = self.window.clamp(WINDOW_MIN_ACCESSES.min(most), most);
             loop {
                 let upcoming = self.predictor.upcoming(window);
-                let gpu_end = self.gpu_plan.replan(
-                    &upcoming,
-                    self.accesses,
-                    gpu_bytes_per_s,
-                    pages,
-                    &self.overwrites,
-                );
+                let gpu_end =
+                    self.gpu_plan
+                        .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
                 let host_end = match remote_bytes_per_s {
-                    Some(bw) => {
-                        self.host_plan
-                            .replan(&upcoming, self.accesses, bw, pages, &self.overwrites)
-                    }
+                    Some(bw) => self.host_plan.replan(&upcoming, self.accesses, bw, pages),
                     None => {
                         self.host_plan.queue.clear();
                         Some(0)
@@ -429,17 +411,11 @@ impl Access {
         self.spare_next_use = std::mem::replace(&mut self.next_use, next_use);
         self.used_since_plan.clear();
         self.planned(&upcoming);
-        self.gpu_plan.replan(
-            &upcoming,
-            self.accesses,
-            gpu_bytes_per_s,
-            pages,
-            &self.overwrites,
-        );
+        self.gpu_plan
+            .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
         match remote_bytes_per_s {
             Some(bw) => {
-                self.host_plan
-                    .replan(&upcoming, self.accesses, bw, pages, &self.overwrites);
+                self.host_plan.replan(&upcoming, self.accesses, bw, pages);
             }
             None => self.host_plan.queue.clear(),
         }
@@ -498,7 +474,7 @@ mod tests {
         for (tier, lead) in [(Tier::Gpu, LEAD_FACTOR), (Tier::Host, REMOTE_LEAD_FACTOR)] {
             let mut plan = TierPlan::new(tier, lead);
             // At 1 kB/s the 110 bytes queued for `a` take 110 ms: `b` is within the horizon.
-            plan.replan(&ups, 5, 1e3, &pages, &Overwrites::default());
+            plan.replan(&ups, 5, 1e3, &pages);
             assert_eq!(
                 plan.queue,
                 [
@@ -511,7 +487,7 @@ mod tests {
             );
             assert_eq!((plan.horizon, plan.furthest()), (15, Some(15)));
             // At 1 MB/s they take 0.11 ms, plus the jitter margin: `b` is beyond it.
-            plan.replan(&ups, 5, 1e6, &pages, &Overwrites::default());
+            plan.replan(&ups, 5, 1e6, &pages);
             assert_eq!(plan.queue, [(page(a, 0), 6), (page(a, 1), 6)], "{tier:?}");
             assert_eq!(plan.horizon, 6);
         }
@@ -521,7 +497,7 @@ mod tests {
             prefetch: true,
         };
         let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
-        plan.replan(&ups, 5, 1e3, &pages, &Overwrites::default());
+        plan.replan(&ups, 5, 1e3, &pages);
         assert_eq!(plan.queue[0], (page(a, 1), 6));
         assert_eq!(plan.queue.len(), 3);
     }
@@ -577,7 +553,7 @@ mod tests {
         // At 1 TB/s the horizon is the jitter margin: 10 ms, the entry at 11 ms ends it.
         let plan = |a: &mut Access| a.replan(lookahead, &pages, 1e12, None);
         let step = |a: &mut Access, b: BufferId| {
-            a.on_access(b, false, Duration::ZERO);
+            a.on_access(b, Duration::ZERO);
             plan(a);
         };
         let asked_now = || std::mem::take(&mut *asked.lock().unwrap());
@@ -606,7 +582,7 @@ mod tests {
         // The horizon widens (a slower tier): the window doubles until it holds it, and a
         // horizon past the widest window takes the whole lookahead.
         access.expected.clear();
-        access.on_access(seq[301], false, Duration::ZERO);
+        access.on_access(seq[301], Duration::ZERO);
         access.replan(lookahead, &pages, 1e4, None);
         assert_eq!(asked_now(), [22, 44, 88, 176, 256, lookahead]);
     }
@@ -640,7 +616,7 @@ mod tests {
         // At 1 B/s the horizon covers every access: only the cap limits.
         let slow = 1.0;
         let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
-        plan.replan(&ups, 0, slow, &pages, &Overwrites::default());
+        plan.replan(&ups, 0, slow, &pages);
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
         let mut want = vec![guesses[0]; n];
         want.extend([sure; 4]);
@@ -658,7 +634,7 @@ mod tests {
             frame: spillway_types::FrameId(0),
             prefetch: true,
         };
-        plan.replan(&ups, 0, slow, &pages, &Overwrites::default());
+        plan.replan(&ups, 0, slow, &pages);
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
         let mut want = vec![guesses[0]; n - 1];
         want.extend([sure; 4]);
@@ -673,7 +649,7 @@ mod tests {
                     .map(|(i, &g)| guess(g, 1 + i as u64, 0.95)),
             )
             .collect();
-        plan.replan(&ups, 0, slow, &pages, &Overwrites::default());
+        plan.replan(&ups, 0, slow, &pages);
         assert_eq!(plan.queue.len(), 4 + (n - 1) + 3 * n);
     }
 }
