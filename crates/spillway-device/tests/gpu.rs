@@ -417,7 +417,10 @@ fn mapped_pages_form_a_contiguous_buffer() {
         None
     );
     small.map_page(BufferId(3), 0, FrameId(0)).unwrap();
-    assert!(small.read_range(BufferId(3), 0, &mut first).is_err(), "still no range");
+    assert!(
+        small.read_range(BufferId(3), 0, &mut first).is_err(),
+        "still no range"
+    );
 }
 
 #[test]
