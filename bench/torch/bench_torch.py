@@ -196,8 +196,6 @@ def train_offload(args, config, weights, data, policy, ref=None):
     phase_pool = {}
 
     def mark(name):
-        if name == "start":
-            marks.clear()
         marks.append((name, pool.stats()))
 
     for i, x in enumerate(data):
@@ -217,9 +215,8 @@ def train_offload(args, config, weights, data, policy, ref=None):
             marks.append(("optimizer", pool.stats()))
             for (_, a), (name, b) in zip(marks, marks[1:]):
                 acc = phase_pool.setdefault(name, {})
-                for k in ("stall_s", "stalls", "acquires", "h2d_bytes", "d2h_bytes",
-                          "demand_loads", "prefetch_loads", "prefetch_wasted_pages"):
-                    acc[k] = acc.get(k, 0) + (b[k] - a[k]) / (len(data) - 1)
+                for k, v in stats_per_step(a, b, len(data) - 1).items():
+                    acc[k] = acc.get(k, 0) + v
             marks.clear()
     s1 = pool.stats()
     steps = len(data) - 1
