@@ -87,6 +87,36 @@ def timed_forward_backward(args, m, x, phases, mark=None):
     return dtf + dtb, loss
 
 
+def profiled(args, variant, last):
+    """With --profile DIR, a torch profiler over the last step (forward, backward and
+    optimizer), whose chrome trace goes to DIR/VARIANT.json and whose GPU timeline
+    (`timeline.py`) goes into the variant's result; else a no-op."""
+    import contextlib
+    if not (args.profile and last):
+        return contextlib.nullcontext()
+    from torch.profiler import ProfilerActivity, profile
+    os.makedirs(args.profile, exist_ok=True)
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=False)
+
+    class Ctx:
+        def __enter__(self):
+            prof.__enter__()
+
+        def __exit__(self, *exc):
+            torch.cuda.synchronize()
+            prof.__exit__(*exc)
+            path = os.path.join(args.profile, f"{variant}.json")
+            prof.export_chrome_trace(path)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import timeline
+            PROFILED[variant] = timeline.summarise(path)
+    return Ctx()
+
+
+PROFILED = {}
+"""GPU timelines of profiled steps by variant (--profile)."""
+
+
 def phase_medians(phases):
     return {k: median_after_first(v) for k, v in phases.items()}
 
@@ -202,13 +232,15 @@ def train_offload(args, config, weights, data, policy, ref=None):
         if i == 1:
             torch.cuda.synchronize()
             s0 = pool.stats()
-        dt, loss = timed_forward_backward(args, m, x, phases, mark if i >= 1 else None)
-        losses.append(loss.item())
-        if ref is not None and i == len(data) - 1:
-            got = st.gradients(handle)
-            grads_equal = all(torch.equal(got[n].cpu(), g) for n, g in ref["grads"].items())
-            del got
-        dt2, _ = sync_time(lambda: (opt.step(), opt.zero_grad()))
+        last = i == len(data) - 1
+        with profiled(args, policy, last):
+            dt, loss = timed_forward_backward(args, m, x, phases, mark if i >= 1 else None)
+            losses.append(loss.item())
+            if ref is not None and last:
+                got = st.gradients(handle)
+                grads_equal = all(torch.equal(got[n].cpu(), g) for n, g in ref["grads"].items())
+                del got
+            dt2, _ = sync_time(lambda: (opt.step(), opt.zero_grad()))
         phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
         if marks:
@@ -439,11 +471,12 @@ def train_handwritten(args, config, weights, data, ref_losses=None):
 
     reset_gpu()
     times, losses, phases = [], [], {}
-    for x in data:
+    for i, x in enumerate(data):
         moved["h2d"] = moved["d2h"] = 0
-        dt, loss = timed_forward_backward(args, m, x, phases)
-        losses.append(loss.item())
-        dt2, _ = sync_time(step)
+        with profiled(args, "handwritten", i == len(data) - 1):
+            dt, loss = timed_forward_backward(args, m, x, phases)
+            losses.append(loss.item())
+            dt2, _ = sync_time(step)
         phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
     out = {"step_s": median_after_first(times), "times": times, "losses": losses,
@@ -642,6 +675,8 @@ def main():
                     help="time forward and backward apart (a sync between them: a diagnostic)")
     ap.add_argument("--no-discard", action="store_true",
                     help="acquire gradients and new optimizer state without discard (copy their old bytes in)")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="profile each training variant's last step (chrome traces and GPU timelines in DIR)")
     ap.add_argument("--out", default="bench-torch.json")
     args = ap.parse_args()
 
@@ -747,6 +782,14 @@ def main():
               "infer_accelerate_over_learned", "infer_handwritten_over_learned"):
         if k in doc:
             print(f"{k}: {doc[k]:.2f}")
+    if PROFILED:
+        doc["timeline"] = PROFILED
+        print("\nGPU timeline of the last (profiled) step, s:")
+        keys = ["window_s", "kernel_s", "h2d_s", "d2h_s", "idle_s", "copy_only_s", "kernel_only_s",
+                "h2d_idle_s", "host_acquire_s"]
+        print(f"{'variant':<12} " + " ".join(f"{k[:-2]:>13}" for k in keys))
+        for name, t in PROFILED.items():
+            print(f"{name:<12} " + " ".join(f"{t.get(k, 0):>13.3f}" for k in keys))
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1, default=str)
 

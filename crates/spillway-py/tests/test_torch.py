@@ -280,3 +280,29 @@ def test_discarding_overwritten_gradients_moves_fewer_bytes_to_the_gpu():
     page = before["page_bytes"]
     assert after["h2d_bytes"] < before["h2d_bytes"]
     assert before["h2d_bytes"] - after["h2d_bytes"] <= after["overwrite_pages"] * page
+
+
+def test_a_profile_shows_the_pools_acquires():
+    """Under torch.profiler each acquire is a `spillway.acquire` range (one per acquire:
+    forward, backward, gradients, optimizer), so a profile tells the pool's waits apart
+    from the model's own time; outside a profile nothing is recorded."""
+    torch.manual_seed(0)
+    off = Net(blocks=2)
+    pool = spillway.Pool(gpu_budget="512KiB", host_budget="16MiB", page_size="64KiB",
+                         device="sim")
+    handle = st.offload(off, pool)
+    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
+    x, y = torch.randn(4, 16), torch.randn(4, 8)
+
+    def step():
+        torch.nn.functional.mse_loss(off(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    step()  # the optimizer state moves into the pool at the first step
+    before = pool.stats()["acquires"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    acquires = pool.stats()["acquires"] - before
+    ranges = [e for e in prof.events() if e.name == "spillway.acquire"]
+    assert acquires > 0 and len(ranges) == acquires
+    assert not getattr(torch.autograd.profiler, "_is_profiler_enabled", True)

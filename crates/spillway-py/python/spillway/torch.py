@@ -62,6 +62,16 @@ and what CUDA kernels prefer for vector loads); costs at most 255 bytes per para
 __all__ = ["offload", "Offloaded", "Optimizer", "gradients", "PARAM_ALIGN_BYTES"]
 
 
+def _acquire(pool, buf, exclusive: bool = False, discard: bool = False):
+    """``pool.acquire``/``acquire_mut`` of `buf`; while the PyTorch profiler records, the
+    wait shows in its trace as ``spillway.acquire`` (host time until the pages are on the
+    GPU), so a profile tells the pool's waits from the model's own time."""
+    if not getattr(torch.autograd.profiler, "_is_profiler_enabled", False):
+        return pool.acquire_mut(buf, discard=discard) if exclusive else pool.acquire(buf)
+    with torch.profiler.record_function("spillway.acquire"):
+        return pool.acquire_mut(buf, discard=discard) if exclusive else pool.acquire(buf)
+
+
 class _Opened:
     """A held view's bytes as one uint8 tensor (``.base``): the view itself when it is one
     array (zero-copy), else its pages gathered into a copy, which ``close()`` writes back
@@ -159,7 +169,7 @@ class _Group:
     def acquire(self, exclusive: bool = False) -> None:
         if self.refs == 0:
             pool = self.owner.pool
-            self.view = pool.acquire_mut(self.buf) if exclusive else pool.acquire(self.buf)
+            self.view = _acquire(pool, self.buf, exclusive)
             self.exclusive = exclusive
             self.opened = _Opened(self.view)
             self.base = self.opened.base
@@ -199,7 +209,7 @@ class _Group:
         # to, so the buffer's old bytes are discarded instead of copied in (a slot left
         # unwritten keeps ``grad_valid`` false and is never read).
         first = self.owner.discard_overwritten and not any(s.grad_valid for s in self.slots)
-        with _open(pool.acquire_mut(self.grad_buf, discard=first)) as gbase:
+        with _open(_acquire(pool, self.grad_buf, True, discard=first)) as gbase:
             for s in slots:
                 dst = s.of(gbase)
                 if s.grad_valid:
@@ -473,8 +483,8 @@ class Optimizer:
         pool = self.handle.pool
         g.state_buf = pool.alloc(f"{g.name}.state", offset)
         # Every byte the layout names is written here: nothing to copy in.
-        with _open(pool.acquire_mut(g.state_buf,
-                                    discard=self.handle.discard_overwritten)) as sbase:
+        with _open(_acquire(pool, g.state_buf, True,
+                                discard=self.handle.discard_overwritten)) as sbase:
             for s, key, off, n in layout:
                 sbase[off:off + n].view(s.dtype).view(s.shape).copy_(opt.state[s.param][key])
         g.state_layout = layout
@@ -488,14 +498,14 @@ class Optimizer:
                 continue
             g.acquire(exclusive=True)
             try:
-                with _open(pool.acquire(g.grad_buf)) as gbase:
+                with _open(_acquire(pool, g.grad_buf)) as gbase:
                     for s in live:
                         s.param.grad = s.of(gbase)
                     if g.state_buf is None:
                         opt.step()
                         self._move_state_into_pool(g, opt)
                     else:
-                        with _open(pool.acquire_mut(g.state_buf)) as sbase:
+                        with _open(_acquire(pool, g.state_buf, True)) as sbase:
                             self._bind_state(g, opt, sbase)
                             opt.step()
                             self._unbind_state(g, opt)
