@@ -128,11 +128,7 @@ def section(dirs):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--write"]
-    write = None
-    if "--write" in sys.argv:
-        write = sys.argv[sys.argv.index("--write") + 1]
-        args.remove(write)
+    args, write = results_page.split_write(sys.argv[1:])
     text, summary = section(args)
     goal = (f"learned's step the lowest of the three and <= {FLOOR_MAX}x the "
             "resident floor; batch-1 MoE: learned below clock on stall and step")

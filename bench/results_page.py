@@ -4,6 +4,17 @@ import re
 import sys
 
 
+def split_write(argv):
+    """The script's arguments `argv` (without the program name) less `--write PATH`, and
+    PATH (None without --write)."""
+    args = [a for a in argv if a != "--write"]
+    write = None
+    if "--write" in argv:
+        write = argv[argv.index("--write") + 1]
+        args.remove(write)
+    return args, write
+
+
 def emit(write, heading, claim, anchor, goal, text, summary):
     """Print the section (summary on stderr), or with `write` a RESULTS.md path: replace
     the section under `heading` by `text` and the claim's summary row by goal | summary."""

@@ -180,11 +180,7 @@ def section(out, command):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--write"]
-    write = None
-    if "--write" in sys.argv:
-        write = sys.argv[sys.argv.index("--write") + 1]
-        args.remove(write)
+    args, write = results_page.split_write(sys.argv[1:])
     out = args[0]
     command = args[1] if len(args) > 1 else "bench/gpu/run.sh OUT"
     text, summary = section(out, command)

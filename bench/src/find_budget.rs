@@ -191,7 +191,7 @@ fn bisect(lo: u64, hi: u64, mut ok: impl FnMut(u64) -> Result<bool>) -> Result<u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spillway_client::{DeviceChoice, PageSize};
+    use crate::replay::tests::{forward_trace, sim_config};
 
     #[test]
     fn bisection_finds_the_least_passing_value_and_asks_few_times() {
@@ -212,23 +212,10 @@ mod tests {
     /// already hits, far below the resident 12.
     #[test]
     fn the_search_finds_a_budget_below_the_working_set_that_meets_both_targets() {
-        let _serial = crate::workload::tests::TIMING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let mut text = String::new();
-        for s in 0..4 {
-            for i in (0..12).chain((0..12).rev()) {
-                text += &format!(
-                    "{{\"step\": {s}, \"buffer\": \"l{i}\", \"bytes\": 65536, \"phase\": \"fwd\", \"compute_us\": 2000}}\n"
-                );
-            }
-        }
-        let t = crate::trace::parse_trace(text.as_bytes()).unwrap();
-        let cfg = ReplayConfig {
-            page_size: PageSize::new(64 << 10).unwrap(),
-            device: DeviceChoice::Sim,
-            ..ReplayConfig::default()
-        };
+        let _serial = crate::workload::tests::serial_timing();
+        let there_and_back: Vec<usize> = (0..12).chain((0..12).rev()).collect();
+        let t = forward_trace(4, &there_and_back, 65536, 2000);
+        let cfg = sim_config();
         let mut heard = 0;
         let r = find_budget(&t, "x", &cfg, |_| heard += 1).unwrap();
         assert_eq!(heard, r.probes.len());

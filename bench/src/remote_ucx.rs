@@ -59,11 +59,8 @@ pub(crate) fn measure_ucx_raw(
         let receiver = Worker::start(&config)?;
         let ep = sender.connect(receiver.address()).await?;
         let data = bytes::Bytes::from(vec![0x5au8; usize::try_from(page_bytes)?]);
-        let mut best = 0f64;
-        for _ in 0..crate::remote::ROUNDS {
+        let best = best_round(pages * page_bytes, |tasks| {
             let (sent, received) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-            let start = std::time::Instant::now();
-            let mut tasks = tokio::task::JoinSet::new();
             for _ in 0..slots {
                 let (receiver, received) = (receiver.clone(), received.clone());
                 tasks.spawn(async move {
@@ -83,11 +80,8 @@ pub(crate) fn measure_ucx_raw(
                     Ok(())
                 });
             }
-            while let Some(done) = tasks.join_next().await {
-                done.context("a UCX bench task")??;
-            }
-            best = best.max((pages * page_bytes) as f64 / start.elapsed().as_secs_f64());
-        }
+        })
+        .await?;
         drop(ep);
         sender.shutdown().await;
         receiver.shutdown().await;
@@ -136,11 +130,8 @@ pub(crate) fn measure_ucx(
                 .map(|i| (i * 31 % 251) as u8)
                 .collect::<Vec<u8>>(),
         );
-        let mut best = 0f64;
-        for _ in 0..crate::remote::ROUNDS {
+        let best = best_round(pages * page_bytes, |tasks| {
             let next = Arc::new(AtomicU64::new(0));
-            let start = std::time::Instant::now();
-            let mut tasks = tokio::task::JoinSet::new();
             for _ in 0..in_flight {
                 let (conn, next, data) = (conn.clone(), next.clone(), data.clone());
                 tasks.spawn(async move {
@@ -157,14 +148,34 @@ pub(crate) fn measure_ucx(
                     }
                 });
             }
-            while let Some(done) = tasks.join_next().await {
-                done.context("a UCX bench task")??;
-            }
-            let bytes_per_s = (pages * page_bytes) as f64 / start.elapsed().as_secs_f64();
-            best = best.max(bytes_per_s);
-        }
+        })
+        .await?;
         drop(conn);
         serving.shutdown().await;
         Ok(best)
     })
+}
+
+/// Best rate over [`crate::remote::ROUNDS`] rounds, in bytes per second: each round,
+/// `spawn` starts its tasks into a fresh set, which together move `bytes`, and the round
+/// lasts from then until the last task ends (the first task error ends the measurement).
+#[cfg(feature = "ucx")]
+async fn best_round<E>(
+    bytes: u64,
+    mut spawn: impl FnMut(&mut tokio::task::JoinSet<Result<(), E>>),
+) -> Result<f64>
+where
+    E: Into<anyhow::Error> + Send + 'static,
+{
+    let mut best = 0f64;
+    for _ in 0..crate::remote::ROUNDS {
+        let start = std::time::Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        spawn(&mut tasks);
+        while let Some(done) = tasks.join_next().await {
+            done.context("a UCX bench task")?.map_err(Into::into)?;
+        }
+        best = best.max(bytes as f64 / start.elapsed().as_secs_f64());
+    }
+    Ok(best)
 }

@@ -451,9 +451,32 @@ pub fn stall_from(r: &RunReport, from: usize) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::trace::parse_trace;
+
+    /// 64 KiB pages on the simulated device; the rest as [`ReplayConfig::default`].
+    pub(crate) fn sim_config() -> ReplayConfig {
+        ReplayConfig {
+            page_size: PageSize::new(64 << 10).unwrap(),
+            device: DeviceChoice::Sim,
+            ..ReplayConfig::default()
+        }
+    }
+
+    /// A trace of `steps` steps, each accessing buffer `l{i}` for every `i` of `order` in
+    /// turn: `bytes` bytes, phase `fwd`, `compute_us` of compute.
+    pub(crate) fn forward_trace(steps: u64, order: &[usize], bytes: u64, compute_us: u64) -> Trace {
+        let mut text = String::new();
+        for s in 0..steps {
+            for i in order {
+                text += &format!(
+                    "{{\"step\": {s}, \"buffer\": \"l{i}\", \"bytes\": {bytes}, \"phase\": \"fwd\", \"compute_us\": {compute_us}}}\n"
+                );
+            }
+        }
+        parse_trace(text.as_bytes()).unwrap()
+    }
 
     fn dense_trace(steps: u64, layers: usize, bytes: u64) -> Trace {
         let mut text = String::new();
@@ -494,9 +517,7 @@ mod tests {
     fn replay_verifies_every_access_and_learns() {
         // 24 one-page buffers on a GPU of 8 pages; 2 ms of compute per access leaves
         // room for scheduling noise, so only prediction decides hits.
-        let _serial = crate::workload::tests::TIMING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _serial = crate::workload::tests::serial_timing();
         let t = dense_trace(4, 24, 60_000);
         let r = replay(&t, "synthetic", &cfg(Policy::Learned), |_| {}).unwrap();
         assert_eq!(r.accesses, 4 * 72);
@@ -518,9 +539,7 @@ mod tests {
 
     #[test]
     fn a_replay_over_a_remote_tier_keeps_a_third_on_the_host_and_the_rest_remote() {
-        let _serial = crate::workload::tests::TIMING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _serial = crate::workload::tests::serial_timing();
         // 24 buffers of one 64 KiB page: GPU 8 pages; host a third (8), at least the GPU's
         // pages and 2 (10); the rest remote.
         let t = dense_trace(3, 24, 60_000);

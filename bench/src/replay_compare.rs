@@ -332,28 +332,14 @@ pub fn notes(r: &CompareResult) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::replay::replay;
-    use crate::trace::parse_trace;
-    use spillway_client::{DeviceChoice, PageSize};
+    use crate::replay::tests::{forward_trace, sim_config};
 
     #[test]
     fn compare_interleaves_repeats_against_a_resident_floor() {
-        let _serial = crate::workload::tests::TIMING
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let mut text = String::new();
-        for s in 0..3 {
-            for i in 0..12 {
-                text += &format!(
-                    "{{\"step\": {s}, \"buffer\": \"l{i}\", \"bytes\": 60000, \"phase\": \"fwd\", \"compute_us\": 500}}\n"
-                );
-            }
-        }
-        let t = parse_trace(text.as_bytes()).unwrap();
-        let cfg = ReplayConfig {
-            page_size: PageSize::new(64 << 10).unwrap(),
-            device: DeviceChoice::Sim,
-            ..ReplayConfig::default()
-        };
+        let _serial = crate::workload::tests::serial_timing();
+        let buffers: Vec<usize> = (0..12).collect();
+        let t = forward_trace(3, &buffers, 60000, 500);
+        let cfg = sim_config();
         let mut order = Vec::new();
         let r = compare(
             &t,

@@ -606,6 +606,12 @@ pub(crate) mod tests {
     /// so they do not compete with each other for the machine's cores.
     pub(crate) static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    /// Takes [`TIMING`] for the rest of the calling test (also after another test that
+    /// held it panicked).
+    pub(crate) fn serial_timing() -> std::sync::MutexGuard<'static, ()> {
+        TIMING.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn small(policy: Policy) -> TrainConfig {
         TrainConfig {
             layers: 8,
@@ -618,6 +624,16 @@ pub(crate) mod tests {
             policy,
             device: DeviceChoice::Sim,
             ..TrainConfig::demo_default()
+        }
+    }
+
+    /// [`small`] under the learned policy for `steps` steps, its compute far heavier than
+    /// its copies, so that only prediction decides hits, not timing.
+    fn learned_compute_bound(steps: usize) -> TrainConfig {
+        TrainConfig {
+            compute_passes: 300,
+            steps,
+            ..small(Policy::Learned)
         }
     }
 
@@ -732,12 +748,10 @@ pub(crate) mod tests {
     #[test]
     fn learned_hits_from_step_two_and_survives_divergence() {
         // Compute far heavier than copies, so only prediction decides hits, not timing.
-        let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-        let mut cfg = small(Policy::Learned);
+        let _serial = serial_timing();
+        let mut cfg = learned_compute_bound(5);
         cfg.layers = 12;
         cfg.gpu_budget_bytes = 12 * (384 << 10) / 3;
-        cfg.compute_passes = 300;
-        cfg.steps = 5;
         cfg.diverge_steps = vec![3];
         let r = run_training(cfg, |_| {}).unwrap();
         let rates: Vec<f64> = r.steps.iter().map(StepReport::hit_rate).collect();
@@ -767,11 +781,9 @@ pub(crate) mod tests {
         // compute far heavier than copies, so only planning decides hits. Reusing a plan
         // while its pages waited for frames left the weights of every other layer to a
         // demand load (11 of 96 acquires a step missed in the demo).
-        let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-        let mut cfg = small(Policy::Learned);
+        let _serial = serial_timing();
+        let mut cfg = learned_compute_bound(4);
         cfg.layers = 24;
-        cfg.compute_passes = 300;
-        cfg.steps = 4;
         let ws = cfg.working_set_bytes();
         let page = cfg.page_size.bytes();
         cfg.gpu_budget_bytes = ws / 12 / page * page;
@@ -799,10 +811,8 @@ pub(crate) mod tests {
 
     #[test]
     fn period_is_found_when_steps_are_not_marked() {
-        let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-        let mut cfg = small(Policy::Learned);
-        cfg.compute_passes = 300;
-        cfg.steps = 5;
+        let _serial = serial_timing();
+        let mut cfg = learned_compute_bound(5);
         cfg.mark_steps = false;
         let r = run_training(cfg, |_| {}).unwrap();
         assert_eq!(r.detected_period, Some(32));

@@ -21,6 +21,15 @@ fn bytes(seed: u64, len: usize) -> Vec<u8> {
     spillway_types::pattern::bytes(seed, len)
 }
 
+/// A seed named `name` of a message that carries `payload` as its blob.
+fn blob_seed(
+    name: &'static str,
+    message: fn(Blob) -> Message,
+    payload: &[u8],
+) -> (&'static str, Message, Vec<u8>) {
+    (name, message(Blob::describe(payload)), payload.to_vec())
+}
+
 /// Every peer message, with the bytes of its payload.
 fn wire_messages() -> Vec<(&'static str, Message, Vec<u8>)> {
     let hello = wire::Hello {
@@ -99,36 +108,16 @@ fn wire_messages() -> Vec<(&'static str, Message, Vec<u8>)> {
             )),
             vec![],
         ),
-        (
-            "raft_message",
-            Message::RaftMessage(Blob::describe(&raft)),
-            raft.clone(),
-        ),
+        blob_seed("raft_message", Message::RaftMessage, &raft),
         (
             "raft_message_reply",
             Message::RaftMessageReply(Blob::default()),
             vec![],
         ),
-        (
-            "propose",
-            Message::Propose(Blob::describe(&proposal)),
-            proposal.clone(),
-        ),
-        (
-            "propose_reply",
-            Message::ProposeReply(Blob::describe(&proposal[..20])),
-            proposal[..20].to_vec(),
-        ),
-        (
-            "ucx_connect",
-            Message::UcxConnect(Blob::describe(&ucx)),
-            ucx.clone(),
-        ),
-        (
-            "ucx_connect_reply",
-            Message::UcxConnectReply(Blob::describe(&ucx[..64])),
-            ucx[..64].to_vec(),
-        ),
+        blob_seed("propose", Message::Propose, &proposal),
+        blob_seed("propose_reply", Message::ProposeReply, &proposal[..20]),
+        blob_seed("ucx_connect", Message::UcxConnect, &ucx),
+        blob_seed("ucx_connect_reply", Message::UcxConnectReply, &ucx[..64]),
     ]
 }
 

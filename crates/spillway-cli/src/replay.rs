@@ -345,32 +345,65 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
         writeln!(out)?;
     }
     let json = write_json(&out_dir, "replay.json", &runs[0])?;
-    let reports: Vec<_> = runs.iter().map(|r| &r.run).collect();
-    spillway_bench::plot::policies(&reports, &out_dir.join("replay.svg"))?;
-    eprintln!(
-        "wrote {} and its plot replay.svg (step time and stall per step, by policy)",
-        json.display()
-    );
-    if let Some(path) = &args.record {
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let mut f = crate::record::open_for_append(path)?;
-        writeln!(
-            f,
-            "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}\n\n{}",
-            now_rfc3339(),
-            machine_description(),
-            runs[0].run.device_description,
-            trace.accesses.len(),
-            trace.steps.len(),
-            trace.buffers.len(),
-            compare_title(&runs),
-            compare_table(&runs).markdown()
-        )?;
-    }
+    plot_policies(&runs, &out_dir, &json, "")?;
+    append_record(
+        &args,
+        &trace,
+        &name,
+        &runs,
+        &compare_table(&runs).markdown(),
+    )?;
     let corrupt: u64 = runs.iter().map(|r| r.run.corrupt_pages).sum();
     if corrupt > 0 {
         bail!("{corrupt} pages were corrupt");
     }
+    Ok(())
+}
+
+/// Draws step time and stall per step by policy of `runs` as `replay.svg` in `out_dir`,
+/// beside their JSON `json`, and says so; `qualifier` says which steps it draws
+/// (", last repeat"), or is empty.
+fn plot_policies(
+    runs: &[ReplayReport],
+    out_dir: &std::path::Path,
+    json: &std::path::Path,
+    qualifier: &str,
+) -> Result<()> {
+    let reports: Vec<_> = runs.iter().map(|r| &r.run).collect();
+    spillway_bench::plot::policies(&reports, &out_dir.join("replay.svg"))?;
+    eprintln!(
+        "wrote {} and its plot replay.svg (step time and stall per step, by policy{qualifier})",
+        json.display()
+    );
+    Ok(())
+}
+
+/// Appends a replay of `trace` (named `name`) to `--record`, when given: heading,
+/// command, machine, the trace's shape, the title of `runs` and `body` (the table and
+/// what follows it).
+fn append_record(
+    args: &ReplayArgs,
+    trace: &spillway_bench::trace::Trace,
+    name: &str,
+    runs: &[ReplayReport],
+    body: &str,
+) -> Result<()> {
+    let Some(path) = &args.record else {
+        return Ok(());
+    };
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let mut f = crate::record::open_for_append(path)?;
+    writeln!(
+        f,
+        "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}\n\n{body}",
+        now_rfc3339(),
+        machine_description(),
+        runs[0].run.device_description,
+        trace.accesses.len(),
+        trace.steps.len(),
+        trace.buffers.len(),
+        compare_title(runs),
+    )?;
     Ok(())
 }
 
@@ -417,29 +450,10 @@ fn run_compare(
         }
     }
     let json = write_json(out_dir, "replay.json", &result)?;
-    let reports: Vec<_> = result.runs.iter().map(|r| &r.run).collect();
-    spillway_bench::plot::policies(&reports, &out_dir.join("replay.svg"))?;
-    eprintln!(
-        "wrote {} and its plot replay.svg (step time and stall per step, by policy, last repeat)",
-        json.display()
-    );
-    if let Some(path) = &args.record {
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let mut f = crate::record::open_for_append(path)?;
-        writeln!(
-            f,
-            "\n### Replay of `{name}`, {}\n\nCommand: `{command}`\n\nMachine: {}; device: {}\n\n{} accesses in {} steps over {} buffers.\n\n{}\n\n{}\n{}",
-            now_rfc3339(),
-            machine_description(),
-            result.runs[0].run.device_description,
-            trace.accesses.len(),
-            trace.steps.len(),
-            trace.buffers.len(),
-            compare_title(&result.runs),
-            table.markdown(),
-            notes.iter().map(|n| format!("- {n}\n")).collect::<String>()
-        )?;
-    }
+    plot_policies(&result.runs, out_dir, &json, ", last repeat")?;
+    let notes: String = notes.iter().map(|n| format!("- {n}\n")).collect();
+    let body = format!("{}\n{notes}", table.markdown());
+    append_record(args, trace, name, &result.runs, &body)?;
     let corrupt: u64 = result
         .policies
         .iter()

@@ -32,6 +32,28 @@ fn launch(dir: &Path, port: u16, extra: &[&str], job: &str) -> Command {
     c
 }
 
+/// [`launch`] as host 0 of the one host 127.0.0.1, for job `job_key`, `extra` after.
+fn launch_here(dir: &Path, port: u16, job_key: &str, extra: &[&str], job: &str) -> Command {
+    let mut args = vec![
+        "--hosts",
+        "127.0.0.1",
+        "--host-index",
+        "0",
+        "--job-key",
+        job_key,
+    ];
+    args.extend_from_slice(extra);
+    launch(dir, port, &args, job)
+}
+
+/// Starts `c` with its stdout and stderr piped (for [`wait_output`]).
+fn spawn_piped(mut c: Command) -> Child {
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Polls `f` until it holds; panics after [`DEADLINE`].
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -126,21 +148,9 @@ fn the_job_gets_the_socket_and_its_exit_status_is_launchs() {
         "test -S \"$SPILLWAY_SOCKET\" && echo \"$SPILLWAY_SOCKET $SPILLWAY_NODE_ID $SPILLWAY_HOSTS $SPILLWAY_STATUS_ADDR\" > {} && exit 7",
         seen.display()
     );
-    let out = launch(
-        tmp.path(),
-        18120,
-        &[
-            "--hosts",
-            "127.0.0.1",
-            "--host-index",
-            "0",
-            "--job-key",
-            "t",
-        ],
-        &job,
-    )
-    .output()
-    .unwrap();
+    let out = launch_here(tmp.path(), 18120, "t", &[], &job)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(7), "{out:?}");
     let text = std::fs::read_to_string(&seen).unwrap();
     let words: Vec<&str> = text.split_whitespace().collect();
@@ -161,23 +171,7 @@ fn sigterm_is_forwarded_to_the_job_and_the_node_stops() {
         "trap 'exit 42' TERM; touch {}; while :; do sleep 0.05; done",
         started.display()
     );
-    let child = launch(
-        tmp.path(),
-        18130,
-        &[
-            "--hosts",
-            "127.0.0.1",
-            "--host-index",
-            "0",
-            "--job-key",
-            "sig",
-        ],
-        &job,
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let child = spawn_piped(launch_here(tmp.path(), 18130, "sig", &[], &job));
     wait_until("the job to start", || started.exists());
     let node = node_pid(&tmp.path().join("run"));
     assert!(pid_alive(node));
@@ -200,27 +194,8 @@ fn two_ranks_share_one_node_that_outlives_the_first() {
         tmp.path().join("r1"),
     );
     let rank = |r: u32, job: String| {
-        launch(
-            tmp.path(),
-            18140,
-            &[
-                "--hosts",
-                "127.0.0.1",
-                "--host-index",
-                "0",
-                "--job-key",
-                "two",
-                "--local-rank",
-                &r.to_string(),
-                "--local-world-size",
-                "2",
-            ],
-            &job,
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        let extra = ["--local-rank", &r.to_string(), "--local-world-size", "2"];
+        spawn_piped(launch_here(tmp.path(), 18140, "two", &extra, &job))
     };
     // Rank 1 first: it must wait for rank 0's node, not fail.
     let one = rank(

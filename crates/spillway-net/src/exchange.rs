@@ -147,7 +147,37 @@ pub(crate) trait Carrier: Sync {
     fn close_bad_frame(&self, _error: &WireError) {
         self.link().close();
     }
+    /// Whether the connection may still carry requests ([`crate::Connection::is_open`]):
+    /// by default, until its link was closed.
+    fn is_open(&self) -> bool {
+        !self.link().is_closed()
+    }
 }
+
+/// Implements [`crate::Connection`] for a [`Carrier`] type: the peer is its link's, it is
+/// open while [`Carrier::is_open`], and every request runs [`round_trip`]. A macro because
+/// each transport's connection is a type of its own (a trait impl per type).
+macro_rules! connection_over_carrier {
+    ($conn:ty) => {
+        impl $crate::Connection for $conn {
+            fn peer(&self) -> spillway_types::NodeId {
+                $crate::exchange::Carrier::link(self).peer
+            }
+
+            fn is_open(&self) -> bool {
+                $crate::exchange::Carrier::is_open(self)
+            }
+
+            async fn request(
+                &self,
+                request: $crate::Request,
+            ) -> Result<$crate::Response, $crate::NetError> {
+                $crate::exchange::round_trip(self, request).await
+            }
+        }
+    };
+}
+pub(crate) use connection_over_carrier;
 
 /// Encodes `request` as frame `id`.
 pub(crate) fn encode_request(

@@ -52,9 +52,7 @@ use crate::certs::{CertIdError, NodeIdentity, SERVER_NAME};
 use crate::exchange::{self, Carrier, CarryError, Decoded, Link, Outgoing, Received};
 use crate::stats::PeerState;
 use crate::tls::{certified_name, client_tls, peer_node_id, server_tls, tls_err};
-use crate::{
-    Connection, Handler, NetError, NetStats, QuicConfig, Request, Response, Server, Transport,
-};
+use crate::{Handler, NetError, NetStats, QuicConfig, Server, Transport};
 
 /// ALPN protocol of the peer page service.
 pub const ALPN: &[u8] = b"spillway/1";
@@ -932,18 +930,11 @@ impl Carrier for QuicConnection {
             close_bad_frame(lane, error);
         }
     }
-}
 
-impl Connection for QuicConnection {
-    fn peer(&self) -> NodeId {
-        self.inner.link.peer
-    }
-
+    /// Open while any lane is.
     fn is_open(&self) -> bool {
         self.inner.lanes.iter().any(|l| l.close_reason().is_none())
     }
-
-    async fn request(&self, request: Request) -> Result<Response, NetError> {
-        exchange::round_trip(self, request).await
-    }
 }
+
+exchange::connection_over_carrier!(QuicConnection);

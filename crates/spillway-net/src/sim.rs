@@ -33,9 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::exchange::{self, Carrier, CarryError, Link, Outgoing, Received};
-use crate::{
-    Connection, Handler, NetError, NetStats, QuicConfig, Request, Response, Server, Transport,
-};
+use crate::{Handler, NetError, NetStats, QuicConfig, Server, Transport};
 
 type ServeFuture = Pin<Box<dyn Future<Output = Result<Bytes, WireError>> + Send>>;
 /// A served node: takes (peer, request frame) and returns the reply frame, or the wire
@@ -409,19 +407,7 @@ impl Carrier for SimConnection {
     }
 }
 
-impl Connection for SimConnection {
-    fn peer(&self) -> NodeId {
-        self.inner.link.peer
-    }
-
-    fn is_open(&self) -> bool {
-        !self.inner.link.is_closed()
-    }
-
-    async fn request(&self, request: Request) -> Result<Response, NetError> {
-        exchange::round_trip(self, request).await
-    }
-}
+exchange::connection_over_carrier!(SimConnection);
 
 /// Where a frame header keeps its kind byte (found by encoding one, so that no layout is
 /// assumed here).

@@ -56,6 +56,19 @@ fn header(seq: u64) -> Bytes {
     Bytes::copy_from_slice(&h)
 }
 
+/// [`pair`], with message 0 sent from a and received whole by b, so that the connection
+/// exists both ways.
+async fn connected_pair() -> (Worker, Endpoint, Worker, Endpoint) {
+    let (a, ab, b, ba) = pair().await;
+    let (got, sent) = tokio::join!(
+        b.recv(TAG_REQUEST, u64::MAX, None),
+        ab.send(TAG_REQUEST, header(0), payload(0))
+    );
+    sent.expect("send");
+    check_message(got.expect("recv").bytes(), 0);
+    (a, ab, b, ba)
+}
+
 /// Checks a received message against what `seq` sent, byte for byte.
 fn check_message(bytes: &[u8], seq: u64) {
     assert_eq!(
@@ -158,14 +171,7 @@ async fn many_in_flight_arrive_intact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_goes_away_fails_its_requests() {
-    let (a, ab, b, ba) = pair().await;
-    // One message through, so the connection exists both ways.
-    let (got, sent) = tokio::join!(
-        b.recv(TAG_REQUEST, u64::MAX, None),
-        ab.send(TAG_REQUEST, header(0), payload(0))
-    );
-    sent.expect("send");
-    check_message(got.expect("recv").bytes(), 0);
+    let (a, ab, b, ba) = connected_pair().await;
 
     // a waits for a reply from b that will never come; then b goes away.
     let pending = tokio::spawn({
@@ -280,13 +286,7 @@ fn thread_cpu_ticks(tid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_worker_sleeps() {
     use std::sync::atomic::Ordering::Relaxed;
-    let (a, ab, b, _ba) = pair().await;
-    let (got, sent) = tokio::join!(
-        b.recv(TAG_REQUEST, u64::MAX, None),
-        ab.send(TAG_REQUEST, header(0), payload(0))
-    );
-    sent.expect("send");
-    check_message(got.expect("recv").bytes(), 0);
+    let (a, _ab, b, _ba) = connected_pair().await;
     // A receive stays posted through the idle period: waiting is not spinning.
     let posted = tokio::spawn({
         let a = a.clone();

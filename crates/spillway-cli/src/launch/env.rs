@@ -463,6 +463,11 @@ mod tests {
         move |k| map.get(k).cloned()
     }
 
+    /// [`detect`] with nothing explicit and only the variables `pairs`.
+    fn detect_in(pairs: &[(&str, &str)]) -> Result<Placement, EnvError> {
+        detect(&Explicit::default(), &env(pairs))
+    }
+
     fn named(p: &Placement) -> Vec<String> {
         match &p.hosts {
             Hosts::Named(h) => h.clone(),
@@ -520,22 +525,19 @@ mod tests {
 
     #[test]
     fn slurm_step_is_detected() {
-        let p = detect(
-            &Explicit::default(),
-            &env(&[
-                ("SLURM_JOB_NODELIST", "gpu[01-03]"),
-                ("SLURM_NNODES", "3"),
-                ("SLURM_NODEID", "1"),
-                ("SLURM_LOCALID", "1"),
-                ("SLURM_PROCID", "3"),
-                ("SLURM_STEP_TASKS_PER_NODE", "2(x3)"),
-                ("SLURM_JOB_ID", "42"),
-                ("SLURM_STEP_ID", "0"),
-                // torchrun inside srun: Slurm wins.
-                ("MASTER_ADDR", "gpu01"),
-                ("WORLD_SIZE", "6"),
-            ]),
-        )
+        let p = detect_in(&[
+            ("SLURM_JOB_NODELIST", "gpu[01-03]"),
+            ("SLURM_NNODES", "3"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_PROCID", "3"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2(x3)"),
+            ("SLURM_JOB_ID", "42"),
+            ("SLURM_STEP_ID", "0"),
+            // torchrun inside srun: Slurm wins.
+            ("MASTER_ADDR", "gpu01"),
+            ("WORLD_SIZE", "6"),
+        ])
         .unwrap();
         assert_eq!(p.source, Source::Slurm);
         assert_eq!(named(&p), ["gpu01", "gpu02", "gpu03"]);
@@ -553,7 +555,7 @@ mod tests {
         let with = |extra: &[(&'static str, &'static str)]| {
             let mut v = base.to_vec();
             v.extend_from_slice(extra);
-            detect(&Explicit::default(), &env(&v))
+            detect_in(&v)
         };
         assert!(matches!(
             with(&[("SLURM_NNODES", "4")]),
@@ -563,11 +565,7 @@ mod tests {
             with(&[("SLURM_TASKS_PER_NODE", "1(x2)")]),
             Err(EnvError::Inconsistent(_))
         ));
-        let e = detect(
-            &Explicit::default(),
-            &env(&[("SLURM_JOB_NODELIST", "a"), ("SLURM_NODEID", "0")]),
-        )
-        .unwrap_err();
+        let e = detect_in(&[("SLURM_JOB_NODELIST", "a"), ("SLURM_NODEID", "0")]).unwrap_err();
         assert_eq!(
             e,
             EnvError::Missing {
@@ -575,14 +573,11 @@ mod tests {
                 var: "SLURM_LOCALID"
             }
         );
-        let e = detect(
-            &Explicit::default(),
-            &env(&[
-                ("SLURM_JOB_NODELIST", "a[1-2]"),
-                ("SLURM_NODEID", "2"),
-                ("SLURM_LOCALID", "0"),
-            ]),
-        )
+        let e = detect_in(&[
+            ("SLURM_JOB_NODELIST", "a[1-2]"),
+            ("SLURM_NODEID", "2"),
+            ("SLURM_LOCALID", "0"),
+        ])
         .unwrap_err();
         assert!(e.to_string().contains("host index 2"), "{e}");
         let e = with(&[("SLURM_PROCID", "x")]).unwrap_err();
@@ -600,18 +595,15 @@ mod tests {
 
     #[test]
     fn torchrun_is_detected() {
-        let p = detect(
-            &Explicit::default(),
-            &env(&[
-                ("MASTER_ADDR", "10.77.0.1"),
-                ("MASTER_PORT", "29500"),
-                ("WORLD_SIZE", "8"),
-                ("RANK", "5"),
-                ("LOCAL_RANK", "1"),
-                ("LOCAL_WORLD_SIZE", "2"),
-                ("GROUP_RANK", "2"),
-            ]),
-        )
+        let p = detect_in(&[
+            ("MASTER_ADDR", "10.77.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("WORLD_SIZE", "8"),
+            ("RANK", "5"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("GROUP_RANK", "2"),
+        ])
         .unwrap();
         assert_eq!(p.source, Source::Torchrun);
         assert_eq!(
@@ -627,15 +619,12 @@ mod tests {
 
     #[test]
     fn kubeflow_pytorchjob_is_one_rank_per_host() {
-        let p = detect(
-            &Explicit::default(),
-            &env(&[
-                ("MASTER_ADDR", "job-master-0"),
-                ("MASTER_PORT", "23456"),
-                ("WORLD_SIZE", "3"),
-                ("RANK", "2"),
-            ]),
-        )
+        let p = detect_in(&[
+            ("MASTER_ADDR", "job-master-0"),
+            ("MASTER_PORT", "23456"),
+            ("WORLD_SIZE", "3"),
+            ("RANK", "2"),
+        ])
         .unwrap();
         assert_eq!((p.host_index, p.local_rank, p.local_world_size), (2, 0, 1));
         assert_eq!(p.hosts.len(), 3);
@@ -644,29 +633,22 @@ mod tests {
     #[test]
     fn inconsistent_torchrun_is_refused() {
         let t = |world: &'static str, rank: &'static str, group: &'static str| {
-            detect(
-                &Explicit::default(),
-                &env(&[
-                    ("MASTER_ADDR", "m"),
-                    ("MASTER_PORT", "1"),
-                    ("WORLD_SIZE", world),
-                    ("RANK", rank),
-                    ("LOCAL_RANK", "1"),
-                    ("LOCAL_WORLD_SIZE", "2"),
-                    ("GROUP_RANK", group),
-                ]),
-            )
+            detect_in(&[
+                ("MASTER_ADDR", "m"),
+                ("MASTER_PORT", "1"),
+                ("WORLD_SIZE", world),
+                ("RANK", rank),
+                ("LOCAL_RANK", "1"),
+                ("LOCAL_WORLD_SIZE", "2"),
+                ("GROUP_RANK", group),
+            ])
         };
         assert!(t("8", "3", "1").is_ok());
         assert!(matches!(t("7", "3", "1"), Err(EnvError::Inconsistent(_))));
         assert!(matches!(t("8", "8", "4"), Err(EnvError::Inconsistent(_))));
         assert!(matches!(t("8", "3", "2"), Err(EnvError::Inconsistent(_))));
         assert!(matches!(t("8", "2", "1"), Err(EnvError::Inconsistent(_))));
-        let e = detect(
-            &Explicit::default(),
-            &env(&[("MASTER_ADDR", "m"), ("WORLD_SIZE", "2"), ("RANK", "0")]),
-        )
-        .unwrap_err();
+        let e = detect_in(&[("MASTER_ADDR", "m"), ("WORLD_SIZE", "2"), ("RANK", "0")]).unwrap_err();
         assert_eq!(
             e,
             EnvError::Missing {
@@ -678,25 +660,19 @@ mod tests {
 
     #[test]
     fn leaderworkerset_is_detected() {
-        let p = detect(
-            &Explicit::default(),
-            &env(&[
-                ("LWS_LEADER_ADDRESS", "pool-0.pool.default"),
-                ("LWS_GROUP_SIZE", "4"),
-                ("LWS_WORKER_INDEX", "3"),
-            ]),
-        )
+        let p = detect_in(&[
+            ("LWS_LEADER_ADDRESS", "pool-0.pool.default"),
+            ("LWS_GROUP_SIZE", "4"),
+            ("LWS_WORKER_INDEX", "3"),
+        ])
         .unwrap();
         assert_eq!(p.source, Source::LeaderWorkerSet);
         assert_eq!((p.host_index, p.hosts.len()), (3, 4));
-        let e = detect(
-            &Explicit::default(),
-            &env(&[
-                ("LWS_LEADER_ADDRESS", "l"),
-                ("LWS_GROUP_SIZE", "4"),
-                ("LWS_WORKER_INDEX", "4"),
-            ]),
-        )
+        let e = detect_in(&[
+            ("LWS_LEADER_ADDRESS", "l"),
+            ("LWS_GROUP_SIZE", "4"),
+            ("LWS_WORKER_INDEX", "4"),
+        ])
         .unwrap_err();
         assert!(matches!(e, EnvError::Inconsistent(_)), "{e}");
     }
@@ -727,7 +703,7 @@ mod tests {
 
     #[test]
     fn nothing_detected_is_one_host() {
-        let p = detect(&Explicit::default(), &env(&[])).unwrap();
+        let p = detect_in(&[]).unwrap();
         assert_eq!(p.source, Source::Single);
         assert_eq!(named(&p), ["127.0.0.1"]);
         assert_eq!((p.host_index, p.local_rank, p.local_world_size), (0, 0, 1));

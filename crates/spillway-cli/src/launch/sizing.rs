@@ -204,6 +204,13 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    /// A machine of 64 GiB whose cgroup may use 8; memlock unlimited.
+    const CGROUP_LIMITED: HostMemory = HostMemory {
+        total: 64 * GIB,
+        cgroup_limit: Some(8 * GIB),
+        memlock: None,
+    };
+
     #[test]
     fn budgets_parse_as_sizes_or_shares() {
         assert_eq!(parse_budget("64GiB"), Ok(BudgetArg::Bytes(64 * GIB)));
@@ -216,11 +223,7 @@ mod tests {
 
     #[test]
     fn a_share_is_of_the_cgroup_limit_when_lower() {
-        let m = HostMemory {
-            total: 64 * GIB,
-            cgroup_limit: Some(8 * GIB),
-            memlock: None,
-        };
+        let m = CGROUP_LIMITED;
         assert_eq!(
             host_budget(BudgetArg::Share(0.5), Some(m), false),
             Ok(4 * GIB)
@@ -252,11 +255,7 @@ mod tests {
 
     #[test]
     fn over_commit_is_refused_naming_the_limit() {
-        let m = HostMemory {
-            total: 64 * GIB,
-            cgroup_limit: Some(8 * GIB),
-            memlock: None,
-        };
+        let m = CGROUP_LIMITED;
         let e = host_budget(BudgetArg::Bytes(9 * GIB), Some(m), false).unwrap_err();
         assert_eq!(
             e,

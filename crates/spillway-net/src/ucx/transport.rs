@@ -59,9 +59,7 @@ use tokio_util::task::TaskTracker;
 use super::{Endpoint, UcxError, UcxWorkerConfig, Worker};
 use crate::exchange::{self, Carrier, CarryError, Link, Outgoing, Received};
 use crate::stats::PeerState;
-use crate::{
-    Connection, Handler, NetError, NetStats, QuicConfig, Request, Response, Server, Transport,
-};
+use crate::{Handler, NetError, NetStats, QuicConfig, Server, Transport};
 
 const TAG_REQUEST: u64 = 1 << 62;
 const TAG_REPLY: u64 = 2 << 62;
@@ -380,16 +378,24 @@ impl std::fmt::Display for SideError {
     }
 }
 
-async fn read_side_hello(stream: &mut TcpStream) -> Result<SideHello, SideError> {
-    let frame_bytes = stream.read_u32_le().await.map_err(SideError::Io)?;
-    if frame_bytes > HELLO_BYTES_MAX {
-        return Err(SideError::TooLong {
-            what: "hello",
-            bytes: frame_bytes,
-        });
+/// Reads a little-endian `u32` length, then that many bytes of `what`; a length above
+/// `bytes_max` is refused before anything is allocated.
+async fn read_length_prefixed(
+    stream: &mut TcpStream,
+    what: &'static str,
+    bytes_max: u32,
+) -> Result<Vec<u8>, SideError> {
+    let bytes = stream.read_u32_le().await.map_err(SideError::Io)?;
+    if bytes > bytes_max {
+        return Err(SideError::TooLong { what, bytes });
     }
-    let mut frame = vec![0u8; frame_bytes as usize];
-    stream.read_exact(&mut frame).await.map_err(SideError::Io)?;
+    let mut buf = vec![0u8; bytes as usize];
+    stream.read_exact(&mut buf).await.map_err(SideError::Io)?;
+    Ok(buf)
+}
+
+async fn read_side_hello(stream: &mut TcpStream) -> Result<SideHello, SideError> {
+    let frame = read_length_prefixed(stream, "hello", HELLO_BYTES_MAX).await?;
     let hello = match wire::decode_frame(&frame)
         .map_err(SideError::Wire)?
         .0
@@ -399,18 +405,7 @@ async fn read_side_hello(stream: &mut TcpStream) -> Result<SideHello, SideError>
         _ => return Err(SideError::NotHello),
     };
     let conn = stream.read_u32_le().await.map_err(SideError::Io)? % CONN_IDS;
-    let address_bytes = stream.read_u32_le().await.map_err(SideError::Io)?;
-    if address_bytes > ADDRESS_BYTES_MAX {
-        return Err(SideError::TooLong {
-            what: "worker address",
-            bytes: address_bytes,
-        });
-    }
-    let mut address = vec![0u8; address_bytes as usize];
-    stream
-        .read_exact(&mut address)
-        .await
-        .map_err(SideError::Io)?;
+    let address = read_length_prefixed(stream, "worker address", ADDRESS_BYTES_MAX).await?;
     Ok(SideHello {
         hello,
         conn,
@@ -844,16 +839,4 @@ impl Carrier for UcxConnection {
     }
 }
 
-impl Connection for UcxConnection {
-    fn peer(&self) -> NodeId {
-        self.inner.link.peer
-    }
-
-    fn is_open(&self) -> bool {
-        !self.inner.link.is_closed()
-    }
-
-    async fn request(&self, request: Request) -> Result<Response, NetError> {
-        exchange::round_trip(self, request).await
-    }
-}
+exchange::connection_over_carrier!(UcxConnection);
