@@ -255,6 +255,24 @@ pub struct InitialCluster {
     pub page_bytes: u64,
 }
 
+#[cfg(test)]
+impl InitialCluster {
+    /// Members `1..=n` with no address and no zone, each lending `capacity_bytes` (tests).
+    pub(crate) fn for_tests(n: u64, capacity_bytes: u64, page_bytes: u64) -> Self {
+        InitialCluster {
+            members: (1..=n)
+                .map(|i| MemberInfo {
+                    id: NodeId(i),
+                    addresses: vec![],
+                    capacity_bytes,
+                    zone: None,
+                })
+                .collect(),
+            page_bytes,
+        }
+    }
+}
+
 /// A command that could not be decoded.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot decode {what}: {source}")]

@@ -466,15 +466,8 @@ impl MetaNode {
             });
         }
         self.check_can_propose()?;
-        let ticket = self.next_ticket();
         let data = command::encode(batch);
-        self.raw
-            .propose(ticket.encode().to_vec(), data)
-            .map_err(|e| ProposeError::Dropped {
-                reason: e.to_string(),
-            })?;
-        self.remember(ticket);
-        Ok(ticket)
+        self.propose_with_ticket(|raw, context| raw.propose(context, data))
     }
 
     /// Proposes a membership change (a Raft conf change). One at a time: a second one is
@@ -493,12 +486,19 @@ impl MetaNode {
         cc.set_transition(ConfChangeTransition::Auto);
         cc.set_changes(changes.into());
         cc.context = command::encode(change).into();
+        self.propose_with_ticket(|raw, context| raw.propose_conf_change(context, cc))
+    }
+
+    /// Takes the next ticket and has `propose` hand Raft an entry with it as its context;
+    /// remembers the ticket once Raft took the entry.
+    fn propose_with_ticket(
+        &mut self,
+        propose: impl FnOnce(&mut RawNode<EngineStorage>, Vec<u8>) -> raft::Result<()>,
+    ) -> Result<Ticket, ProposeError> {
         let ticket = self.next_ticket();
-        self.raw
-            .propose_conf_change(ticket.encode().to_vec(), cc)
-            .map_err(|e| ProposeError::Dropped {
-                reason: e.to_string(),
-            })?;
+        propose(&mut self.raw, ticket.encode().to_vec()).map_err(|e| ProposeError::Dropped {
+            reason: e.to_string(),
+        })?;
         self.remember(ticket);
         Ok(ticket)
     }

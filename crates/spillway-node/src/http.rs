@@ -577,18 +577,10 @@ impl StatusSources {
         let frames: Family<Vec<(String, String)>, Counter<u64>> = Family::default();
         for (peer, c) in self.transport.stats().peers() {
             let p = peer.0.to_string();
-            peer_bytes
-                .get_or_create(&vec![
-                    ("peer".into(), p.clone()),
-                    ("direction".into(), "in".into()),
-                ])
-                .inc_by(c.bytes_in);
-            peer_bytes
-                .get_or_create(&vec![
-                    ("peer".into(), p.clone()),
-                    ("direction".into(), "out".into()),
-                ])
-                .inc_by(c.bytes_out);
+            for (dir, bytes) in [("in", c.bytes_in), ("out", c.bytes_out)] {
+                let labels = vec![("peer".into(), p.clone()), ("direction".into(), dir.into())];
+                peer_bytes.get_or_create(&labels).inc_by(bytes);
+            }
             frames
                 .get_or_create(&vec![("peer".into(), p)])
                 .inc_by(c.frames_rejected);

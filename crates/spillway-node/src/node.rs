@@ -27,7 +27,7 @@ use spillway_types::{NodeId, PoolId};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use spillway_meta::{MemberState, MetaState, Role, Update};
+use spillway_meta::{MetaState, Role, Update};
 
 use crate::config::{NodeConfig, NodeConfigError};
 use crate::memory::{HostBudget, MemoryError, MemoryLimits, MemoryPlan};
@@ -383,16 +383,7 @@ async fn announce_incarnation(
     ready: tokio::sync::watch::Sender<bool>,
     cancel: CancellationToken,
 ) {
-    let updates = vec![
-        Update::SetMemberState {
-            node,
-            state: MemberState::Down,
-        },
-        Update::SetMemberState {
-            node,
-            state: MemberState::Up,
-        },
-    ];
+    let updates = crate::placement::incarnation_updates(node);
     let Some(outcomes) = until_done(&cancel, "incarnation not recorded yet", || {
         meta.propose(updates.clone())
     })

@@ -26,7 +26,8 @@
 //!   by copy) -> [`Placement::put_batches`] -> send, each reply to
 //!   [`Placement::put_done`] -> [`Placement::after_moves`] (done, plan the unreachable
 //!   peers' copies again ([`Placement::replan_items`]), or fail; [`Placement::refund`]
-//!   what the replanned or abandoned copies spent) -> [`Placement::placements`] ->
+//!   what the replanned or abandoned copies spent; [`SpillRounds`] keeps these rounds'
+//!   copies for both drivers) -> [`Placement::placements`] ->
 //!   propose -> [`Placement::placed`] (the copies a re-spill left elsewhere, to delete);
 //! - fetch (`placement::fetch`): [`Placement::known_holders`] (the directory fills the
 //!   gaps) -> [`Placement::start_fetch`] -> rounds of [`Placement::get_requests`] -> send,
@@ -36,6 +37,8 @@
 //!   missing copy, and the pool-wide count) -> read them like a fetch -> plan, reserve,
 //!   move and place as a spill into the dead slots -> [`Placement::repaired`];
 //! - discard: [`Placement::removals`] -> propose -> [`Placement::forget`] -> delete;
+//! - a restarted node (`placement::incarnation`): [`incarnation_updates`] -> propose ->
+//!   [`earlier_extents`] -> [`EarlierPages::of`] -> propose the removals -> delete;
 //! - deletes that did not land: [`Placement::queue_deletes`], retried from
 //!   [`Placement::pending_deletes`], cleared by [`Placement::deletes_landed`].
 
@@ -44,7 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use spillway_meta::{Epoch, Extent, MemberState, ReservationId, Update};
+use spillway_meta::{Epoch, Extent, MemberState, MetaState, ReservationId, Update};
 use spillway_net::{NetError, Page, Response};
 use spillway_types::{BufferId, NodeId, PageId};
 
@@ -56,11 +59,15 @@ use crate::tier::{
 };
 
 mod fetch;
+mod incarnation;
 mod plan;
 mod repair;
+mod spill;
 
 pub(crate) use fetch::{FETCH_ROUNDS_MAX, Fetch};
+pub(crate) use incarnation::{EarlierPages, earlier_extents, incarnation_updates};
 pub(crate) use repair::{RepairJob, UnderReplicated};
+pub(crate) use spill::{SpillRounds, SpillStep, checksummed};
 
 /// Replica slots of a page: `crate::config::REPLICAS_MAX`, the directory's slots.
 pub(crate) const SLOTS: usize = crate::config::REPLICAS_MAX as usize;
@@ -116,6 +123,26 @@ impl Held {
     /// Whether `node` holds a copy.
     pub(crate) fn held_on(&self, node: NodeId) -> bool {
         self.copies().any(|(_, r)| r.holder == node)
+    }
+
+    /// The copies of remote page `id` that the replicated directory names, if any. The
+    /// checksum is not known there: 0, "trust the transport's check".
+    pub(crate) fn in_directory(state: &MetaState, id: PageId) -> Option<Held> {
+        let copies = state.holders_of(id);
+        if copies.is_empty() {
+            return None;
+        }
+        let mut held = Held {
+            replicas: [None; SLOTS],
+            checksum: 0,
+        };
+        for (slot, _, holder) in copies {
+            held.replicas[slot as usize] = Some(Replica {
+                holder: holder.node,
+                epoch: holder.epoch,
+            });
+        }
+        Some(held)
     }
 }
 
@@ -530,27 +557,13 @@ impl Placement {
         #[cfg(feature = "failpoints")]
         fail::fail_point!("spillway-node::spill::between-replica-writes");
         let c = self.per_peer.entry(peer).or_default();
-        let e = match result {
-            Ok(Response::Put { .. }) => {
-                c.bytes_spilled += bytes;
-                c.pages_spilled += pages;
-                return None;
-            }
-            Ok(Response::Error(e)) => RemoteError::PeerRefused {
-                peer,
-                reason: e.message,
-            },
-            Ok(other) => RemoteError::PeerRefused {
-                peer,
-                reason: format!("answered a put with {:?}", other.kind()),
-            },
-            Err(e) => RemoteError::PeerUnreachable {
-                peer,
-                reason: e.to_string(),
-            },
-        };
+        if let Ok(Response::Put { .. }) = result {
+            c.bytes_spilled += bytes;
+            c.pages_spilled += pages;
+            return None;
+        }
         c.errors += 1;
-        Some(e)
+        Some(failed_reply(peer, "put", &result))
     }
 
     /// After round `attempt` (from 0) of puts with `failures` (the first error of each
@@ -876,6 +889,29 @@ const RESERVATION_NODE_SHIFT: u32 = 52;
 /// Placement versions: the start clock (ms) above this bit, a counter below it (1,024
 /// placements per ms of start time before two incarnations could share a version).
 const VERSION_SHIFT: u32 = 10;
+
+/// The error of a peer's answer to a `request` ("put", "get") that is not the reply
+/// asked for: a refusal, another reply, or no answer at all.
+pub(crate) fn failed_reply(
+    peer: NodeId,
+    request: &str,
+    result: &Result<Response, NetError>,
+) -> RemoteError {
+    match result {
+        Ok(Response::Error(e)) => RemoteError::PeerRefused {
+            peer,
+            reason: e.message.clone(),
+        },
+        Ok(other) => RemoteError::PeerRefused {
+            peer,
+            reason: format!("answered a {request} with {:?}", other.kind()),
+        },
+        Err(e) => RemoteError::PeerUnreachable {
+            peer,
+            reason: e.to_string(),
+        },
+    }
+}
 
 /// Whether the remote buffer id `buffer` belongs to `node` (see `remote_page_id`).
 pub(crate) fn buffer_of_node(buffer: BufferId, node: NodeId) -> bool {

@@ -64,9 +64,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use spillway_meta::{Extent, MemberState, ReservationId, Update};
+use spillway_meta::{MemberState, ReservationId, Update};
 use spillway_net::{NetError, Request, Response};
-use spillway_types::wire::page_checksum;
 use spillway_types::{NodeId, PageId};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -75,8 +74,8 @@ use crate::config::NodeConfig;
 use crate::meta::{MetaDriver, now_ms};
 use crate::peers::Peers;
 use crate::placement::{
-    Candidate, Deletes, FETCH_ROUNDS_MAX, Fetch, Held, MoveVerdict, Placement, Planned, Replica,
-    SLOTS, SpillPage, ToPlace, buffer_of_node,
+    Candidate, Deletes, EarlierPages, FETCH_ROUNDS_MAX, Fetch, Held, Placement, Planned,
+    SpillRounds, SpillStep, ToPlace, checksummed, earlier_extents,
 };
 pub use crate::tier::{
     CLIENT_BUFFER_BITS, CLIENT_BUFFER_MAX, CLIENT_ID_BITS, CLIENT_ID_MAX, MOVE_RETRIES,
@@ -296,54 +295,40 @@ impl RemoteService {
         let _claim = self
             .claim(client, pages.iter().map(|(id, _)| *id).collect())
             .await;
-        // Hash once, outside every lock; the checksum travels with the page from here.
-        let pages: Vec<SpillPage> = pages
-            .into_iter()
-            .map(|(page, data)| SpillPage {
-                page,
-                checksum: page_checksum(&data),
-                data,
-            })
-            .collect();
+        // Hash once, outside every lock.
+        let pages = checksummed(pages);
         // Move; copies whose holder turned out unreachable are planned again without it.
-        let mut excluded: Vec<NodeId> = Vec::new();
         let items = self.brain().spill_items(pages);
-        let mut pending = self.plan_and_reserve(client, items, &excluded).await?;
-        let mut plan: Vec<Planned> = Vec::with_capacity(pending.len());
+        let mut rounds = SpillRounds::new(self.plan_and_reserve(client, items, &[]).await?);
         for attempt in 0..=MOVE_RETRIES {
-            let failures = self.move_pages(&pending).await;
-            let failed = match Placement::after_moves(failures, attempt) {
-                MoveVerdict::Done => {
-                    plan.append(&mut pending);
-                    break;
-                }
-                MoveVerdict::Fail(e) => {
-                    plan.append(&mut pending);
-                    self.abandon(client, &plan).await;
+            let failures = self.move_pages(rounds.pending()).await;
+            let step = rounds.after_round(&mut self.brain(), failures, attempt);
+            let items = match step {
+                SpillStep::Done => break,
+                SpillStep::Fail(e) => {
+                    self.abandon(client, rounds.copies()).await;
                     return Err(e);
                 }
-                MoveVerdict::Replan(failed) => failed,
+                SpillStep::Replan { failed, items } => {
+                    tracing::debug!(
+                        ?failed,
+                        "peers unreachable during a spill; placing their pages elsewhere"
+                    );
+                    items
+                }
             };
-            tracing::debug!(
-                ?failed,
-                "peers unreachable during a spill; placing their pages elsewhere"
-            );
-            excluded.extend(failed.iter().copied());
-            let (redo, ok): (Vec<Planned>, Vec<Planned>) = pending
-                .into_iter()
-                .partition(|p| failed.contains(&p.holder));
-            plan.extend(ok);
-            // Their copies go elsewhere: what they spent on the failed peers comes back.
-            self.brain().refund(&redo);
-            let redo_items = Placement::replan_items(&plan, redo);
-            pending = match self.plan_and_reserve(client, redo_items, &excluded).await {
-                Ok(p) => p,
+            match self
+                .plan_and_reserve(client, items, rounds.excluded())
+                .await
+            {
+                Ok(p) => rounds.planned(p),
                 Err(e) => {
-                    self.abandon(client, &plan).await;
+                    self.abandon(client, rounds.copies()).await;
                     return Err(e);
                 }
-            };
+            }
         }
+        let plan = rounds.into_copies();
         if let Err(e) = self.place(client, &plan, true).await {
             self.drop_copies(client, &plan).await;
             return Err(e);
@@ -484,28 +469,12 @@ impl RemoteService {
                 .0
                 .read(move |s| {
                     ids.iter()
-                        .map(|id| {
-                            s.holders_of(*id)
-                                .into_iter()
-                                .map(|(slot, _, h)| (slot, h.node, h.epoch))
-                                .collect::<Vec<_>>()
-                        })
+                        .map(|id| Held::in_directory(s, *id))
                         .collect::<Vec<_>>()
                 })
                 .await?;
-            for ((i, _), copies) in unknown.into_iter().zip(holders) {
-                if copies.is_empty() {
-                    continue;
-                }
-                // The checksum is not known here; 0 means "trust the transport's check".
-                let mut held = Held {
-                    replicas: [None; SLOTS],
-                    checksum: 0,
-                };
-                for (slot, holder, epoch) in copies {
-                    held.replicas[slot as usize] = Some(Replica { holder, epoch });
-                }
-                out[i] = Some(held);
+            for ((i, _), held) in unknown.into_iter().zip(holders) {
+                out[i] = held;
             }
         }
         Ok(out)
@@ -711,41 +680,19 @@ impl RemoteService {
     pub async fn release_earlier_incarnation(&self) -> Result<u64, RemoteError> {
         let meta = &self.meta;
         let node = self.node;
-        let found: Vec<(Extent, NodeId)> = meta
-            .read(move |s| {
-                s.extents()
-                    .filter(|(_, e, _)| buffer_of_node(e.buffer, node))
-                    .map(|(_, e, h)| (e, h.node))
-                    .collect()
-            })
-            .await?;
+        let found = meta.read(move |s| earlier_extents(s, node)).await?;
         if found.is_empty() {
             return Ok(0);
         }
-        // One record per replica slot: each extent is removed once (from every slot).
-        let mut extents: Vec<Extent> = found.iter().map(|(e, _)| *e).collect();
-        extents.sort_by_key(|e| (e.buffer, e.first_page, e.page_count));
-        extents.dedup();
-        for chunk in extents.chunks(spillway_meta::limits::BATCH_UPDATES_MAX) {
-            let removes = chunk
-                .iter()
-                .map(|extent| Update::Remove { extent: *extent })
-                .collect();
+        let EarlierPages {
+            removals,
+            deletes,
+            pages,
+        } = EarlierPages::of(&found);
+        for removes in removals {
             meta.propose(removes).await?;
         }
-        let mut by_peer = Deletes::new();
-        let mut pages = 0u64;
-        for (extent, holder) in &found {
-            let ids = by_peer.entry(*holder).or_default();
-            for index in extent.first_page..extent.first_page + extent.page_count {
-                ids.push(PageId {
-                    buffer: extent.buffer,
-                    index,
-                });
-                pages += 1;
-            }
-        }
-        self.delete_all_or_queue(by_peer).await;
+        self.delete_all_or_queue(deletes).await;
         tracing::info!(
             pages,
             extents = found.len(),

@@ -27,8 +27,7 @@ const PAGE: u64 = 64 << 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_elect_spill_fetch_and_discard() {
     let pool = Pool::new("spill", PAGE, [256, 256, 256]);
-    let nodes = pool.start_all().await;
-    let leader = settled(&nodes).await;
+    let (nodes, leader) = pool.start_settled().await;
     assert!((1..=3).contains(&leader.0));
     let n1 = nodes[0].as_ref().unwrap();
     let remote = n1.remote();
@@ -149,14 +148,11 @@ async fn placement_follows_free_capacity() {
     pool.configs[1].lend_bytes = 64 * PAGE;
     // One copy per page: where the pages go is the room of each peer alone.
     pool.configs[0].replicas = 1;
-    let nodes = pool.start_all().await;
-    settled(&nodes).await;
+    let (nodes, _) = pool.start_settled().await;
     let n1 = nodes[0].as_ref().unwrap();
     let remote = n1.remote();
     assert_eq!(remote.capacity_bytes(), 80 * PAGE);
-    let pages: Vec<(PageId, Bytes)> = (0..60u32)
-        .map(|i| (page_id(1, i), page_bytes(u64::from(i), PAGE)))
-        .collect();
+    let pages = patterned_pages(1, 60, 0, PAGE);
     within("spill", remote.spill(1, pages)).await.unwrap();
     let on2 = nodes[1].as_ref().unwrap().store().used_bytes_of(NodeId(1)) / PAGE;
     let on3 = nodes[2].as_ref().unwrap().store().used_bytes_of(NodeId(1)) / PAGE;
@@ -166,9 +162,7 @@ async fn placement_follows_free_capacity() {
         "node 2 has {on2} pages, node 3 {on3}"
     );
     // What is left: 20 pages; 30 more do not fit anywhere and nothing moves.
-    let more: Vec<(PageId, Bytes)> = (0..30u32)
-        .map(|i| (page_id(2, i), page_bytes(u64::from(i), PAGE)))
-        .collect();
+    let more = patterned_pages(2, 30, 0, PAGE);
     let err = within("spill over capacity", remote.spill(1, more))
         .await
         .unwrap_err();
@@ -185,8 +179,7 @@ async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
     // One copy per page: the killed node's pages are lost with it (what this test
     // checks of the directory); replicas are sim_pool's and the peer-death tests'.
     let pool = Pool::new("failover", PAGE, [128, 128, 128]).one_copy();
-    let mut nodes = pool.start_all().await;
-    let leader = settled(&nodes).await;
+    let (mut nodes, leader) = pool.start_settled().await;
     let li = (leader.0 - 1) as usize;
     // Spill from a node that is not the leader, so its pages stay reachable.
     let si = (li + 1) % 3;
@@ -201,9 +194,7 @@ async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
             .then_some(())
     })
     .await;
-    let pages: Vec<(PageId, Bytes)> = (0..8u32)
-        .map(|i| (page_id(3, i), page_bytes(u64::from(i) + 77, PAGE)))
-        .collect();
+    let pages = patterned_pages(3, 8, 77, PAGE);
     within("spill", spiller.remote().spill(2, pages.clone()))
         .await
         .unwrap();
@@ -234,9 +225,7 @@ async fn a_killed_leader_is_replaced_and_catches_up_after_restart() {
     );
 
     // The group still commits: a proposal through the remaining nodes.
-    let more: Vec<(PageId, Bytes)> = (0..4u32)
-        .map(|i| (page_id(4, i), page_bytes(u64::from(i) + 5, PAGE)))
-        .collect();
+    let more = patterned_pages(4, 4, 5, PAGE);
     let spiller = nodes[si].as_ref().unwrap();
     // Only one peer is left: it takes everything it has room for.
     within("spill after fail-over", spiller.remote().spill(2, more))
@@ -283,13 +272,10 @@ async fn a_fetch_stops_waiting_for_a_dead_holder_once_the_pool_declares_it_down(
     // whole peer grace (30 s, more than `within` allows): a member declared down comes
     // back at a new epoch, with every copy it held dead, so waiting saves nothing.
     let pool = Pool::new("downgrace", PAGE, [64, 64, 64]).one_copy();
-    let mut nodes = pool.start_all().await;
-    settled(&nodes).await;
+    let (mut nodes, _) = pool.start_settled().await;
     let spiller = nodes[0].as_ref().unwrap();
     let origin = spiller.node_id();
-    let pages: Vec<(PageId, Bytes)> = (0..4u32)
-        .map(|i| (page_id(6, i), page_bytes(u64::from(i) + 31, PAGE)))
-        .collect();
+    let pages = patterned_pages(6, 4, 31, PAGE);
     within("spill", spiller.remote().spill(2, pages.clone()))
         .await
         .unwrap();
@@ -341,8 +327,7 @@ async fn bad_config_fields_are_named_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_raft_frames_are_refused_and_counted_and_the_node_keeps_serving() {
     let pool = Pool::new("badraft", PAGE, [64, 64, 64]);
-    let nodes = pool.start_all().await;
-    settled(&nodes).await;
+    let (nodes, _) = pool.start_settled().await;
     let n1 = nodes[0].as_ref().unwrap();
     let n3 = nodes[2].as_ref().unwrap();
     let before = n1.counters();
@@ -392,41 +377,29 @@ async fn malformed_raft_frames_are_refused_and_counted_and_the_node_keeps_servin
     let conn = within("connect", n3.connect(n1.local_addr()))
         .await
         .unwrap();
-    let err = conn
-        .request(Request::Raft {
-            message: Bytes::from_static(&[0xff; 16]),
-        })
-        .await
-        .unwrap();
-    assert!(
-        matches!(err, Response::Error(ref e) if e.code == ErrorCode::BadRequest),
-        "{err:?}"
-    );
     let forged = spillway_meta::RaftMessage {
         from: 2,
         to: 1,
         ..Default::default()
     };
-    let err = conn
-        .request(Request::Raft {
+    let bad = [
+        Request::Raft {
+            message: Bytes::from_static(&[0xff; 16]),
+        },
+        Request::Raft {
             message: spillway_meta::wire::encode_message(&forged).into(),
-        })
-        .await
-        .unwrap();
-    assert!(
-        matches!(err, Response::Error(ref e) if e.code == ErrorCode::BadRequest),
-        "{err:?}"
-    );
-    let err = conn
-        .request(Request::Propose {
+        },
+        Request::Propose {
             batch: Bytes::from_static(&[0xff; 16]),
-        })
-        .await
-        .unwrap();
-    assert!(
-        matches!(err, Response::Error(ref e) if e.code == ErrorCode::BadRequest),
-        "{err:?}"
-    );
+        },
+    ];
+    for request in bad {
+        let err = conn.request(request).await.unwrap();
+        assert!(
+            matches!(err, Response::Error(ref e) if e.code == ErrorCode::BadRequest),
+            "{err:?}"
+        );
+    }
     assert_eq!(
         n1.counters().peer_requests_refused,
         before.peer_requests_refused + 3
@@ -452,8 +425,7 @@ async fn http_get(addr: SocketAddr, request: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_metrics_answer_over_http() {
     let pool = Pool::new("http", PAGE, [64, 64, 64]);
-    let nodes = pool.start_all().await;
-    let leader = settled(&nodes).await;
+    let (nodes, leader) = pool.start_settled().await;
     let n2 = nodes[1].as_ref().unwrap();
     n2.clients()
         .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
@@ -534,11 +506,8 @@ async fn a_restarted_node_releases_the_pages_its_gone_clients_spilled() {
     // Regression: a node that died kept its clients' pages listed and held on the peers
     // for good (its clients went with it; a restarted node reuses client numbers).
     let pool = Pool::new("refetch", PAGE, [64, 64, 64]);
-    let mut nodes = pool.start_all().await;
-    settled(&nodes).await;
-    let pages: Vec<(PageId, Bytes)> = (0..12u32)
-        .map(|i| (page_id(6, i), page_bytes(u64::from(i) + 900, PAGE)))
-        .collect();
+    let (mut nodes, _) = pool.start_settled().await;
+    let pages = patterned_pages(6, 12, 900, PAGE);
     let n1 = nodes[0].as_ref().unwrap();
     within("spill", n1.remote().spill(3, pages.clone()))
         .await
@@ -581,9 +550,7 @@ async fn a_restarted_node_releases_the_pages_its_gone_clients_spilled() {
     // A new client of the restarted node with the same number spills the same page ids:
     // they are its own, and come back byte for byte.
     let n1 = nodes[0].as_ref().unwrap();
-    let fresh: Vec<(PageId, Bytes)> = (0..4u32)
-        .map(|i| (page_id(6, i), page_bytes(u64::from(i) + 5000, PAGE)))
-        .collect();
+    let fresh = patterned_pages(6, 4, 5000, PAGE);
     within("spill again", n1.remote().spill(3, fresh.clone()))
         .await
         .unwrap();
@@ -631,19 +598,9 @@ async fn a_follower_proposal_is_forwarded_and_each_update_answered() {
     use spillway_meta::{ReservationId, Update};
     use spillway_node::Outcome;
     let pool = Pool::new("forward", PAGE, [32, 32, 32]);
-    let nodes = pool.start_all().await;
-    let leader = settled(&nodes).await;
-    let follower = nodes
-        .iter()
-        .flatten()
-        .find(|n| n.node_id() != leader)
-        .unwrap();
-    let target = nodes
-        .iter()
-        .flatten()
-        .find(|n| n.node_id() != follower.node_id())
-        .unwrap()
-        .node_id();
+    let (nodes, leader) = pool.start_settled().await;
+    let follower = live_node(&nodes, |n| n != leader);
+    let target = live_node(&nodes, |n| n != follower.node_id()).node_id();
     let expires_at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -700,8 +657,7 @@ async fn a_follower_proposal_is_forwarded_and_each_update_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_leader_is_replaced_after_an_election_timeout() {
     let pool = Pool::new("crash", PAGE, [16, 16, 16]);
-    let mut nodes = pool.start_all().await;
-    let leader = settled(&nodes).await;
+    let (mut nodes, leader) = pool.start_settled().await;
     let li = (leader.0 - 1) as usize;
     let term = nodes[(li + 1) % 3].as_ref().unwrap().term();
     // Dropping the handle stops it without the graceful hand-over: the others must notice
@@ -723,8 +679,7 @@ async fn concurrent_spills_share_raft_entries() {
     for c in &mut pool.configs {
         c.reserve_chunk_bytes = 64 * PAGE;
     }
-    let nodes = pool.start_all().await;
-    settled(&nodes).await;
+    let (nodes, _) = pool.start_settled().await;
     let n1 = nodes[0].as_ref().unwrap();
     let remote = n1.remote();
     // Reserve once, so the spills below need only their placements.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use spillway_meta::{ReservationId, Update};
-use spillway_node::{NodeHandle, ProposeFailure};
+use spillway_node::ProposeFailure;
 
 const PAGE: u64 = 64 << 10;
 const WRITE: &str = "spillway-meta::storage::write";
@@ -46,21 +46,9 @@ fn metric(text: &str, name: &str) -> Option<u64> {
 async fn a_full_raft_disk_is_reported_at_once_and_the_node_recovers_when_space_returns() {
     let scenario = fail::FailScenario::setup();
     let pool = Pool::new("fullraft", PAGE, [64, 64, 64]);
-    let nodes = pool.start_all().await;
-    let leader = settled(&nodes).await;
-    let node = |id: u64| -> &NodeHandle {
-        nodes
-            .iter()
-            .flatten()
-            .find(|n| n.node_id().0 == id)
-            .unwrap()
-    };
-    let lead = node(leader.0);
-    let full = nodes
-        .iter()
-        .flatten()
-        .find(|n| n.node_id() != leader)
-        .unwrap();
+    let (nodes, leader) = pool.start_settled().await;
+    let lead = live_node(&nodes, |n| n == leader);
+    let full = live_node(&nodes, |n| n != leader);
     let status = full.status();
     assert!(
         status.raft_healthy && status.raft_error.is_none(),
@@ -187,13 +175,8 @@ async fn a_full_raft_disk_is_reported_at_once_and_the_node_recovers_when_space_r
 async fn a_failed_fsync_stops_the_metadata_group_for_good_and_says_so() {
     let scenario = fail::FailScenario::setup();
     let pool = Pool::new("fsync", PAGE, [64, 64, 64]);
-    let nodes = pool.start_all().await;
-    let leader = settled(&nodes).await;
-    let lead = nodes
-        .iter()
-        .flatten()
-        .find(|n| n.node_id() == leader)
-        .unwrap();
+    let (nodes, leader) = pool.start_settled().await;
+    let lead = live_node(&nodes, |n| n == leader);
     // Every log in this process fails its next fsync (raft-engine's own failpoint), and
     // raft-engine panics on it: reopening could trust what the disk lost.
     fail::cfg("log_fd::sync::err", "return").unwrap();
@@ -240,13 +223,8 @@ async fn spills_go_on_after_a_proposer_stamped_the_group_clock_minutes_ahead() {
     const AHEAD_MS: u64 = 20 * 60_000;
     let scenario = fail::FailScenario::setup();
     let pool = Pool::new("clockahead", PAGE, [64, 64, 64]);
-    let nodes = pool.start_all().await;
-    let leader = settled(&nodes).await;
-    let spiller = nodes
-        .iter()
-        .flatten()
-        .find(|n| n.node_id() != leader)
-        .unwrap();
+    let (nodes, leader) = pool.start_settled().await;
+    let spiller = live_node(&nodes, |n| n != leader);
     // Every batch proposed while the failpoint is on is stamped 20 minutes ahead.
     fail::cfg(CLOCK_AHEAD, &format!("return({AHEAD_MS})")).unwrap();
     within("a proposal with a clock ahead", spiller.propose(release(1)))
@@ -267,9 +245,7 @@ async fn spills_go_on_after_a_proposer_stamped_the_group_clock_minutes_ahead() {
     )
     .await;
     // Every node's own clock is now 20 minutes behind the group's.
-    let pages: Vec<_> = (0..6u32)
-        .map(|i| (page_id(4, i), page_bytes(u64::from(i) + 5, PAGE)))
-        .collect();
+    let pages = patterned_pages(4, 6, 5, PAGE);
     within(
         "a spill after the clock jump",
         spiller.remote().spill(2, pages.clone()),

@@ -107,9 +107,7 @@ async fn a_host_joins_with_a_token_and_leaves_without_losing_a_page() {
     let n1 = nodes[0].as_ref().unwrap();
 
     // Pages on the pool before anyone joins.
-    let pages: Vec<(PageId, bytes::Bytes)> = (0..24u32)
-        .map(|i| (page_id(1, i), page_bytes(u64::from(i) + 7, PAGE)))
-        .collect();
+    let pages = patterned_pages(1, 24, 7, PAGE);
     within("spill", n1.remote().spill(5, pages.clone()))
         .await
         .unwrap();

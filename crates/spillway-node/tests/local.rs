@@ -170,6 +170,13 @@ impl Client {
         out
     }
 
+    /// Spills page 0 of `buffer`, a page of pattern `seed` written to slot 0, and checks
+    /// that it went through.
+    fn spill_one(&mut self, buffer: u64, seed: u64) {
+        self.write_slot(0, &pattern_bytes(PAGE, seed));
+        assert_eq!(self.op(spill(1, page(buffer, 0), 0, PAGE)).result, Ok(()));
+    }
+
     /// Whether the node closed the connection (EOF on the next read).
     fn closed_by_node(&mut self) -> bool {
         read_frame(&mut self.stream).is_none()
@@ -194,6 +201,11 @@ fn fetch(id: u64, page: PageId, slot: u32, bytes: u64) -> ClientMessage {
     })
 }
 
+/// The answer to a successful operation `id`.
+fn done_ok(id: u64) -> Done {
+    Done { id, result: Ok(()) }
+}
+
 fn pattern_bytes(len: u64, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len as usize];
     pattern::fill(seed, &mut v);
@@ -210,47 +222,17 @@ fn a_spilled_slot_comes_back_byte_for_byte() {
     let short = pattern_bytes(PAGE / 3, 12);
     c.write_slot(3, &full);
     c.write_slot(15, &short);
-    assert_eq!(
-        c.op(spill(1, page(1, 0), 3, PAGE)),
-        Done {
-            id: 1,
-            result: Ok(())
-        }
-    );
-    assert_eq!(
-        c.op(spill(2, page(1, 1), 15, PAGE / 3)),
-        Done {
-            id: 2,
-            result: Ok(())
-        }
-    );
+    assert_eq!(c.op(spill(1, page(1, 0), 3, PAGE)), done_ok(1));
+    assert_eq!(c.op(spill(2, page(1, 1), 15, PAGE / 3)), done_ok(2));
     // The backend got the slot's bytes.
     let client = c.welcome.client;
     assert_eq!(h.backend.get(client, page(1, 0)).unwrap(), full);
     // Overwrite the slots, then fetch into them and into another slot.
     c.write_slot(3, &vec![0u8; PAGE as usize]);
     c.write_slot(15, &vec![0xee; PAGE as usize]);
-    assert_eq!(
-        c.op(fetch(3, page(1, 0), 3, PAGE)),
-        Done {
-            id: 3,
-            result: Ok(())
-        }
-    );
-    assert_eq!(
-        c.op(fetch(4, page(1, 1), 15, PAGE / 3)),
-        Done {
-            id: 4,
-            result: Ok(())
-        }
-    );
-    assert_eq!(
-        c.op(fetch(5, page(1, 0), 0, PAGE)),
-        Done {
-            id: 5,
-            result: Ok(())
-        }
-    );
+    assert_eq!(c.op(fetch(3, page(1, 0), 3, PAGE)), done_ok(3));
+    assert_eq!(c.op(fetch(4, page(1, 1), 15, PAGE / 3)), done_ok(4));
+    assert_eq!(c.op(fetch(5, page(1, 0), 0, PAGE)), done_ok(5));
     assert!(c.read_slot(3, PAGE as usize) == full);
     assert!(c.read_slot(0, PAGE as usize) == full);
     let back = c.read_slot(15, PAGE as usize);
@@ -347,8 +329,7 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
 fn malformed_and_oversized_frames_close_only_their_connection() {
     let h = Harness::start();
     let mut good = connect(&h.path);
-    good.write_slot(0, &pattern_bytes(PAGE, 5));
-    assert_eq!(good.op(spill(1, page(3, 0), 0, PAGE)).result, Ok(()));
+    good.spill_one(3, 5);
 
     // Garbage after the welcome.
     let mut bad = connect(&h.path);
@@ -497,8 +478,7 @@ fn clients_take_their_host_tiers_from_the_nodes_host_budget() {
 fn a_client_that_goes_has_its_pages_discarded() {
     let h = Harness::start();
     let mut other = connect(&h.path);
-    other.write_slot(0, &pattern_bytes(PAGE, 9));
-    assert_eq!(other.op(spill(1, page(5, 0), 0, PAGE)).result, Ok(()));
+    other.spill_one(5, 9);
 
     let mut c = connect(&h.path);
     let client = c.welcome.client;
@@ -537,8 +517,7 @@ fn a_client_that_goes_has_its_pages_discarded() {
 fn shutdown_closes_clients_and_discards_their_pages() {
     let mut h = Harness::start();
     let mut c = connect(&h.path);
-    c.write_slot(0, &pattern_bytes(PAGE, 1));
-    assert_eq!(c.op(spill(1, page(6, 0), 0, PAGE)).result, Ok(()));
+    c.spill_one(6, 1);
     let server = h.server.take().unwrap();
     h.rt.block_on(server.shutdown());
     assert!(c.closed_by_node());

@@ -6,8 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{POOL, TempDir, members_at, within};
-use spillway_net::QuicConfig;
+use common::{TempDir, members_at, sim_transports, within};
 use spillway_net::sim::SimNetwork;
 use spillway_node::{MemoryError, MemoryLimits, MemoryPlan, Node, NodeConfig, NodeError};
 use spillway_types::NodeId;
@@ -28,13 +27,7 @@ fn config(
     net: &SimNetwork,
     host_budget: u64,
 ) -> (NodeConfig, impl spillway_net::Transport) {
-    let transports: Vec<_> = (1..=3)
-        .map(|i| net.transport(POOL, NodeId(i), &QuicConfig::default()))
-        .collect();
-    let addrs: Vec<_> = transports
-        .iter()
-        .map(spillway_net::Transport::local_addr)
-        .collect();
+    let (transports, addrs) = sim_transports(net, 3);
     let mut c = NodeConfig::new(
         NodeId(1),
         root.0.join("pool"),

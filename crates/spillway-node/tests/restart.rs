@@ -18,8 +18,7 @@ async fn a_restarted_holder_is_no_longer_named_for_the_pages_its_ram_lost() {
     // One copy per page: a page on node 2 is gone with its RAM (with the default two
     // copies it would be read from the other; sim_pool covers that).
     let pool = Pool::new("reincarnate", PAGE, [64, 64, 64]).one_copy();
-    let mut nodes = pool.start_all().await;
-    settled(&nodes).await;
+    let (mut nodes, _) = pool.start_settled().await;
     // Every node announces its incarnation at start: epoch 2 once settled.
     wait_for("the first incarnations", WAIT, || {
         let v = nodes[0].as_ref()?.meta_view();
@@ -27,9 +26,7 @@ async fn a_restarted_holder_is_no_longer_named_for_the_pages_its_ram_lost() {
     })
     .await;
     // Enough pages from node 1 that both peers hold some.
-    let pages: Vec<(PageId, Bytes)> = (0..48u32)
-        .map(|i| (page_id(9, i), page_bytes(u64::from(i) + 300, PAGE)))
-        .collect();
+    let pages = patterned_pages(9, 48, 300, PAGE);
     let n1 = nodes[0].as_ref().unwrap();
     within("spill", n1.remote().spill(4, pages.clone()))
         .await

@@ -15,9 +15,9 @@ mod common;
 use std::net::SocketAddr;
 
 use common::{
-    POOL, TempDir, member_config, members_at, page_bytes, page_id, settled, shutdown_all, within,
+    TempDir, member_config, members_at, page_bytes, page_id, settled, shutdown_all, sim_transports,
+    within,
 };
-use spillway_net::QuicConfig;
 use spillway_net::sim::SimNetwork;
 use spillway_node::{Node, NodeHandle, PageTransport};
 use spillway_types::NodeId;
@@ -53,13 +53,7 @@ async fn start_members(
     net: &SimNetwork,
     n: u64,
 ) -> (Vec<SocketAddr>, Vec<Option<NodeHandle>>) {
-    let transports: Vec<_> = (1..=n)
-        .map(|i| net.transport(POOL, NodeId(i), &QuicConfig::default()))
-        .collect();
-    let addrs: Vec<SocketAddr> = transports
-        .iter()
-        .map(spillway_net::Transport::local_addr)
-        .collect();
+    let (transports, addrs) = sim_transports(net, n);
     let members = members_at(&addrs);
     let mut nodes = Vec::new();
     for (i, transport) in transports.into_iter().enumerate() {
@@ -169,13 +163,7 @@ async fn settled_n(nodes: &[Option<NodeHandle>], n: usize) -> NodeId {
             let v = h.meta_view();
             v.leader == Some(leader)
                 && v.members.len() == n
-                && v.members.iter().all(|m| {
-                    nodes
-                        .iter()
-                        .flatten()
-                        .find(|x| x.node_id() == m.id)
-                        .is_none_or(|x| m.capacity_bytes == x.config().lend_bytes)
-                })
+                && common::capacities_applied(nodes, &v)
         });
         agree.then_some(leader)
     })

@@ -7,7 +7,6 @@ mod common;
 
 use std::time::Instant;
 
-use bytes::Bytes;
 use common::*;
 use spillway_types::PageId;
 
@@ -36,12 +35,9 @@ async fn run(threads: usize) {
     for c in &mut pool.configs {
         c.reserve_chunk_bytes = 64 << 20;
     }
-    let nodes = pool.start_all().await;
-    settled(&nodes).await;
+    let (nodes, _) = pool.start_settled().await;
     let remote = nodes[0].as_ref().unwrap().remote();
-    let pages: Vec<(PageId, Bytes)> = (0..total_pages as u32)
-        .map(|i| (page_id(1, i), page_bytes(u64::from(i), BIG)))
-        .collect();
+    let pages = patterned_pages(1, total_pages as u32, 0, BIG);
     let bytes = total_pages * BIG;
     let t = Instant::now();
     within("spill", remote.spill(1, pages.clone()))

@@ -130,20 +130,10 @@ impl Detector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::{Batch, InitialCluster, MemberInfo};
+    use crate::command::{Batch, InitialCluster};
 
     fn state(n: u64) -> MetaState {
-        MetaState::initial(&InitialCluster {
-            members: (1..=n)
-                .map(|i| MemberInfo {
-                    id: NodeId(i),
-                    addresses: vec![],
-                    capacity_bytes: 0,
-                    zone: None,
-                })
-                .collect(),
-            page_bytes: 4096,
-        })
+        MetaState::initial(&InitialCluster::for_tests(n, 0, 4096))
     }
 
     fn downs(updates: &[Update]) -> Vec<(u64, MemberState)> {

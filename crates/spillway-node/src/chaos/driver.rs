@@ -10,15 +10,14 @@
 //! [`REPAIR_BATCH_PAGES`] every [`REPAIR_EVERY_MS`].
 
 use bytes::Bytes;
-use spillway_meta::{Extent, MemberState, Update};
+use spillway_meta::{MemberState, Update};
 use spillway_net::{NetError, Request, Response};
-use spillway_types::wire::page_checksum;
 use spillway_types::{NodeId, PageId};
 
 use super::world::{OpError, World};
 use crate::placement::{
-    Candidate, Deletes, FETCH_ROUNDS_MAX, Fetch, Held, MoveVerdict, Placement, Planned, RepairJob,
-    Replica, SLOTS, SpillPage, ToPlace, buffer_of_node,
+    Candidate, Deletes, EarlierPages, FETCH_ROUNDS_MAX, Fetch, Held, Placement, Planned, RepairJob,
+    SpillRounds, SpillStep, ToPlace, checksummed, earlier_extents, incarnation_updates,
 };
 use crate::tier::{MOVE_RETRIES, RemoteError, remote_page_id};
 
@@ -193,47 +192,29 @@ fn spill_claimed(
     client: u32,
     pages: Vec<(PageId, Bytes)>,
 ) -> Result<(), OpError> {
-    let pages: Vec<SpillPage> = pages
-        .into_iter()
-        .map(|(page, data)| SpillPage {
-            page,
-            checksum: page_checksum(&data),
-            data,
-        })
-        .collect();
-    let mut excluded: Vec<NodeId> = Vec::new();
+    let pages = checksummed(pages);
     let items = brain(w, node, generation)?.spill_items(pages);
-    let mut pending = plan_and_reserve(w, node, generation, client, items, &excluded)?;
-    let mut plan: Vec<Planned> = Vec::with_capacity(pending.len());
+    let pending = plan_and_reserve(w, node, generation, client, items, &[])?;
+    let mut rounds = SpillRounds::new(pending);
     for attempt in 0..=MOVE_RETRIES {
-        let failures = move_pages(w, node, generation, &pending)?;
-        let failed = match Placement::after_moves(failures, attempt) {
-            MoveVerdict::Done => {
-                plan.append(&mut pending);
-                break;
-            }
-            MoveVerdict::Fail(e) => {
-                plan.append(&mut pending);
-                abandon(w, node, generation, client, &plan)?;
+        let failures = move_pages(w, node, generation, rounds.pending())?;
+        let items = match rounds.after_round(brain(w, node, generation)?, failures, attempt) {
+            SpillStep::Done => break,
+            SpillStep::Fail(e) => {
+                abandon(w, node, generation, client, rounds.copies())?;
                 return Err(e.into());
             }
-            MoveVerdict::Replan(failed) => failed,
+            SpillStep::Replan { items, .. } => items,
         };
-        excluded.extend(failed.iter().copied());
-        let (redo, ok): (Vec<Planned>, Vec<Planned>) = pending
-            .into_iter()
-            .partition(|p| failed.contains(&p.holder));
-        plan.extend(ok);
-        brain(w, node, generation)?.refund(&redo);
-        let redo_items = Placement::replan_items(&plan, redo);
-        pending = match plan_and_reserve(w, node, generation, client, redo_items, &excluded) {
-            Ok(p) => p,
+        match plan_and_reserve(w, node, generation, client, items, rounds.excluded()) {
+            Ok(p) => rounds.planned(p),
             Err(e) => {
-                abandon(w, node, generation, client, &plan)?;
+                abandon(w, node, generation, client, rounds.copies())?;
                 return Err(e);
             }
-        };
+        }
     }
+    let plan = rounds.into_copies();
     // The tokio driver's repair task runs while a spill awaits: it may come now.
     w.repair_during_spill(node, generation)?;
     if let Err(e) = place(w, node, generation, client, &plan, true) {
@@ -391,26 +372,10 @@ fn locate(
     let Some(meta) = w.c.try_node(node) else {
         return Err(OpError::Crashed);
     };
-    let s = meta.state();
     for (i, h) in out.iter_mut().enumerate() {
-        if h.is_some() {
-            continue;
+        if h.is_none() {
+            *h = Held::in_directory(meta.state(), remote_page_id(node, client, pages[i]));
         }
-        let copies = s.holders_of(remote_page_id(node, client, pages[i]));
-        if copies.is_empty() {
-            continue;
-        }
-        let mut held = Held {
-            replicas: [None; SLOTS],
-            checksum: 0,
-        };
-        for (slot, _, holder) in copies {
-            held.replicas[slot as usize] = Some(Replica {
-                holder: holder.node,
-                epoch: holder.epoch,
-            });
-        }
-        *h = Some(held);
     }
     Ok(out)
 }
@@ -604,57 +569,27 @@ pub(super) fn housekeeping(w: &mut World, node: NodeId, generation: u64) -> Resu
 /// (a new epoch fences every copy its earlier life held), then the release of every page
 /// its earlier incarnation's clients spilled. Done when both landed.
 pub(super) fn announce(w: &mut World, node: NodeId, generation: u64) -> Result<bool, OpError> {
-    let updates = vec![
-        Update::SetMemberState {
-            node,
-            state: MemberState::Down,
-        },
-        Update::SetMemberState {
-            node,
-            state: MemberState::Up,
-        },
-    ];
-    match w.propose(node, generation, updates) {
+    match w.propose(node, generation, incarnation_updates(node)) {
         Ok(_) => {}
         Err(OpError::Crashed) => return Err(OpError::Crashed),
         Err(_) => return Ok(false),
     }
-    let found: Vec<(Extent, NodeId)> = {
+    let found = {
         let Some(meta) = w.c.try_node(node) else {
             return Err(OpError::Crashed);
         };
-        meta.state()
-            .extents()
-            .filter(|(_, e, _)| buffer_of_node(e.buffer, node))
-            .map(|(_, e, h)| (e, h.node))
-            .collect()
+        earlier_extents(meta.state(), node)
     };
     if !found.is_empty() {
-        let mut extents: Vec<Extent> = found.iter().map(|(e, _)| *e).collect();
-        extents.sort_by_key(|e| (e.buffer, e.first_page, e.page_count));
-        extents.dedup();
-        for chunk in extents.chunks(spillway_meta::limits::BATCH_UPDATES_MAX) {
-            let removes = chunk
-                .iter()
-                .map(|extent| Update::Remove { extent: *extent })
-                .collect();
+        let earlier = EarlierPages::of(&found);
+        for removes in earlier.removals {
             match w.propose(node, generation, removes) {
                 Ok(_) => {}
                 Err(OpError::Crashed) => return Err(OpError::Crashed),
                 Err(_) => return Ok(false),
             }
         }
-        let mut by_peer = Deletes::new();
-        for (extent, holder) in &found {
-            let ids = by_peer.entry(*holder).or_default();
-            for index in extent.first_page..extent.first_page + extent.page_count {
-                ids.push(PageId {
-                    buffer: extent.buffer,
-                    index,
-                });
-            }
-        }
-        delete_all_or_queue(w, node, generation, by_peer)?;
+        delete_all_or_queue(w, node, generation, earlier.deletes)?;
     }
     Ok(true)
 }
@@ -685,26 +620,19 @@ fn repair_held(
     pool: &[Candidate],
 ) -> Result<u64, OpError> {
     let mut copies = 0;
-    let mut start = 0;
-    while start < jobs.len() {
-        let client = jobs[start].client;
-        let end = start
-            + jobs[start..]
-                .iter()
-                .take_while(|j| j.client == client)
-                .count();
-        match repair_client(w, node, generation, client, &jobs[start..end], pool) {
+    for batch in RepairJob::by_client(jobs) {
+        let client = batch[0].client;
+        match repair_client(w, node, generation, client, batch, pool) {
             Ok(n) => copies += n,
             Err(OpError::Crashed) => return Err(OpError::Crashed),
             Err(e) => {
                 w.log(format!(
                     "{node}'s repair of {} pages failed: {e:?}",
-                    end - start
+                    batch.len()
                 ));
                 brain(w, node, generation)?.repair_errors += 1;
             }
         }
-        start = end;
     }
     Ok(copies)
 }

@@ -224,37 +224,51 @@ fn a_full_file_round_trips() {
 }
 
 #[test]
-fn an_unknown_field_is_named() {
-    let err = parse(&format!("{MINIMAL}host_tier_gib = 4\n")).unwrap_err();
-    assert!(matches!(err, NodeConfigError::Parse { .. }), "{err}");
-    assert_names(&err, "host_tier_gib");
-}
-
-#[test]
-fn an_unknown_quic_field_is_named() {
-    let err = parse(&format!("{MINIMAL}[quic]\nmtu = 9000\n")).unwrap_err();
-    assert_names(&err, "mtu");
-}
-
-#[test]
-fn a_wrong_type_is_named() {
-    let text = MINIMAL.replace("host_budget = \"1GiB\"", "host_budget = true");
-    let err = parse(&text).unwrap_err();
-    assert!(matches!(err, NodeConfigError::Parse { .. }), "{err}");
-    assert_names(&err, "host_budget");
-}
-
-#[test]
-fn a_missing_required_field_is_named() {
-    let text = MINIMAL.replace("host_budget = \"1GiB\"", "");
-    let err = parse(&text).unwrap_err();
-    assert_names(&err, "host_budget");
-}
-
-#[test]
-fn a_bad_page_size_is_named() {
-    let err = parse(&format!("{MINIMAL}page_size = 1000\n")).unwrap_err();
-    assert_names(&err, "page_size");
+fn unknown_wrong_and_missing_fields_are_named() {
+    let budget = "host_budget = \"1GiB\"";
+    // (what, the file, the name its error gives, whether it must be a TOML parse error)
+    let cases = [
+        (
+            "an unknown field",
+            format!("{MINIMAL}host_tier_gib = 4\n"),
+            "host_tier_gib",
+            true,
+        ),
+        (
+            "an unknown quic field",
+            format!("{MINIMAL}[quic]\nmtu = 9000\n"),
+            "mtu",
+            false,
+        ),
+        (
+            "a wrong type",
+            MINIMAL.replace(budget, "host_budget = true"),
+            "host_budget",
+            true,
+        ),
+        (
+            "a missing required field",
+            MINIMAL.replace(budget, ""),
+            "host_budget",
+            false,
+        ),
+        (
+            "a bad page size",
+            format!("{MINIMAL}page_size = 1000\n"),
+            "page_size",
+            false,
+        ),
+    ];
+    for (what, text, name, parse_error) in cases {
+        let err = parse(&text).unwrap_err();
+        if parse_error {
+            assert!(
+                matches!(err, NodeConfigError::Parse { .. }),
+                "{what}: {err}"
+            );
+        }
+        assert_names(&err, name);
+    }
 }
 
 #[test]

@@ -61,25 +61,29 @@ impl SharedRegion {
         self.len
     }
 
+    /// The start of the `len` bytes at `offset`.
+    ///
+    /// # Panics
+    /// If the range is outside the region (callers check first).
+    fn range_start(&self, offset: u64, len: usize) -> *mut u8 {
+        assert!(
+            offset
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= self.len)
+        );
+        // SAFETY: `offset` is inside the mapping or its end (asserted).
+        unsafe { self.ptr.as_ptr().add(offset as usize) }
+    }
+
     /// Copies `out.len()` bytes at `offset` out of the region.
     ///
     /// # Panics
     /// If the range is outside the region (callers check first).
     pub(super) fn read(&self, offset: u64, out: &mut [u8]) {
-        assert!(
-            offset
-                .checked_add(out.len() as u64)
-                .is_some_and(|end| end <= self.len)
-        );
+        let src = self.range_start(offset, out.len());
         // SAFETY: the range is inside the mapping (asserted), which stays mapped while
         // `self` lives; `out` is our own memory, so they do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset as usize),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
     }
 
     /// Copies `data` into the region at `offset`.
@@ -87,19 +91,9 @@ impl SharedRegion {
     /// # Panics
     /// If the range is outside the region (callers check first).
     pub(super) fn write(&self, offset: u64, data: &[u8]) {
-        assert!(
-            offset
-                .checked_add(data.len() as u64)
-                .is_some_and(|end| end <= self.len)
-        );
+        let dst = self.range_start(offset, data.len());
         // SAFETY: as in `read`, the other way.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.ptr.as_ptr().add(offset as usize),
-                data.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
     }
 }
 

@@ -49,59 +49,62 @@ fn voters_are_three_or_five() {
 
 #[test]
 fn a_caught_up_learner_is_promoted_while_voters_are_few() {
-    let state = pool(4);
-    let me = NodeId(1);
-    // Two voters, two learners; learner 3 lags, learner 4 is current.
-    let next = next_change(
-        me,
-        &state,
-        &ids(&[1, 2]),
-        &ids(&[3, 4]),
-        &progress(&[(2, 100), (3, 10), (4, 100)]),
-        100,
+    let promote = |node| Next::Propose(MembershipChange::Promote { node: NodeId(node) });
+    // (why, members, voters, learners, each peer's matched index, what comes next)
+    type Case = (
+        &'static str,
+        u64,
+        &'static [u64],
+        &'static [u64],
+        &'static [(u64, u64)],
+        Next,
     );
-    assert_eq!(
-        next,
-        Next::Propose(MembershipChange::Promote { node: NodeId(4) })
-    );
-    // Of two caught-up learners, the lower id first (whatever order they joined in): a
-    // launched job's first hosts vote.
-    let next = next_change(
-        me,
-        &state,
-        &ids(&[1]),
-        &ids(&[4, 2, 3]),
-        &progress(&[(2, 100), (3, 100), (4, 100)]),
-        100,
-    );
-    assert_eq!(
-        next,
-        Next::Propose(MembershipChange::Promote { node: NodeId(2) })
-    );
-    // Three voters in a pool of four: the learner stays one.
-    let next = next_change(
-        me,
-        &state,
-        &ids(&[1, 2, 3]),
-        &ids(&[4]),
-        &progress(&[(2, 100), (3, 100), (4, 100)]),
-        100,
-    );
-    assert_eq!(next, Next::Nothing);
-    // A fifth member: five voters wanted.
-    let state = pool(5);
-    let next = next_change(
-        me,
-        &state,
-        &ids(&[1, 2, 3]),
-        &ids(&[4, 5]),
-        &progress(&[(2, 100), (3, 100), (4, 100), (5, 100)]),
-        100,
-    );
-    assert_eq!(
-        next,
-        Next::Propose(MembershipChange::Promote { node: NodeId(4) })
-    );
+    let cases: [Case; 4] = [
+        (
+            "two voters, two learners; learner 3 lags, learner 4 is current",
+            4,
+            &[1, 2],
+            &[3, 4],
+            &[(2, 100), (3, 10), (4, 100)],
+            promote(4),
+        ),
+        (
+            "of two caught-up learners, the lower id first (whatever order they joined \
+             in): a launched job's first hosts vote",
+            4,
+            &[1],
+            &[4, 2, 3],
+            &[(2, 100), (3, 100), (4, 100)],
+            promote(2),
+        ),
+        (
+            "three voters in a pool of four: the learner stays one",
+            4,
+            &[1, 2, 3],
+            &[4],
+            &[(2, 100), (3, 100), (4, 100)],
+            Next::Nothing,
+        ),
+        (
+            "a fifth member: five voters wanted",
+            5,
+            &[1, 2, 3],
+            &[4, 5],
+            &[(2, 100), (3, 100), (4, 100), (5, 100)],
+            promote(4),
+        ),
+    ];
+    for (why, members, voters, learners, matched, want) in cases {
+        let next = next_change(
+            NodeId(1),
+            &pool(members),
+            &ids(voters),
+            &ids(learners),
+            &progress(matched),
+            100,
+        );
+        assert_eq!(next, want, "{why}");
+    }
 }
 
 #[test]

@@ -60,30 +60,31 @@ fn limit_files_parse() {
     assert_eq!(parse_limit(""), None);
 }
 
+/// Checks the cgroup limit read under fixture `name`: `limit_bytes`, from the file
+/// whose path ends with `file`.
+fn assert_cgroup_limit(name: &str, limit_bytes: u64, file: &str) {
+    let c = MemoryLimits::read_under(&fixture(name), None)
+        .cgroup
+        .unwrap();
+    assert_eq!(c.limit_bytes, limit_bytes);
+    assert!(c.file.ends_with(file), "{}", c.file.display());
+}
+
 #[test]
 fn v2_takes_the_lowest_limit_of_the_cgroup_and_its_ancestors() {
-    let limits = MemoryLimits::read_under(&fixture("v2-nested"), None);
-    let c = limits.cgroup.unwrap();
-    assert_eq!(c.limit_bytes, 4 * GIB);
-    assert!(
-        c.file
-            .ends_with("sys/fs/cgroup/job.slice/step_0/memory.max"),
-        "{}",
-        c.file.display()
+    assert_cgroup_limit(
+        "v2-nested",
+        4 * GIB,
+        "sys/fs/cgroup/job.slice/step_0/memory.max",
     );
 }
 
 #[test]
 fn v1_memory_controller_is_read_on_a_hybrid_machine() {
-    let c = MemoryLimits::read_under(&fixture("v1-hybrid"), None)
-        .cgroup
-        .unwrap();
-    assert_eq!(c.limit_bytes, 2 * GIB);
-    assert!(
-        c.file
-            .ends_with("sys/fs/cgroup/memory/slurm/uid_0/job_7/memory.limit_in_bytes"),
-        "{}",
-        c.file.display()
+    assert_cgroup_limit(
+        "v1-hybrid",
+        2 * GIB,
+        "sys/fs/cgroup/memory/slurm/uid_0/job_7/memory.limit_in_bytes",
     );
 }
 

@@ -23,7 +23,7 @@ use spillway_meta::MemberState;
 use spillway_net::{NetError, Page, Response};
 use spillway_types::{NodeId, PageId};
 
-use super::{Candidate, Held, Placement};
+use super::{Candidate, Held, Placement, failed_reply};
 use crate::tier::{RemoteError, remote_page_id};
 
 /// Rounds a fetch takes at most: every holder of a page asked once, and those that did
@@ -248,22 +248,8 @@ impl Placement {
             Ok(Response::Get { pages: got, .. }) => got,
             other => {
                 self.per_peer.entry(peer).or_default().errors += 1;
-                let e = |other: &Result<Response, NetError>| match other {
-                    Ok(Response::Error(e)) => RemoteError::PeerRefused {
-                        peer,
-                        reason: e.message.clone(),
-                    },
-                    Ok(o) => RemoteError::PeerRefused {
-                        peer,
-                        reason: format!("answered a get with {:?}", o.kind()),
-                    },
-                    Err(e) => RemoteError::PeerUnreachable {
-                        peer,
-                        reason: e.to_string(),
-                    },
-                };
                 for &i in &request.idx {
-                    failed(fetch, i, e(&other));
+                    failed(fetch, i, failed_reply(peer, "get", &other));
                 }
                 return;
             }

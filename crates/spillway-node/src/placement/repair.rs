@@ -63,6 +63,14 @@ pub(crate) struct RepairJob {
     pub(crate) fenced: bool,
 }
 
+impl RepairJob {
+    /// `jobs` cut into batches of one client each (runs of equal `client`, in order; never
+    /// empty): a repair batch reads, plans and places one client's pages.
+    pub(crate) fn by_client(jobs: &[RepairJob]) -> impl Iterator<Item = &[RepairJob]> {
+        jobs.chunk_by(|a, b| a.client == b.client)
+    }
+}
+
 impl Placement {
     /// Whether a repair scan is due whatever the pool (a spill came out short since the
     /// last call).

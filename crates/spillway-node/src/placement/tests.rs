@@ -59,6 +59,13 @@ fn spilled(b: &mut Placement, n: u32, pool: &[Candidate]) -> Vec<Planned> {
     planned
 }
 
+/// `pool` with its peer at `index` in `state`.
+fn with_state(pool: &[Candidate], index: usize, state: MemberState) -> Vec<Candidate> {
+    let mut after = pool.to_vec();
+    after[index].state = state;
+    after
+}
+
 #[test]
 fn batches_respect_the_page_and_byte_bounds() {
     let pages: Vec<Page> = pages(20)
@@ -458,8 +465,7 @@ fn a_dead_copy_is_repaired_on_a_new_holder_keeping_the_live_one() {
     let planned = spilled(&mut b, 4, &pool);
     // Every page on 2 and 3; node 2 dies (down).
     assert!(planned.iter().all(|p| p.holder != NodeId(4)));
-    let mut after = pool.to_vec();
-    after[0].state = MemberState::Down;
+    let mut after = with_state(&pool, 0, MemberState::Down);
     let jobs = b.repair_jobs(&after, 100);
     assert_eq!(jobs.len(), 4);
     assert_eq!(
@@ -526,8 +532,7 @@ fn a_page_is_never_repaired_while_a_client_changes_it_nor_changed_while_repaired
     let mut pages: Vec<PageId> = planned.iter().map(|p| p.client_page).collect();
     pages.dedup();
     assert_eq!(pages.len(), 4);
-    let mut after = pool.to_vec();
-    after[0].state = MemberState::Down;
+    let after = with_state(&pool, 0, MemberState::Down);
     // A client spills pages 0 and 1 again: the scan counts them but leaves them out.
     assert!(b.claim(1, &pages[..2]));
     let jobs = b.repair_jobs(&after, 100);
@@ -596,8 +601,7 @@ fn a_leaving_holder_is_drained_from_its_own_copy() {
     let mut b = brain(2, 8);
     let pool = [peer(2, 50), peer(3, 40), peer(4, 30)];
     spilled(&mut b, 2, &pool);
-    let mut after = pool.to_vec();
-    after[0].state = MemberState::Leaving;
+    let after = with_state(&pool, 0, MemberState::Leaving);
     let jobs = b.repair_jobs(&after, 100);
     assert_eq!(jobs.len(), 2);
     // Node 2's copy stays a source (live), its slot is refilled.
@@ -790,8 +794,7 @@ fn repair_rounds_take_turns_so_no_page_waits_forever() {
     let pool = [peer(2, 50), peer(3, 50), peer(4, 50)];
     spilled(&mut b, 6, &pool);
     // Every page on nodes 2 and 3 (most room, lowest id first); node 2 is down.
-    let mut after = pool.to_vec();
-    after[0].state = MemberState::Down;
+    let after = with_state(&pool, 0, MemberState::Down);
     let round = |b: &mut Placement| -> Vec<u32> {
         b.repair_jobs(&after, 4)
             .iter()

@@ -106,16 +106,8 @@ impl RemoteService {
             jobs: &jobs,
         };
         let mut moved = 0u64;
-        let mut start = 0;
-        while start < jobs.len() {
-            let client = jobs[start].client;
-            let end = start
-                + jobs[start..]
-                    .iter()
-                    .take_while(|j| j.client == client)
-                    .count();
-            let batch = &jobs[start..end];
-            start = end;
+        for batch in RepairJob::by_client(&jobs) {
+            let client = batch[0].client;
             match self.repair_client(client, batch, pool).await {
                 Ok(bytes) => moved += bytes,
                 Err(e) => {

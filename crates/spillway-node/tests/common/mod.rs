@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use spillway_meta::Role;
+use spillway_net::QuicConfig;
 use spillway_net::certs::init_pool_dir;
-use spillway_node::{MemberAddr, Node, NodeConfig, NodeHandle, PageTransport};
+use spillway_net::sim::{SimNetwork, SimTransport};
+use spillway_node::{MemberAddr, MetaView, Node, NodeConfig, NodeHandle, PageTransport};
 use spillway_types::{BufferId, NodeId, PageId, PageSize, PoolId, pattern};
 
 pub const POOL: PoolId = PoolId(0x0c15_7e40);
@@ -164,6 +166,14 @@ impl Pool {
         }
         v
     }
+
+    /// Starts all three nodes and waits until they have [`settled`]; returns them and
+    /// their leader.
+    pub async fn start_settled(&self) -> (Vec<Option<NodeHandle>>, NodeId) {
+        let nodes = self.start_all().await;
+        let leader = settled(&nodes).await;
+        (nodes, leader)
+    }
 }
 
 pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
@@ -184,6 +194,30 @@ pub async fn wait_for<T>(what: &str, timeout: Duration, mut cond: impl FnMut() -
     }
 }
 
+/// Transports of members `1..=n` of [`POOL`] on the simulated network `net`, and their
+/// addresses.
+pub fn sim_transports(net: &SimNetwork, n: u64) -> (Vec<SimTransport>, Vec<SocketAddr>) {
+    let transports: Vec<SimTransport> = (1..=n)
+        .map(|i| net.transport(POOL, NodeId(i), &QuicConfig::default()))
+        .collect();
+    let addrs = transports
+        .iter()
+        .map(spillway_net::Transport::local_addr)
+        .collect();
+    (transports, addrs)
+}
+
+/// Whether `view` shows every live node of `nodes` with its lent capacity.
+pub fn capacities_applied(nodes: &[Option<NodeHandle>], view: &MetaView) -> bool {
+    view.members.iter().all(|m| {
+        nodes
+            .iter()
+            .flatten()
+            .find(|h| h.node_id() == m.id)
+            .is_none_or(|h| m.capacity_bytes == h.config().lend_bytes)
+    })
+}
+
 /// The leader all live nodes agree on (same leader, same term, one of them leads), once
 /// every member's lent capacity is applied on all of them.
 pub async fn settled(nodes: &[Option<NodeHandle>]) -> NodeId {
@@ -199,17 +233,23 @@ pub async fn settled(nodes: &[Option<NodeHandle>]) -> NodeId {
             v.leader == Some(leader)
                 && v.term == v0.term
                 && v.members.len() == 3
-                && v.members.iter().all(|m| {
-                    nodes
-                        .iter()
-                        .flatten()
-                        .find(|h| h.node_id() == m.id)
-                        .is_none_or(|h| m.capacity_bytes == h.config().lend_bytes)
-                })
+                && capacities_applied(nodes, &v)
         });
         (leads && agree).then_some(leader)
     })
     .await
+}
+
+/// The first live node whose id `pick` accepts.
+///
+/// # Panics
+/// If no live node is picked.
+pub fn live_node(nodes: &[Option<NodeHandle>], pick: impl Fn(NodeId) -> bool) -> &NodeHandle {
+    nodes
+        .iter()
+        .flatten()
+        .find(|n| pick(n.node_id()))
+        .expect("a live node picked")
 }
 
 /// Waits (up to 5 s) until the live nodes agree on a leader of a term after `term`, other
@@ -251,6 +291,13 @@ pub fn page_bytes(seed: u64, len: u64) -> Bytes {
     let mut d = vec![0u8; len as usize];
     pattern::fill(seed, &mut d);
     Bytes::from(d)
+}
+
+/// Pages `0..count` of `buffer`, `len` bytes each, page `i` filled from seed `seed + i`.
+pub fn patterned_pages(buffer: u64, count: u32, seed: u64, len: u64) -> Vec<(PageId, Bytes)> {
+    (0..count)
+        .map(|i| (page_id(buffer, i), page_bytes(seed + u64::from(i), len)))
+        .collect()
 }
 
 pub async fn shutdown_all(nodes: Vec<Option<NodeHandle>>) {

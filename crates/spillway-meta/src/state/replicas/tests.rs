@@ -12,17 +12,11 @@ use crate::state::Rejection;
 const PAGE: u64 = 1 << 20;
 
 fn state(nodes: u64) -> MetaState {
-    MetaState::initial(&InitialCluster {
-        members: (1..=nodes)
-            .map(|i| MemberInfo {
-                id: NodeId(i),
-                addresses: vec![],
-                capacity_bytes: 64 * PAGE,
-                zone: Some(format!("rack-{}", i % 2)),
-            })
-            .collect(),
-        page_bytes: PAGE,
-    })
+    let mut initial = InitialCluster::for_tests(nodes, 64 * PAGE, PAGE);
+    for m in &mut initial.members {
+        m.zone = Some(format!("rack-{}", m.id.0 % 2));
+    }
+    MetaState::initial(&initial)
 }
 
 struct P {
@@ -291,24 +285,24 @@ fn dead_slots_are_under_replicated_and_pages_without_a_live_copy_are_lost() {
         epoch: Epoch(epoch),
         version: 1,
     };
+    // Pages `first..first + 4` of buffer 1, their copy in `slot` dead.
+    let under = |first, slot, dead, live| UnderReplicated {
+        extent: Extent::new(BufferId(1), first, 4),
+        slot,
+        dead,
+        live,
+    };
+    let health = |under_replicated_bytes, lost_bytes| ReplicationHealth {
+        under_replicated_bytes,
+        lost_bytes,
+    };
 
     apply(&mut s, 2, vec![set(2, MemberState::Down)]);
     assert_eq!(
         s.under_replicated(EVERY_BUFFER),
-        vec![UnderReplicated {
-            extent: Extent::new(BufferId(1), 0, 4),
-            slot: 1,
-            dead: h(2, 1),
-            live: vec![(0, h(1, 1))],
-        }]
+        vec![under(0, 1, h(2, 1), vec![(0, h(1, 1))])]
     );
-    assert_eq!(
-        s.replication_health(),
-        ReplicationHealth {
-            under_replicated_bytes: 4 * PAGE,
-            lost_bytes: 0
-        }
-    );
+    assert_eq!(s.replication_health(), health(4 * PAGE, 0));
     assert_eq!(s.holder_of(page(0)).unwrap().1.node, NodeId(1));
 
     // Node 1 dies too: pages 0..4 have no live copy left; 4..8 still have node 3's.
@@ -316,33 +310,12 @@ fn dead_slots_are_under_replicated_and_pages_without_a_live_copy_are_lost() {
     assert_eq!(
         s.under_replicated(EVERY_BUFFER),
         vec![
-            UnderReplicated {
-                extent: Extent::new(BufferId(1), 0, 4),
-                slot: 0,
-                dead: h(1, 1),
-                live: vec![],
-            },
-            UnderReplicated {
-                extent: Extent::new(BufferId(1), 0, 4),
-                slot: 1,
-                dead: h(2, 1),
-                live: vec![],
-            },
-            UnderReplicated {
-                extent: Extent::new(BufferId(1), 4, 4),
-                slot: 0,
-                dead: h(1, 1),
-                live: vec![(1, h(3, 1))],
-            },
+            under(0, 0, h(1, 1), vec![]),
+            under(0, 1, h(2, 1), vec![]),
+            under(4, 0, h(1, 1), vec![(1, h(3, 1))]),
         ]
     );
-    assert_eq!(
-        s.replication_health(),
-        ReplicationHealth {
-            under_replicated_bytes: 4 * PAGE,
-            lost_bytes: 4 * PAGE
-        }
-    );
+    assert_eq!(s.replication_health(), health(4 * PAGE, 4 * PAGE));
     assert_eq!(s.holder_of(page(0)), None);
     assert_eq!(s.holder_of(page(5)).unwrap().1.node, NodeId(3));
     // The range selects buffers: buffer 1 is outside 2..10.
@@ -363,13 +336,7 @@ fn dead_slots_are_under_replicated_and_pages_without_a_live_copy_are_lost() {
         replica: 0,
     });
     assert_eq!(apply(&mut s, 5, vec![repair]), vec![Ok(())]);
-    assert_eq!(
-        s.replication_health(),
-        ReplicationHealth {
-            under_replicated_bytes: 0,
-            lost_bytes: 4 * PAGE
-        }
-    );
+    assert_eq!(s.replication_health(), health(0, 4 * PAGE));
     assert_eq!(used(&s, 2), 4 * PAGE);
     // The lost pages leave the pool: nothing is left to repair.
     apply(
