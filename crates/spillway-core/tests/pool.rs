@@ -17,6 +17,18 @@ fn pool(gpu_pages: u64, host_pages: u64, policy: Policy) -> PoolCore {
     PoolCore::new(cfg, 1e9).unwrap()
 }
 
+/// [`pool`] with a buffer of each size in `bytes` allocated.
+fn pool_with<const N: usize>(
+    gpu_pages: u64,
+    host_pages: u64,
+    policy: Policy,
+    bytes: [u64; N],
+) -> (PoolCore, [BufferId; N]) {
+    let mut c = pool(gpu_pages, host_pages, policy);
+    let buffers = bytes.map(|b| c.alloc(b).unwrap());
+    (c, buffers)
+}
+
 /// Finishes every copy the pool has started (and those they lead to), as a device would.
 fn settle(core: &mut PoolCore, now: Duration) -> Vec<CopyOp> {
     let mut done = Vec::new();
@@ -72,8 +84,7 @@ fn alloc_errors_carry_numbers() {
 
 #[test]
 fn acquire_loads_then_hits() {
-    let mut c = pool(4, 8, Policy::Clock);
-    let a = c.alloc(2 * PAGE).unwrap();
+    let (mut c, [a]) = pool_with(4, 8, Policy::Clock, [2 * PAGE]);
     let (acq, hit) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
     assert!(!hit);
     assert!(!c.is_ready(acq).unwrap());
@@ -95,8 +106,7 @@ fn acquire_loads_then_hits() {
 
 #[test]
 fn short_last_page_copies_only_its_bytes() {
-    let mut c = pool(4, 8, Policy::Clock);
-    let a = c.alloc(PAGE + 100).unwrap();
+    let (mut c, [a]) = pool_with(4, 8, Policy::Clock, [PAGE + 100]);
     c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
     let done = settle(&mut c, t(1));
     let mut sizes: Vec<u64> = done.iter().map(|t| t.bytes).collect();
@@ -106,9 +116,7 @@ fn short_last_page_copies_only_its_bytes() {
 
 #[test]
 fn dirty_pages_are_written_back_and_clean_ones_dropped() {
-    let mut c = pool(2, 8, Policy::Clock);
-    let w = c.alloc(2 * PAGE).unwrap();
-    let r = c.alloc(2 * PAGE).unwrap();
+    let (mut c, [w, r]) = pool_with(2, 8, Policy::Clock, [2 * PAGE, 2 * PAGE]);
     let (acq, _) = c.begin_acquire(w, AccessMode::Exclusive, t(0)).unwrap();
     settle(&mut c, t(1));
     c.release(acq, t(2));
@@ -136,9 +144,7 @@ fn dirty_pages_are_written_back_and_clean_ones_dropped() {
 
 #[test]
 fn held_acquires_over_budget_fail_at_once() {
-    let mut c = pool(3, 8, Policy::Learned);
-    let a = c.alloc(2 * PAGE).unwrap();
-    let b = c.alloc(2 * PAGE).unwrap();
+    let (mut c, [a, b]) = pool_with(3, 8, Policy::Learned, [2 * PAGE, 2 * PAGE]);
     let (ha, _) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
     let err = c.begin_acquire(b, AccessMode::Shared, t(1)).unwrap_err();
     assert_eq!(
@@ -162,41 +168,33 @@ fn held_acquires_over_budget_fail_at_once() {
 
 #[test]
 fn exclusive_and_shared_conflict_and_held_buffers_cannot_be_freed() {
-    let mut c = pool(4, 8, Policy::Clock);
-    let a = c.alloc(PAGE).unwrap();
-    let (h, _) = c.begin_acquire(a, AccessMode::Exclusive, t(0)).unwrap();
-    assert_eq!(
-        c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap_err(),
-        CoreError::BufferBusy {
-            buffer: a,
-            mode: AccessMode::Exclusive
-        }
-    );
-    assert_eq!(
-        c.free(a, t(0)).unwrap_err(),
-        CoreError::BufferHeld {
-            buffer: a,
-            holders: 1
-        }
-    );
-    settle(&mut c, t(1));
-    c.release(h, t(1));
-    let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(2)).unwrap();
-    assert_eq!(
-        c.begin_acquire(a, AccessMode::Exclusive, t(2)).unwrap_err(),
-        CoreError::BufferBusy {
-            buffer: a,
-            mode: AccessMode::Shared
-        }
-    );
-    c.release(h, t(3));
+    let (mut c, [a]) = pool_with(4, 8, Policy::Clock, [PAGE]);
+    let (exclusive, shared) = (AccessMode::Exclusive, AccessMode::Shared);
+    for (held, other, now) in [(exclusive, shared, 0), (shared, exclusive, 2)] {
+        let (h, _) = c.begin_acquire(a, held, t(now)).unwrap();
+        assert_eq!(
+            c.begin_acquire(a, other, t(now)).unwrap_err(),
+            CoreError::BufferBusy {
+                buffer: a,
+                mode: held
+            }
+        );
+        assert_eq!(
+            c.free(a, t(now)).unwrap_err(),
+            CoreError::BufferHeld {
+                buffer: a,
+                holders: 1
+            }
+        );
+        settle(&mut c, t(now + 1));
+        c.release(h, t(now + 1));
+    }
     c.free(a, t(3)).unwrap();
 }
 
 #[test]
 fn free_while_a_copy_is_in_flight_gives_memory_back_after_it() {
-    let mut c = pool(2, 2, Policy::Clock);
-    let a = c.alloc(2 * PAGE).unwrap();
+    let (mut c, [a]) = pool_with(2, 2, Policy::Clock, [2 * PAGE]);
     let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
     let started: Vec<_> = std::iter::from_fn(|| c.poll_transfer()).collect();
     assert_eq!(started.len(), 2);
@@ -219,8 +217,7 @@ fn free_while_a_copy_is_in_flight_gives_memory_back_after_it() {
 
 #[test]
 fn on_demand_drops_pages_at_release() {
-    let mut c = pool(4, 8, Policy::OnDemand);
-    let a = c.alloc(PAGE).unwrap();
+    let (mut c, [a]) = pool_with(4, 8, Policy::OnDemand, [PAGE]);
     for i in 0..3 {
         let (h, hit) = c.begin_acquire(a, AccessMode::Shared, t(i)).unwrap();
         assert!(!hit, "on-demand never keeps pages");
@@ -442,12 +439,7 @@ proptest! {
 #[test]
 fn a_page_returns_to_its_last_frame_when_it_can() {
     // Returning to the same frame saves remapping the buffer's device range.
-    let mut c = pool(4, 8, Policy::OnDemand);
-    let (a, b, cc) = (
-        c.alloc(PAGE).unwrap(),
-        c.alloc(PAGE).unwrap(),
-        c.alloc(PAGE).unwrap(),
-    );
+    let (mut c, [a, b, cc]) = pool_with(4, 8, Policy::OnDemand, [PAGE; 3]);
     let (h, _) = c.begin_acquire(a, AccessMode::Shared, t(0)).unwrap();
     settle(&mut c, t(0));
     let x = c.frames_of(h)[0];
@@ -473,9 +465,7 @@ fn a_page_returns_to_its_last_frame_when_it_can() {
 
 #[test]
 fn a_discard_acquire_loads_nothing_and_its_pages_are_written_back() {
-    let mut c = pool(2, 8, Policy::Learned);
-    let a = c.alloc(2 * PAGE).unwrap();
-    let r = c.alloc(2 * PAGE).unwrap();
+    let (mut c, [a, r]) = pool_with(2, 8, Policy::Learned, [2 * PAGE, 2 * PAGE]);
     let (h, hit) = c.begin_acquire_discard(a, t(0)).unwrap();
     assert!(hit, "no page needs a load");
     assert!(c.is_ready(h).unwrap(), "frames were free: ready at once");

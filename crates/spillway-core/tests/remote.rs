@@ -19,6 +19,11 @@ const PAGE: u64 = 64 << 10;
 
 type Version = (PageId, u64);
 
+/// Page `index` of `buffer`.
+fn page(buffer: BufferId, index: u32) -> PageId {
+    PageId { buffer, index }
+}
+
 /// The core and a model of where each version of each page is.
 struct Model {
     core: PoolCore,
@@ -169,6 +174,43 @@ impl Model {
         while self.finish_gpu() | self.finish_net() {}
     }
 
+    /// Finishes one copy or remote op for `waiter` (what waits on them); fails the test
+    /// if none is in flight.
+    fn progress(&mut self, waiter: &str) {
+        assert!(
+            self.finish_gpu() | self.finish_net(),
+            "{waiter} waits with nothing in flight\n{}",
+            self.core.describe_pages()
+        );
+    }
+
+    /// The newest version of `pid` written so far (0: never written).
+    fn newest(&self, pid: PageId) -> u64 {
+        self.latest.get(&pid).copied().unwrap_or(0)
+    }
+
+    /// Each page of acquire `h` of buffer `b`, with the frame it holds.
+    fn pages_of(&self, h: AcquireId, b: BufferId) -> Vec<(PageId, FrameId)> {
+        let frames = self.core.frames_of(h).into_iter().enumerate();
+        frames
+            .map(|(i, frame)| (page(b, i as u32), frame))
+            .collect()
+    }
+
+    /// Ends a step of the job, as a driver does.
+    fn step(&mut self) {
+        let now = self.t();
+        self.core.step(now);
+        self.collect();
+    }
+
+    /// Frees `b`, which must not be held.
+    fn free(&mut self, b: BufferId) {
+        let now = self.t();
+        self.core.free(b, now).unwrap();
+        self.collect();
+    }
+
     /// Acquires `b` and waits for it, finishing copies; checks every page is the newest.
     fn acquire(&mut self, b: BufferId, mode: AccessMode) -> (AcquireId, bool) {
         self.try_acquire(b, mode).unwrap()
@@ -192,18 +234,10 @@ impl Model {
                     return Err(e);
                 }
             }
-            assert!(
-                self.finish_gpu() | self.finish_net(),
-                "an acquire waits with nothing in flight\n{}",
-                self.core.describe_pages()
-            );
+            self.progress("an acquire");
         }
-        for (index, frame) in self.core.frames_of(h).into_iter().enumerate() {
-            let pid = PageId {
-                buffer: b,
-                index: index as u32,
-            };
-            let want = self.latest.get(&pid).copied().unwrap_or(0);
+        for (pid, frame) in self.pages_of(h, b) {
+            let want = self.newest(pid);
             assert_eq!(
                 self.frames[&frame],
                 (pid, want),
@@ -224,18 +258,10 @@ impl Model {
         let (h, hit) = self.core.begin_acquire_discard(b, now).unwrap();
         self.collect();
         while !self.core.is_ready(h).unwrap() {
-            assert!(
-                self.finish_gpu() | self.finish_net(),
-                "a discard acquire waits with nothing in flight\n{}",
-                self.core.describe_pages()
-            );
+            self.progress("a discard acquire");
         }
-        for (index, frame) in self.core.frames_of(h).into_iter().enumerate() {
-            let pid = PageId {
-                buffer: b,
-                index: index as u32,
-            };
-            let next = self.latest.get(&pid).copied().unwrap_or(0) + 1;
+        for (pid, frame) in self.pages_of(h, b) {
+            let next = self.newest(pid) + 1;
             self.latest.insert(pid, next);
             self.frames.insert(frame, (pid, next));
         }
@@ -269,18 +295,12 @@ impl Model {
                 Ok(Some(l)) => break l,
                 // The pages may have come into slots at once, zero-filled: ask again.
                 Ok(None) if self.collect() => {}
-                Ok(None) => assert!(
-                    self.finish_gpu() | self.finish_net(),
-                    "a host access waits with nothing in flight"
-                ),
+                Ok(None) => self.progress("a host access"),
                 Err(_) => return false,
             }
         };
-        let pid = PageId {
-            buffer: b,
-            index: 0,
-        };
-        let want = self.latest.get(&pid).copied().unwrap_or(0);
+        let pid = page(b, 0);
+        let want = self.newest(pid);
         let cell = match locs[0] {
             PageLocation::Gpu(f) => self.frames.get_mut(&f).unwrap(),
             PageLocation::Host(s) => self.slots.get_mut(&s).unwrap(),
@@ -297,20 +317,30 @@ impl Model {
     }
 }
 
+/// The pool of the loop tests, learned: 4 GPU pages, 8 host pages and 24 buffers of 2
+/// pages (48 pages): most live in the remote tier.
+fn a_loop_four_times_gpu_plus_host() -> (Model, Vec<BufferId>) {
+    let mut m = Model::new(4, 8, 44, Policy::Learned);
+    let bufs = (0..24).map(|_| m.core.alloc(2 * PAGE).unwrap()).collect();
+    (m, bufs)
+}
+
+/// How the loop tests access buffer `i`: every third exclusively.
+fn loop_mode(i: usize) -> AccessMode {
+    if i.is_multiple_of(3) {
+        AccessMode::Exclusive
+    } else {
+        AccessMode::Shared
+    }
+}
+
 #[test]
 fn a_working_set_four_times_gpu_plus_host_keeps_every_version() {
-    // 4 GPU pages, 8 host pages, 48 pages of buffers: most live in the remote tier.
-    let mut m = Model::new(4, 8, 44, Policy::Learned);
-    let bufs: Vec<BufferId> = (0..24).map(|_| m.core.alloc(2 * PAGE).unwrap()).collect();
+    let (mut m, bufs) = a_loop_four_times_gpu_plus_host();
     let mut hits_late = (0u64, 0u64);
     for step in 0..6 {
         for (i, &b) in bufs.iter().enumerate() {
-            let mode = if i % 3 == 0 {
-                AccessMode::Exclusive
-            } else {
-                AccessMode::Shared
-            };
-            let (h, hit) = m.acquire(b, mode);
+            let (h, hit) = m.acquire(b, loop_mode(i));
             m.release(h);
             if step >= 2 {
                 hits_late.0 += u64::from(hit);
@@ -319,9 +349,7 @@ fn a_working_set_four_times_gpu_plus_host_keeps_every_version() {
             // Time passes between accesses: the copies and remote ops of the plan run.
             m.settle();
         }
-        let now = m.t();
-        m.core.step(now);
-        m.collect();
+        m.step();
     }
     let s = m.core.stats();
     assert!(s.remote_bytes_out > 0 && s.remote_bytes_in > 0, "{s:?}");
@@ -355,39 +383,38 @@ fn freeing_buffers_drops_their_remote_copies() {
     m.settle();
     assert!(!m.remote.is_empty(), "some pages went to the remote tier");
     for &b in &bufs {
-        let now = m.t();
-        m.core.free(b, now).unwrap();
-        m.collect();
+        m.free(b);
         m.settle();
     }
     assert!(m.remote.is_empty(), "remote copies left: {:?}", m.remote);
     assert_eq!(m.core.stats().remote_pages, 0);
 }
 
+/// A clock pool of 1 GPU frame, 2 host slots and 16 remote pages, with `buffers` new
+/// buffers of one page each.
+fn one_frame_two_slots(buffers: usize) -> (Model, Vec<BufferId>) {
+    let mut m = Model::new(1, 2, 16, Policy::Clock);
+    let bufs = m.one_page_buffers(buffers);
+    (m, bufs)
+}
+
 #[test]
 fn a_discard_acquire_fetches_nothing_and_drops_the_stale_remote_copy() {
     // 1 GPU frame, 2 host slots: of 4 one-page buffers written once, some live only in
     // the remote tier.
-    let mut m = Model::new(1, 2, 16, Policy::Clock);
-    let bufs = m.one_page_buffers(4);
+    let (mut m, bufs) = one_frame_two_slots(4);
     for &b in &bufs {
         m.use_once(b, AccessMode::Exclusive);
     }
     m.settle();
     let remote_only = *bufs
         .iter()
-        .find(|b| {
-            let pid = PageId {
-                buffer: **b,
-                index: 0,
-            };
+        .find(|&&b| {
+            let pid = page(b, 0);
             m.remote.contains_key(&pid) && !m.slots.values().any(|v| v.0 == pid)
         })
         .expect("a page only the remote tier holds");
-    let pid = PageId {
-        buffer: remote_only,
-        index: 0,
-    };
+    let pid = page(remote_only, 0);
     let before = m.core.stats();
     m.discard_once(remote_only);
     let after = m.core.stats();
@@ -435,8 +462,7 @@ fn refuse_spills(m: &mut Model, now: Duration) -> usize {
 /// acquire of another buffer that needs a spill; returns the model, the acquire and when
 /// it began (the spill it needs is issued, not finished).
 fn an_acquire_that_needs_a_spill() -> (Model, AcquireId, Duration) {
-    let mut m = Model::new(1, 2, 16, Policy::Clock);
-    let bufs = m.one_page_buffers(6);
+    let (mut m, bufs) = one_frame_two_slots(6);
     for &b in &bufs[..3] {
         m.use_once(b, AccessMode::Exclusive);
         while m.finish_gpu() {}
@@ -515,16 +541,12 @@ fn refused_spills_back_off_then_fail_the_pool_with_a_typed_error() {
 fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
     // Regression: one failed fetch set a sticky failure that every later acquire of every
     // buffer reported as "device copy failed".
-    let mut m = Model::new(1, 2, 16, Policy::Clock);
-    let bufs = m.one_page_buffers(6);
+    let (mut m, bufs) = one_frame_two_slots(6);
     for &b in &bufs {
         m.use_once(b, AccessMode::Exclusive);
         m.settle();
     }
-    assert!(m.remote.contains_key(&PageId {
-        buffer: bufs[0],
-        index: 0
-    }));
+    assert!(m.remote.contains_key(&page(bufs[0], 0)));
     // Buffer 0's page comes back from the remote tier: the tier fails the fetch.
     let now = m.t();
     let (h, _) = m
@@ -561,9 +583,7 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
         err.to_string(),
         format!("page 0 of {} is lost: peer 2 unreachable", bufs[0])
     );
-    let now = m.t();
-    m.core.release(h, now);
-    m.collect();
+    m.release(h);
     let s = m.core.stats();
     assert_eq!((s.pages_lost, s.buffers_lost), (1, 1), "{s:?}");
     // The lost buffer refuses acquires and host accesses with the same cause...
@@ -580,9 +600,7 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
     }
     // And it can be freed: its slot and remote space come back, and a buffer allocated
     // in its place works.
-    let now = m.t();
-    m.core.free(bufs[0], now).unwrap();
-    m.collect();
+    m.free(bufs[0]);
     m.settle();
     m.core.check_invariants();
     let again = m.core.alloc(PAGE).unwrap();
@@ -602,8 +620,7 @@ fn a_lost_page_fails_only_its_buffer_while_the_loop_keeps_hitting() {
     // The loop of the first test; from step 3 the remote tier has lost every page of two
     // buffers (their only holder died). Those fail with `PageLost`, at every later
     // acquire; every other buffer keeps its newest bytes and keeps hitting.
-    let mut m = Model::new(4, 8, 44, Policy::Learned);
-    let bufs: Vec<BufferId> = (0..24).map(|_| m.core.alloc(2 * PAGE).unwrap()).collect();
+    let (mut m, bufs) = a_loop_four_times_gpu_plus_host();
     let doomed = [bufs[5], bufs[17]];
     let (mut hits_late, mut lost_seen) = ((0u64, 0u64), 0u64);
     for step in 0..6 {
@@ -611,12 +628,7 @@ fn a_lost_page_fails_only_its_buffer_while_the_loop_keeps_hitting() {
             m.lost.extend(doomed);
         }
         for (i, &b) in bufs.iter().enumerate() {
-            let mode = if i % 3 == 0 {
-                AccessMode::Exclusive
-            } else {
-                AccessMode::Shared
-            };
-            match m.try_acquire(b, mode) {
+            match m.try_acquire(b, loop_mode(i)) {
                 Ok((h, hit)) => {
                     m.release(h);
                     if step >= 4 && !doomed.contains(&b) {
@@ -633,9 +645,7 @@ fn a_lost_page_fails_only_its_buffer_while_the_loop_keeps_hitting() {
             }
             m.settle();
         }
-        let now = m.t();
-        m.core.step(now);
-        m.collect();
+        m.step();
     }
     // Steps 3, 4 and 5: both doomed buffers fail at each (a buffer that had its pages in
     // the host tier or on the GPU when the tier lost them may fail later, at its first
@@ -700,17 +710,16 @@ fn a_page_never_written_is_zero_filled_into_a_slot_at_once() {
         Ok(None)
     );
     let fills: Vec<ZeroFill> = std::iter::from_fn(|| m.core.poll_zero_fill()).collect();
-    let page = |index| PageId { buffer: b, index };
     assert_eq!(
         fills,
         vec![
             ZeroFill {
-                page: page(0),
+                page: page(b, 0),
                 slot: HostSlot(0),
                 bytes: PAGE
             },
             ZeroFill {
-                page: page(1),
+                page: page(b, 1),
                 slot: HostSlot(1),
                 bytes: 100
             },
@@ -751,8 +760,7 @@ fn a_zero_fill_that_fails_loses_its_buffer_only() {
     m.core.release(h, now);
     m.collect();
     m.use_once(kept, AccessMode::Exclusive);
-    let now = m.t();
-    m.core.free(lost, now).unwrap();
+    m.free(lost);
     m.settle();
     m.core.check_invariants();
 }
@@ -824,9 +832,7 @@ proptest! {
                 }
                 Op::Free(i) if !bufs.is_empty() => {
                     let b = bufs.remove(i % bufs.len());
-                    let now = m.t();
-                    m.core.free(b, now).unwrap();
-                    m.collect();
+                    m.free(b);
                 }
                 Op::Discard(i) if !bufs.is_empty() => {
                     let b = bufs[i % bufs.len()];
@@ -834,7 +840,7 @@ proptest! {
                 }
                 Op::FinishGpu(n) => for _ in 0..n { m.finish_gpu(); },
                 Op::FinishNet(n) => for _ in 0..n { m.finish_net(); },
-                Op::Step => { let now = m.t(); m.core.step(now); m.collect(); }
+                Op::Step => m.step(),
                 _ => {}
             }
         }

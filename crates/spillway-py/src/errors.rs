@@ -12,14 +12,27 @@ use spillway_client::daemon::DaemonError;
 use spillway_client::{CoreError, DeviceError, PoolError};
 
 /// One attribute of an exception: its name and value.
-type Field = (&'static str, Py<PyAny>);
+type Field = (&'static str, Value);
+
+/// An attribute's value: a Python `int` or `str`.
+enum Value {
+    Int(u64),
+    Text(String),
+}
+
+/// The attribute `name`, an `int`.
+fn int(name: &'static str, v: u64) -> Field {
+    (name, Value::Int(v))
+}
+
+/// The attribute `name`, a `str` (`v`'s `Display`).
+fn text(name: &'static str, v: impl ToString) -> Field {
+    (name, Value::Text(v.to_string()))
+}
 
 /// The class name in `spillway._errors` and the attributes for `err`.
-fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, Vec<Field>)> {
-    let f = |name: &'static str, v: Bound<'_, PyAny>| (name, v.unbind());
-    let int = |v: u64| v.into_pyobject(py).map(|b| b.into_any());
-    let text = |v: &str| v.into_pyobject(py).map(|b| b.into_any());
-    Ok(match err {
+fn class_and_fields(err: &PoolError) -> (&'static str, Vec<Field>) {
+    match err {
         PoolError::Pool(core) => match core {
             CoreError::EmptyBuffer => ("EmptyBufferError", vec![]),
             CoreError::BufferTooLarge {
@@ -29,9 +42,9 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             } => (
                 "BufferTooLargeError",
                 vec![
-                    f("requested_bytes", int(*requested_bytes)?),
-                    f("pages", int(*pages)?),
-                    f("budget_bytes", int(*budget_bytes)?),
+                    int("requested_bytes", *requested_bytes),
+                    int("pages", *pages),
+                    int("budget_bytes", *budget_bytes),
                 ],
             ),
             CoreError::PoolFull {
@@ -42,27 +55,24 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             } => (
                 "PoolFullError",
                 vec![
-                    f("requested_bytes", int(*requested_bytes)?),
-                    f("needed_pages", int(*needed_pages)?),
-                    f("free_pages", int(*free_pages)?),
-                    f("total_pages", int(*total_pages)?),
+                    int("requested_bytes", *requested_bytes),
+                    int("needed_pages", *needed_pages),
+                    int("free_pages", *free_pages),
+                    int("total_pages", *total_pages),
                 ],
             ),
             CoreError::TooManyBuffers { limit } => {
-                ("TooManyBuffersError", vec![f("limit", int(*limit as u64)?)])
+                ("TooManyBuffersError", vec![int("limit", *limit as u64)])
             }
-            CoreError::UnknownBuffer(b) => ("UnknownBufferError", vec![f("buffer", int(b.0)?)]),
-            CoreError::Freed(b) => ("BufferFreedError", vec![f("buffer", int(b.0)?)]),
+            CoreError::UnknownBuffer(b) => ("UnknownBufferError", vec![int("buffer", b.0)]),
+            CoreError::Freed(b) => ("BufferFreedError", vec![int("buffer", b.0)]),
             CoreError::BufferHeld { buffer, holders } => (
                 "BufferHeldError",
-                vec![
-                    f("buffer", int(buffer.0)?),
-                    f("holders", int(u64::from(*holders))?),
-                ],
+                vec![int("buffer", buffer.0), int("holders", u64::from(*holders))],
             ),
             CoreError::BufferBusy { buffer, mode } => (
                 "BufferBusyError",
-                vec![f("buffer", int(buffer.0)?), f("mode", text(mode.as_str())?)],
+                vec![int("buffer", buffer.0), text("mode", mode.as_str())],
             ),
             CoreError::HeldAcquiresExceedBudget {
                 buffer,
@@ -72,10 +82,10 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             } => (
                 "HeldAcquiresExceedBudgetError",
                 vec![
-                    f("buffer", int(buffer.0)?),
-                    f("held_bytes", int(*held_bytes)?),
-                    f("requested_bytes", int(*requested_bytes)?),
-                    f("budget_bytes", int(*budget_bytes)?),
+                    int("buffer", buffer.0),
+                    int("held_bytes", *held_bytes),
+                    int("requested_bytes", *requested_bytes),
+                    int("budget_bytes", *budget_bytes),
                 ],
             ),
             CoreError::OutOfRange {
@@ -86,15 +96,13 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             } => (
                 "OutOfRangeError",
                 vec![
-                    f("buffer", int(buffer.0)?),
-                    f("offset", int(*offset)?),
-                    f("len", int(*len)?),
-                    f("bytes", int(*bytes)?),
+                    int("buffer", buffer.0),
+                    int("offset", *offset),
+                    int("len", *len),
+                    int("bytes", *bytes),
                 ],
             ),
-            CoreError::DeviceFailed(fault) => {
-                ("DeviceError", vec![f("reason", text(&fault.message)?)])
-            }
+            CoreError::DeviceFailed(fault) => ("DeviceError", vec![text("reason", &fault.message)]),
             CoreError::PageLost {
                 buffer,
                 page,
@@ -102,15 +110,14 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             } => (
                 "PageLostError",
                 vec![
-                    f("buffer", int(buffer.0)?),
-                    f("page", int(u64::from(*page))?),
-                    f("reason", text(&reason.to_string())?),
+                    int("buffer", buffer.0),
+                    int("page", u64::from(*page)),
+                    text("reason", reason),
                 ],
             ),
-            CoreError::RemoteTierGone { reason } => (
-                "RemoteTierGoneError",
-                vec![f("reason", text(&reason.to_string())?)],
-            ),
+            CoreError::RemoteTierGone { reason } => {
+                ("RemoteTierGoneError", vec![text("reason", reason)])
+            }
             CoreError::SpillsFailing {
                 failing_ms,
                 attempts,
@@ -118,35 +125,62 @@ fn class_and_fields(py: Python<'_>, err: &PoolError) -> PyResult<(&'static str, 
             } => (
                 "SpillsFailingError",
                 vec![
-                    f("failing_ms", int(*failing_ms)?),
-                    f("attempts", int(*attempts)?),
-                    f("reason", text(&reason.to_string())?),
+                    int("failing_ms", *failing_ms),
+                    int("attempts", *attempts),
+                    text("reason", reason),
                 ],
             ),
         },
         PoolError::Device(DeviceError::Unavailable { backend, reason }) => (
             "DeviceUnavailableError",
-            vec![f("backend", text(backend)?), f("reason", text(reason)?)],
+            vec![text("backend", backend), text("reason", reason)],
         ),
         PoolError::Device(_) => ("DeviceError", vec![]),
         PoolError::Config(c) => (
             "ConfigError",
-            vec![f("field", text(c.field)?), f("problem", text(&c.problem)?)],
+            vec![text("field", c.field), text("problem", &c.problem)],
         ),
-        PoolError::Missing(field) => ("ConfigError", vec![f("field", text(field)?)]),
+        PoolError::Missing(field) => ("ConfigError", vec![text("field", field)]),
         PoolError::NotHostVisible(backend) => {
-            ("NotHostVisibleError", vec![f("backend", text(backend)?)])
+            ("NotHostVisibleError", vec![text("backend", backend)])
         }
         PoolError::NoSuchPage { index, pages } => (
             "OutOfRangeError",
-            vec![
-                f("index", int(*index as u64)?),
-                f("pages", int(*pages as u64)?),
-            ],
+            vec![int("index", *index as u64), int("pages", *pages as u64)],
         ),
         PoolError::NotExclusive => ("NotExclusiveError", vec![]),
-        PoolError::Remote(reason) => ("RemoteError", vec![f("reason", text(&reason.to_string())?)]),
-    })
+        PoolError::Remote(reason) => ("RemoteError", vec![text("reason", reason)]),
+    }
+}
+
+/// The class name in `spillway._errors` and the attributes for `err` (`Pool.connect`).
+fn daemon_class_and_fields(err: &DaemonError) -> (&'static str, Vec<Field>) {
+    match err {
+        DaemonError::NoNode { socket, .. } => {
+            ("NoNodeError", vec![text("socket", socket.display())])
+        }
+        DaemonError::Connect { socket, source } => (
+            "NodeLinkError",
+            vec![text("socket", socket.display()), text("reason", source)],
+        ),
+        DaemonError::Refused { code, message } => (
+            "NodeRefusedError",
+            vec![text("code", format!("{code:?}")), text("reason", message)],
+        ),
+        DaemonError::VersionMismatch { node, client } => (
+            "NodeProtocolError",
+            vec![
+                int("node_version", u64::from(*node)),
+                int("client_version", u64::from(*client)),
+            ],
+        ),
+        DaemonError::Protocol { reason } => ("NodeProtocolError", vec![text("reason", reason)]),
+        DaemonError::Io { source } => ("NodeLinkError", vec![text("reason", source)]),
+        DaemonError::Map { bytes, source } => (
+            "NodeLinkError",
+            vec![int("bytes", *bytes), text("reason", source)],
+        ),
+    }
 }
 
 /// An instance of `spillway._errors.<class>` with `message`.
@@ -164,14 +198,20 @@ pub(crate) fn new_error(py: Python<'_>, class: &str, message: String) -> PyErr {
 
 /// `err` as the exception of its class, with its numbers as attributes.
 pub(crate) fn to_py(py: Python<'_>, err: PoolError) -> PyErr {
-    let (class, fields) = match class_and_fields(py, &err) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let exc = new_error(py, class, err.to_string());
+    let (class, fields) = class_and_fields(&err);
+    with_fields(py, class, err.to_string(), fields)
+}
+
+/// An instance of `spillway._errors.<class>` with `message` and `fields` as attributes.
+fn with_fields(py: Python<'_>, class: &str, message: String, fields: Vec<Field>) -> PyErr {
+    let exc = new_error(py, class, message);
     let value = exc.value(py);
     for (name, v) in fields {
-        if let Err(e) = value.setattr(name, v) {
+        let set = match v {
+            Value::Int(i) => value.setattr(name, i),
+            Value::Text(t) => value.setattr(name, t),
+        };
+        if let Err(e) = set {
             return e;
         }
     }
@@ -213,61 +253,6 @@ impl ConnectError {
 
 /// `err` as the exception of its class (`spillway._errors`, under `NodeLinkError`).
 fn daemon_to_py(py: Python<'_>, err: DaemonError) -> PyErr {
-    let message = err.to_string();
-    let text = |v: String| v.into_pyobject(py).map(|b| b.into_any().unbind());
-    let int = |v: u64| v.into_pyobject(py).map(|b| b.into_any().unbind());
-    let fields: PyResult<(&'static str, Vec<Field>)> = (|| {
-        Ok(match &err {
-            DaemonError::NoNode { socket, .. } => (
-                "NoNodeError",
-                vec![("socket", text(socket.display().to_string())?)],
-            ),
-            DaemonError::Connect { socket, source } => (
-                "NodeLinkError",
-                vec![
-                    ("socket", text(socket.display().to_string())?),
-                    ("reason", text(source.to_string())?),
-                ],
-            ),
-            DaemonError::Refused { code, message } => (
-                "NodeRefusedError",
-                vec![
-                    ("code", text(format!("{code:?}"))?),
-                    ("reason", text(message.clone())?),
-                ],
-            ),
-            DaemonError::VersionMismatch { node, client } => (
-                "NodeProtocolError",
-                vec![
-                    ("node_version", int(u64::from(*node))?),
-                    ("client_version", int(u64::from(*client))?),
-                ],
-            ),
-            DaemonError::Protocol { reason } => {
-                ("NodeProtocolError", vec![("reason", text(reason.clone())?)])
-            }
-            DaemonError::Io { source } => {
-                ("NodeLinkError", vec![("reason", text(source.to_string())?)])
-            }
-            DaemonError::Map { bytes, source } => (
-                "NodeLinkError",
-                vec![
-                    ("bytes", int(*bytes)?),
-                    ("reason", text(source.to_string())?),
-                ],
-            ),
-        })
-    })();
-    let (class, fields) = match fields {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let exc = new_error(py, class, message);
-    let value = exc.value(py);
-    for (name, v) in fields {
-        if let Err(e) = value.setattr(name, v) {
-            return e;
-        }
-    }
-    exc
+    let (class, fields) = daemon_class_and_fields(&err);
+    with_fields(py, class, err.to_string(), fields)
 }

@@ -86,6 +86,16 @@ impl PoolArgs {
             .policy(self.policy)
             .device(self.device)
     }
+
+    /// The Python pool over `pool`, built from these arguments (with the node's `link`
+    /// in daemon mode).
+    fn into_pool(self, pool: Pool, link: Option<DaemonLink>) -> PyPool {
+        PyPool {
+            pool: Arc::new(pool),
+            page_bytes: self.page.bytes(),
+            link,
+        }
+    }
 }
 
 /// `spillway.Buffer`: a buffer of a pool; a handle, freed with `Pool.free`.
@@ -185,11 +195,7 @@ impl PyPool {
                     .build()
             })
             .py_err(py)?;
-        Ok(PyPool {
-            pool: Arc::new(pool),
-            page_bytes: args.page.bytes(),
-            link: None,
-        })
+        Ok(args.into_pool(pool, None))
     }
 
     /// Daemon mode: a pool whose host tier is memory shared with the node listening on
@@ -218,11 +224,7 @@ impl PyPool {
                 Ok::<_, errors::ConnectError>((link, pool))
             })
             .map_err(|e| e.into_py(py))?;
-        Ok(PyPool {
-            pool: Arc::new(pool),
-            page_bytes: args.page.bytes(),
-            link: Some(link),
-        })
+        Ok(args.into_pool(pool, Some(link)))
     }
 
     /// The node's socket in daemon mode (`Pool.connect`), else `None`.

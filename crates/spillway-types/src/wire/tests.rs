@@ -1,6 +1,16 @@
 use super::*;
 use crate::BufferId;
 
+/// A header of a frame of `kind` with request id 1.
+fn header(kind: Kind, body_bytes: u32, payload_bytes: u64) -> FrameHeader {
+    FrameHeader {
+        kind,
+        request_id: 1,
+        body_bytes,
+        payload_bytes,
+    }
+}
+
 fn page(buffer: u64, index: u32) -> PageId {
     PageId {
         buffer: BufferId(buffer),
@@ -116,12 +126,7 @@ fn blob_payloads_are_bounded_per_kind() {
         (Kind::UcxConnectReply, UCX_CONNECT_PAYLOAD_BYTES_MAX),
     ] {
         assert_eq!(kind.payload_bytes_max(), limit);
-        let h = FrameHeader {
-            kind,
-            request_id: 1,
-            body_bytes: 0,
-            payload_bytes: limit + 1,
-        };
+        let h = header(kind, 0, limit + 1);
         assert_eq!(
             FrameHeader::decode(&h.encode()).unwrap_err(),
             WireError::PayloadTooLarge {
@@ -136,12 +141,7 @@ fn blob_payloads_are_bounded_per_kind() {
         assert_eq!(FrameHeader::decode(&ok.encode()).unwrap(), ok);
     }
     // An ack carries nothing.
-    let ack = FrameHeader {
-        kind: Kind::RaftMessageReply,
-        request_id: 1,
-        body_bytes: 0,
-        payload_bytes: 1,
-    };
+    let ack = header(Kind::RaftMessageReply, 0, 1);
     assert!(matches!(
         FrameHeader::decode(&ack.encode()),
         Err(WireError::PayloadMismatch { .. })
@@ -167,22 +167,14 @@ fn misnamed_or_oversized_blob_chunks_are_refused() {
     // The same check on receipt: a hand-built body with a chunk over BLOB_CHUNK_BYTES.
     let big = Blob {
         chunks: vec![PageDesc {
-            page: PageId {
-                buffer: crate::BufferId(0),
-                index: 0,
-            },
+            page: page(0, 0),
             len: BLOB_CHUNK_BYTES as u32 + 1,
             checksum: 0,
         }],
     };
     let mut body = Vec::new();
     bincode::encode_into_std_write(&big, &mut body, body_config()).unwrap();
-    let h = FrameHeader {
-        kind: Kind::RaftMessage,
-        request_id: 1,
-        body_bytes: body.len() as u32,
-        payload_bytes: BLOB_CHUNK_BYTES + 1,
-    };
+    let h = header(Kind::RaftMessage, body.len() as u32, BLOB_CHUNK_BYTES + 1);
     let e = decode_body(&h, &body).unwrap_err();
     assert!(e.to_string().contains("BLOB_CHUNK_BYTES"), "{e}");
 }
@@ -284,12 +276,7 @@ fn unknown_kinds_and_reserved_bits_are_refused() {
 
 #[test]
 fn oversized_body_is_refused_before_reading_it() {
-    let h = FrameHeader {
-        kind: Kind::GetPages,
-        request_id: 1,
-        body_bytes: FRAME_BODY_BYTES_MAX + 1,
-        payload_bytes: 0,
-    };
+    let h = header(Kind::GetPages, FRAME_BODY_BYTES_MAX + 1, 0);
     let e = FrameHeader::decode(&h.encode()).unwrap_err();
     assert_eq!(
         e,
@@ -308,12 +295,7 @@ fn oversized_body_is_refused_before_reading_it() {
 
 #[test]
 fn oversized_payload_is_refused_before_reading_it() {
-    let h = FrameHeader {
-        kind: Kind::PutPages,
-        request_id: 1,
-        body_bytes: 1,
-        payload_bytes: u64::MAX,
-    };
+    let h = header(Kind::PutPages, 1, u64::MAX);
     let e = decode_frame(&h.encode()).unwrap_err();
     assert_eq!(
         e,
@@ -327,12 +309,7 @@ fn oversized_payload_is_refused_before_reading_it() {
 
 #[test]
 fn payload_on_a_kind_without_pages_is_refused() {
-    let h = FrameHeader {
-        kind: Kind::GetPages,
-        request_id: 1,
-        body_bytes: 1,
-        payload_bytes: 10,
-    };
+    let h = header(Kind::GetPages, 1, 10);
     assert!(matches!(
         FrameHeader::decode(&h.encode()),
         Err(WireError::PayloadMismatch {
@@ -368,12 +345,7 @@ fn too_many_pages_are_refused_both_ways() {
         bincode::config::standard(),
     )
     .unwrap();
-    let h = FrameHeader {
-        kind: Kind::GetPages,
-        request_id: 1,
-        body_bytes: body.len() as u32,
-        payload_bytes: 0,
-    };
+    let h = header(Kind::GetPages, body.len() as u32, 0);
     assert!(matches!(
         decode_body(&h, &body),
         Err(WireError::TooManyPages { .. })
@@ -387,12 +359,7 @@ fn hostile_length_prefix_hits_the_decode_limit() {
     let mut body = Vec::new();
     body.push(253u8); // varint marker: a u64 follows
     body.extend_from_slice(&(1u64 << 40).to_le_bytes());
-    let h = FrameHeader {
-        kind: Kind::GetPages,
-        request_id: 1,
-        body_bytes: body.len() as u32,
-        payload_bytes: 0,
-    };
+    let h = header(Kind::GetPages, body.len() as u32, 0);
     let e = decode_body(&h, &body).unwrap_err();
     assert!(
         matches!(&e, WireError::UndecodableBody { kind: Kind::GetPages, reason } if reason.contains("BODY_DECODE_BYTES_MAX")),
