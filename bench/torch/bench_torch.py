@@ -771,7 +771,9 @@ def main():
             for ph, st in (r.get("phase_pool_stats_per_step") or {}).items():
                 print(f"    {name} {ph}: stall {st['stall_s']:.3f} s, {st['stalls']:.0f} of "
                       f"{st['acquires']:.0f} acquires, H2D {st['h2d_bytes'] / 1e9:.2f} GB, "
-                      f"D2H {st['d2h_bytes'] / 1e9:.2f} GB, demand {st['demand_loads']:.0f} pages")
+                      f"D2H {st['d2h_bytes'] / 1e9:.2f} GB, demand {st['demand_loads']:.0f} pages, "
+                      f"planning {st.get('planning_s', 0):.3f} s, lock wait {st.get('lock_wait_s', 0):.3f} s, "
+                      f"device planning {st.get('device_planning_s', 0):.3f} s")
     for variant in ("learned", "on_demand"):
         if "losses_equal" in tr.get(variant, {}):
             checks = {k: tr[variant].get(k) for k in ("losses_equal", "grads_equal", "weights_equal",

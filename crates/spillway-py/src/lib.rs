@@ -348,6 +348,17 @@ impl PyPool {
         d.set_item("page_bytes", page)?;
         d.set_item("h2d_bytes_per_s", c.h2d_bytes_per_s)?;
         d.set_item("d2h_bytes_per_s", c.d2h_bytes_per_s)?;
+        // The pool's own time besides stalls: on the caller's threads (a step waits for
+        // it) and on the device's (beside the step).
+        let t = s.timings;
+        d.set_item("lock_wait_s", t.lock_wait.as_secs_f64())?;
+        d.set_item("planning_s", t.planning.as_secs_f64())?;
+        d.set_item("view_s", t.view.as_secs_f64())?;
+        d.set_item("device_lock_wait_s", t.device_lock_wait.as_secs_f64())?;
+        d.set_item("device_planning_s", t.device_planning.as_secs_f64())?;
+        d.set_item("mapping_s", s.device.mapping_s)?;
+        d.set_item("pages_remapped", s.device.pages_remapped)?;
+        d.set_item("completions_late", s.device.completions_late)?;
         Ok(d)
     }
 

@@ -101,6 +101,11 @@ def test_stats_count_acquires_and_bytes_each_way():
     assert s["host_bytes"] == 8 * MiB
     for key in ("prefetch_loads", "prefetch_wasted_bytes", "stall_s", "evictions_dirty"):
         assert key in s
+    # The pool's own time: 24 acquires planned on this thread, 24 fenced releases and the
+    # copies' completions handled on the device's; on sim no buffer needs a mapping.
+    assert s["planning_s"] > 0 and s["device_planning_s"] > 0
+    assert s["lock_wait_s"] >= 0 and s["device_lock_wait_s"] >= 0 and s["view_s"] >= 0
+    assert s["mapping_s"] == 0 and s["pages_remapped"] == 0
 
 
 def test_pool_full_error_has_the_numbers():

@@ -159,5 +159,10 @@ class Pool:
         ``host_bytes``/``host_budget_bytes``, ``remote_bytes``/``remote_budget_bytes``,
         ``remote_bytes_in``/``remote_bytes_out``/``remote_errors``, ``pages_lost``/``buffers_lost``
         (pages every copy of which was gone, and their buffers: see ``PageLostError``), ``buffers``,
-        ``page_bytes``, ``h2d_bytes_per_s``/``d2h_bytes_per_s`` (estimates)."""
+        ``page_bytes``, ``h2d_bytes_per_s``/``d2h_bytes_per_s`` (estimates); the pool's own
+        time besides stalls: ``lock_wait_s``, ``planning_s``, ``view_s`` (on the calling
+        threads), ``device_lock_wait_s``, ``device_planning_s`` (on the device's threads:
+        completions and fenced releases), ``mapping_s``/``pages_remapped`` (buffers shown
+        through their range), ``completions_late`` (copies done before their completion
+        was delivered)."""
         ...
