@@ -494,3 +494,109 @@ fn a_discard_acquire_loads_nothing_and_its_pages_are_written_back() {
     c.release(h, t(8));
     c.check_invariants();
 }
+
+/// One training-like step: weights read, gradients overwritten then read (the
+/// optimizer), more weights read; copies finish after each acquire. Returns whether the
+/// overwrite found its frames (a hit).
+fn training_step(c: &mut PoolCore, w: &[BufferId], g: BufferId, ms: &mut u64) -> bool {
+    let mut acquire = |c: &mut PoolCore, b: BufferId, discard: bool| {
+        *ms += 1;
+        let (h, hit) = if discard {
+            c.begin_acquire_discard(b, t(*ms)).unwrap()
+        } else {
+            c.begin_acquire(b, AccessMode::Shared, t(*ms)).unwrap()
+        };
+        settle(c, t(*ms));
+        assert!(c.is_ready(h).unwrap());
+        c.release(h, t(*ms));
+        settle(c, t(*ms));
+        hit
+    };
+    acquire(c, w[0], false);
+    acquire(c, w[1], false);
+    let overwrite_hit = acquire(c, g, true);
+    acquire(c, w[0], false);
+    acquire(c, g, false);
+    acquire(c, w[2], false);
+    c.step(t(*ms));
+    settle(c, t(*ms));
+    overwrite_hit
+}
+
+#[test]
+fn a_learned_pool_reserves_frames_without_a_copy_for_a_buffer_its_next_access_overwrites() {
+    // Four frames for 8 pages of weights and gradients: every buffer leaves the GPU
+    // between its uses, so each access but the overwrite needs its pages brought back.
+    let mut c = pool(4, 16, Policy::Learned);
+    let w: Vec<BufferId> = (0..3).map(|_| c.alloc(2 * PAGE).unwrap()).collect();
+    let g = c.alloc(2 * PAGE).unwrap();
+    let mut ms = 0;
+    for _ in 0..2 {
+        training_step(&mut c, &w, g, &mut ms);
+    }
+    let before = c.stats();
+    for _ in 0..3 {
+        assert!(
+            training_step(&mut c, &w, g, &mut ms),
+            "the overwrite finds frames reserved for it"
+        );
+    }
+    let after = c.stats();
+    assert_eq!(
+        after.overwrites - before.overwrites,
+        3 * 2,
+        "the gradients' pages get frames without a load at each step (not prefetched)"
+    );
+    assert_eq!(
+        (
+            after.reservations - before.reservations,
+            after.reservations_missed - before.reservations_missed
+        ),
+        (3 * 2, 0),
+        "reserved ahead, each used by the overwrite"
+    );
+    // Per step at most the weights' 3 buffers and one reload of the first (4 frames):
+    // 8 pages. Prefetching the gradients' old bytes too made it 10.
+    let h2d_pages = (after.h2d_bytes - before.h2d_bytes) / PAGE;
+    assert!(h2d_pages <= 3 * 8, "{h2d_pages} pages loaded in 3 steps");
+    c.check_invariants();
+}
+
+#[test]
+fn a_frame_reserved_for_an_overwrite_that_does_not_come_is_given_up_and_the_page_loaded() {
+    let mut c = pool(4, 16, Policy::Learned);
+    let w: Vec<BufferId> = (0..3).map(|_| c.alloc(2 * PAGE).unwrap()).collect();
+    let g = c.alloc(2 * PAGE).unwrap();
+    let mut ms = 0;
+    for _ in 0..3 {
+        training_step(&mut c, &w, g, &mut ms);
+    }
+    // The next step reads the gradients where the last ones overwrote them.
+    for &b in &w[..2] {
+        ms += 1;
+        let (h, _) = c.begin_acquire(b, AccessMode::Shared, t(ms)).unwrap();
+        settle(&mut c, t(ms));
+        c.release(h, t(ms));
+        settle(&mut c, t(ms));
+    }
+    let before = c.stats();
+    assert!(before.reservations > before.reservations_missed);
+    ms += 1;
+    let (h, hit) = c.begin_acquire(g, AccessMode::Shared, t(ms)).unwrap();
+    assert!(!hit, "a reserved frame holds none of the page's bytes");
+    settle(&mut c, t(ms));
+    assert!(c.is_ready(h).unwrap());
+    let after = c.stats();
+    assert_eq!(
+        after.reservations_missed - before.reservations_missed,
+        2,
+        "both of g's reservations given up"
+    );
+    assert_eq!(
+        (after.h2d_bytes - before.h2d_bytes) / PAGE,
+        2,
+        "g's pages loaded from the host tier"
+    );
+    c.release(h, t(ms));
+    c.check_invariants();
+}

@@ -330,6 +330,8 @@ impl PyPool {
         d.set_item("prefetch_wasted_pages", c.prefetch_wasted)?;
         d.set_item("prefetch_wasted_bytes", c.prefetch_wasted * page)?;
         d.set_item("overwrite_pages", c.overwrites)?;
+        d.set_item("reserved_pages", c.reservations)?;
+        d.set_item("reserved_pages_missed", c.reservations_missed)?;
         d.set_item("evictions_clean", c.evictions_clean)?;
         d.set_item("evictions_dirty", c.evictions_dirty)?;
         d.set_item("gpu_bytes", c.frames_in_use * page)?;

@@ -234,3 +234,35 @@ def test_acquire_mut_discard_copies_nothing_in_and_its_writes_are_kept():
     assert s["d2h_bytes"] == MiB
     with p.acquire(a) as view:  # a plain acquire loads the new bytes
         assert int(np.from_dlpack(view).sum()) == 3 * MiB
+
+
+def test_a_learned_pool_reserves_frames_for_overwrites_and_a_wrong_guess_reads_the_bytes():
+    """Each step overwrites `g` (discard) between reads of other buffers: the learned
+    policy reserves `g`'s frames ahead, no copy, so the discard finds them; when a step
+    then reads `g` instead, the reservation is given up and the last bytes written come
+    back from the host tier."""
+    np = pytest.importorskip("numpy")
+    p = make_pool(gpu_budget="256KiB", host_budget="4MiB", policy="learned")
+    half = 128 << 10
+    ws = [p.alloc(f"w{i}", half) for i in range(3)]
+    g = p.alloc("g", half)
+
+    def read(buf):
+        with p.acquire(buf):
+            pass
+
+    for k in range(1, 6):
+        read(ws[0])
+        read(ws[1])
+        with p.acquire_mut(g, discard=True) as view:
+            np.from_dlpack(view)[:] = k
+        read(ws[2])
+        p.step()
+    s = p.stats()
+    assert s["reserved_pages"] > 0
+    assert s["overwrite_pages"] >= s["reserved_pages"] - s["reserved_pages_missed"]
+    read(ws[0])
+    read(ws[1])
+    with p.acquire(g) as view:  # predicted to overwrite; read instead
+        assert (np.from_dlpack(view) == 5).all()
+    assert p.read(g, 0, half) == bytes([5]) * half

@@ -76,6 +76,14 @@ impl PoolCore {
                 if let Some(frame) = p.gpu.frame() {
                     assert_eq!(self.gpu.owner(frame), Some(pid), "{pid} owns its frame");
                 }
+                if p.reserved {
+                    assert!(
+                        matches!(p.gpu, Gpu::Resident { dirty: false, .. })
+                            && p.pins == 0
+                            && p.host_pins == 0,
+                        "a reserved frame's page is clean, resident and untouched: {p:?}"
+                    );
+                }
                 let in_flight = matches!(p.gpu, Gpu::Loading { .. } | Gpu::Evicting { .. })
                     || matches!(p.host, Host::Fetching { .. } | Host::Spilling { .. });
                 assert_eq!(

@@ -96,6 +96,8 @@ impl PoolCore {
         };
         if !dirty {
             self.stats.on_evict(false);
+            // A reservation evicted before its access was of no use.
+            self.stats.reservations_missed += u64::from(self.pages.page(pid).reserved);
             self.release_frame(pid, frame);
             return true;
         }
@@ -302,9 +304,40 @@ impl PoolCore {
         self.stats.on_overwrite(self.gpu.in_use());
     }
 
+    /// Reserves `frame` (taken) for `pid`, whose next access is predicted to overwrite
+    /// it: resident and clean with no copy, its frame's bytes not its own (`reserved`;
+    /// see [`super::pages::Page::reserved`]). The page's host and remote copies stay
+    /// as they are, so a wrong prediction loses nothing.
+    pub(super) fn start_reserve(&mut self, pid: PageId, frame: FrameId) {
+        self.gpu
+            .occupy(frame, pid, self.access.next_use(pid.buffer));
+        let page = self.pages.page_mut(pid);
+        page.reserved = true;
+        page.gpu = Gpu::Resident {
+            frame,
+            dirty: false,
+            unused_prefetch: false,
+        };
+        self.copies.map(pid, frame);
+        self.eviction.on_fill(frame);
+        self.stats.on_reserve(self.gpu.in_use());
+    }
+
+    /// Gives up the frame reserved for `pid` (the prediction was wrong): the page is
+    /// off the GPU again, its bytes where they were.
+    pub(super) fn unreserve(&mut self, pid: PageId) {
+        let page = self.pages.page(pid);
+        debug_assert!(page.reserved, "{pid} has a reserved frame");
+        if let Gpu::Resident { frame, .. } = page.gpu {
+            self.release_frame(pid, frame);
+            self.stats.reservations_missed += 1;
+        }
+    }
+
     /// The page leaves `frame`: the frame is free again.
     pub(super) fn release_frame(&mut self, pid: PageId, frame: FrameId) {
         let page = self.pages.page_mut(pid);
+        page.reserved = false;
         if let Gpu::Resident {
             unused_prefetch: true,
             ..

@@ -107,6 +107,7 @@ mod copies;
 mod frames;
 mod gpu;
 mod host;
+mod overwrite;
 mod pages;
 mod plan;
 mod pump;
@@ -456,7 +457,7 @@ impl PoolCore {
                 budget_bytes: self.gpu.total() * page_bytes,
             });
         }
-        self.access.on_access(id, now);
+        self.access.on_access(id, discard, now);
         self.eviction.on_buffer_use(id, self.access.accesses());
         let b = self.pages.buffer_mut(id);
         match mode {
@@ -464,9 +465,26 @@ impl PoolCore {
             AccessMode::Exclusive => b.exclusive = true,
         }
         let mut hit = true;
+        // Frames reserved for an overwrite this acquire does not do: given up, and the
+        // pages loaded as usual.
+        if !discard {
+            let wrong: Vec<PageId> = (0..b.pages.len() as u32)
+                .filter(|&i| b.pages[i as usize].reserved)
+                .map(|index| PageId { buffer: id, index })
+                .collect();
+            for pid in wrong {
+                self.unreserve(pid);
+            }
+        }
+        let b = self.pages.buffer_mut(id);
         for index in 0..b.pages.len() as u32 {
             let page = &mut b.pages[index as usize];
             page.pins += 1;
+            // A reserved frame is the page's now: the holder overwrites it.
+            if page.reserved {
+                page.reserved = false;
+                self.stats.overwrites += 1;
+            }
             match &mut page.gpu {
                 Gpu::Resident {
                     frame,
@@ -605,6 +623,20 @@ impl PoolCore {
             });
         }
         let range = self.page_range(offset, len);
+        // A frame reserved for a predicted overwrite does not hold the page's bytes: the
+        // host reads and writes them where they are.
+        let reserved: Vec<PageId> = range
+            .clone()
+            .filter(|&i| b.pages[i].reserved)
+            .map(|i| PageId {
+                buffer: id,
+                index: i as u32,
+            })
+            .collect();
+        for pid in reserved {
+            self.unreserve(pid);
+        }
+        let b = self.pages.live(id)?;
         if b.pages[range.clone()].iter().any(|p| p.in_flight > 0) {
             return Ok(None);
         }

@@ -95,6 +95,11 @@ pub(super) struct Page {
     /// The acquire that pins the page discards its contents
     /// ([`super::PoolCore::begin_acquire_discard`]): it gets a frame without a load.
     pub(super) overwrite: bool,
+    /// The page is `Gpu::Resident` (clean, unpinned) in a frame taken ahead for an
+    /// access predicted to overwrite it, and no bytes were copied: the frame's bytes are
+    /// not the page's (its host or remote copy is). A discarding acquire uses the frame
+    /// as it is; any other access gives it up and loads the page as usual.
+    pub(super) reserved: bool,
 }
 
 impl Page {
@@ -112,6 +117,7 @@ impl Page {
             in_flight: 0,
             last_frame: None,
             overwrite: false,
+            reserved: false,
         }
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use spillway_types::{BufferId, PageId};
 
+use super::overwrite::Overwrites;
 use super::pages::{Gpu, Host, Page, PageTable};
 use super::{
     JITTER_MARGIN, LEAD_FACTOR, MIN_LOOKAHEAD_ACCESSES, REMOTE_LEAD_FACTOR, SPECULATION_WASTE_RATIO,
@@ -98,7 +99,10 @@ impl TierPlan {
 
     /// Plans the pages of `upcoming` accesses (after access `now`) not in the tier,
     /// within the horizon at `bytes_per_s`; a guess only within the speculation cap
-    /// ([`SPECULATION_WASTE_RATIO`]).
+    /// ([`SPECULATION_WASTE_RATIO`]). A buffer whose next access `overwrites` predicts to
+    /// overwrite it needs frames but not its bytes: the GPU tier plans its pages (the
+    /// pump reserves their frames, no copy: nothing counts against the horizon), the
+    /// host tier stages none.
     /// Returns where the horizon ended the plan, the index of the first entry of
     /// `upcoming` beyond it (`None`: the upcoming accesses ran out first).
     fn replan(
@@ -107,6 +111,7 @@ impl TierPlan {
         now: u64,
         bytes_per_s: f64,
         pages: &PageTable,
+        overwrites: &Overwrites,
     ) -> Option<usize> {
         self.queue.clear();
         self.horizon = now;
@@ -132,6 +137,10 @@ impl TierPlan {
             let Some(b) = pages.plannable(u.buffer) else {
                 continue;
             };
+            let overwritten = overwrites.any() && overwrites.next_overwrites(u.buffer);
+            if overwritten && self.tier == Tier::Host {
+                continue;
+            }
             // What the buffer needs of the tier, on its way included (a guess loading
             // still counts against the cap).
             let bring: u64 = (0..b.pages.len())
@@ -162,7 +171,9 @@ impl TierPlan {
                             },
                             next,
                         ));
-                        queued_bytes += pages.page_len(b.bytes, index);
+                        if !overwritten {
+                            queued_bytes += pages.page_len(b.bytes, index);
+                        }
                     }
                     Need::Coming => queued_bytes += pages.page_len(b.bytes, index),
                     Need::Nothing => {}
@@ -212,6 +223,8 @@ pub(super) struct Access {
     predictor: Box<dyn Predictor>,
     /// Whether the predictor is used (the learned policy).
     learned: bool,
+    /// Which predicted accesses overwrite their buffer (learned policy only).
+    overwrites: Overwrites,
 }
 
 impl Access {
@@ -242,6 +255,7 @@ impl Access {
             accesses: 0,
             predictor,
             learned,
+            overwrites: Overwrites::default(),
         }
     }
 
@@ -255,8 +269,8 @@ impl Access {
         self.accesses
     }
 
-    /// `buffer` is acquired at `now`: one more access.
-    pub(super) fn on_access(&mut self, buffer: BufferId, now: Duration) {
+    /// `buffer` is acquired at `now` (with `discard`: to be overwritten): one more access.
+    pub(super) fn on_access(&mut self, buffer: BufferId, discard: bool, now: Duration) {
         self.accesses += 1;
         self.used_since_plan.push(buffer);
         self.as_planned = self.expected.front() == Some(&buffer);
@@ -267,6 +281,7 @@ impl Access {
         }
         if self.learned {
             self.predictor.on_access(buffer, now);
+            self.overwrites.on_access(buffer, discard);
         }
     }
 
@@ -275,6 +290,7 @@ impl Access {
         self.full_due = true;
         if self.learned {
             self.predictor.end_step(now);
+            self.overwrites.end_step();
         }
     }
 
@@ -321,6 +337,12 @@ impl Access {
         self.next_use.get(&buffer).copied()
     }
 
+    /// Whether `buffer`'s next access is predicted to overwrite it (learned policy): its
+    /// planned pages get frames reserved, not loads.
+    pub(super) fn next_overwrites(&self, buffer: BufferId) -> bool {
+        self.learned && self.overwrites.any() && self.overwrites.next_overwrites(buffer)
+    }
+
     /// The predicted next use of `buffer` if it is still ahead (`None`: none predicted).
     pub(super) fn next_use_ahead(&self, buffer: BufferId) -> Option<u64> {
         self.next_use(buffer).filter(|&n| n > self.accesses)
@@ -359,11 +381,18 @@ impl Access {
             let mut window = self.window.clamp(WINDOW_MIN_ACCESSES.min(most), most);
             loop {
                 let upcoming = self.predictor.upcoming(window);
-                let gpu_end =
-                    self.gpu_plan
-                        .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
+                let gpu_end = self.gpu_plan.replan(
+                    &upcoming,
+                    self.accesses,
+                    gpu_bytes_per_s,
+                    pages,
+                    &self.overwrites,
+                );
                 let host_end = match remote_bytes_per_s {
-                    Some(bw) => self.host_plan.replan(&upcoming, self.accesses, bw, pages),
+                    Some(bw) => {
+                        self.host_plan
+                            .replan(&upcoming, self.accesses, bw, pages, &self.overwrites)
+                    }
                     None => {
                         self.host_plan.queue.clear();
                         Some(0)
@@ -411,11 +440,17 @@ impl Access {
         self.spare_next_use = std::mem::replace(&mut self.next_use, next_use);
         self.used_since_plan.clear();
         self.planned(&upcoming);
-        self.gpu_plan
-            .replan(&upcoming, self.accesses, gpu_bytes_per_s, pages);
+        self.gpu_plan.replan(
+            &upcoming,
+            self.accesses,
+            gpu_bytes_per_s,
+            pages,
+            &self.overwrites,
+        );
         match remote_bytes_per_s {
             Some(bw) => {
-                self.host_plan.replan(&upcoming, self.accesses, bw, pages);
+                self.host_plan
+                    .replan(&upcoming, self.accesses, bw, pages, &self.overwrites);
             }
             None => self.host_plan.queue.clear(),
         }
@@ -474,7 +509,7 @@ mod tests {
         for (tier, lead) in [(Tier::Gpu, LEAD_FACTOR), (Tier::Host, REMOTE_LEAD_FACTOR)] {
             let mut plan = TierPlan::new(tier, lead);
             // At 1 kB/s the 110 bytes queued for `a` take 110 ms: `b` is within the horizon.
-            plan.replan(&ups, 5, 1e3, &pages);
+            plan.replan(&ups, 5, 1e3, &pages, &Overwrites::default());
             assert_eq!(
                 plan.queue,
                 [
@@ -487,7 +522,7 @@ mod tests {
             );
             assert_eq!((plan.horizon, plan.furthest()), (15, Some(15)));
             // At 1 MB/s they take 0.11 ms, plus the jitter margin: `b` is beyond it.
-            plan.replan(&ups, 5, 1e6, &pages);
+            plan.replan(&ups, 5, 1e6, &pages, &Overwrites::default());
             assert_eq!(plan.queue, [(page(a, 0), 6), (page(a, 1), 6)], "{tier:?}");
             assert_eq!(plan.horizon, 6);
         }
@@ -497,7 +532,7 @@ mod tests {
             prefetch: true,
         };
         let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
-        plan.replan(&ups, 5, 1e3, &pages);
+        plan.replan(&ups, 5, 1e3, &pages, &Overwrites::default());
         assert_eq!(plan.queue[0], (page(a, 1), 6));
         assert_eq!(plan.queue.len(), 3);
     }
@@ -553,7 +588,7 @@ mod tests {
         // At 1 TB/s the horizon is the jitter margin: 10 ms, the entry at 11 ms ends it.
         let plan = |a: &mut Access| a.replan(lookahead, &pages, 1e12, None);
         let step = |a: &mut Access, b: BufferId| {
-            a.on_access(b, Duration::ZERO);
+            a.on_access(b, false, Duration::ZERO);
             plan(a);
         };
         let asked_now = || std::mem::take(&mut *asked.lock().unwrap());
@@ -582,7 +617,7 @@ mod tests {
         // The horizon widens (a slower tier): the window doubles until it holds it, and a
         // horizon past the widest window takes the whole lookahead.
         access.expected.clear();
-        access.on_access(seq[301], Duration::ZERO);
+        access.on_access(seq[301], false, Duration::ZERO);
         access.replan(lookahead, &pages, 1e4, None);
         assert_eq!(asked_now(), [22, 44, 88, 176, 256, lookahead]);
     }
@@ -616,7 +651,7 @@ mod tests {
         // At 1 B/s the horizon covers every access: only the cap limits.
         let slow = 1.0;
         let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
-        plan.replan(&ups, 0, slow, &pages);
+        plan.replan(&ups, 0, slow, &pages, &Overwrites::default());
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
         let mut want = vec![guesses[0]; n];
         want.extend([sure; 4]);
@@ -634,7 +669,7 @@ mod tests {
             frame: spillway_types::FrameId(0),
             prefetch: true,
         };
-        plan.replan(&ups, 0, slow, &pages);
+        plan.replan(&ups, 0, slow, &pages, &Overwrites::default());
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
         let mut want = vec![guesses[0]; n - 1];
         want.extend([sure; 4]);
@@ -649,7 +684,7 @@ mod tests {
                     .map(|(i, &g)| guess(g, 1 + i as u64, 0.95)),
             )
             .collect();
-        plan.replan(&ups, 0, slow, &pages);
+        plan.replan(&ups, 0, slow, &pages, &Overwrites::default());
         assert_eq!(plan.queue.len(), 4 + (n - 1) + 3 * n);
     }
 }

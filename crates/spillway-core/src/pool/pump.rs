@@ -131,9 +131,15 @@ impl PoolCore {
                 Verdict::Stop => return false,
             }
             let overwrite = tier == Tier::Gpu && self.pages.overwriting(pid);
+            // A planned page whose next access is predicted to overwrite it: a frame is
+            // reserved for it, no copy.
+            let reserve = tier == Tier::Gpu
+                && queue == Queue::Plan
+                && !overwrite
+                && self.access.next_overwrites(pid.buffer);
             let may = match tier {
                 // A page whose contents are discarded gets a frame, no copy.
-                Tier::Gpu if overwrite => true,
+                Tier::Gpu if overwrite || reserve => true,
                 Tier::Gpu => self
                     .copies
                     .may_issue(Direction::HostToDevice, self.pages.page_bytes()),
@@ -161,6 +167,7 @@ impl PoolCore {
                     }
                     match spot {
                         Spot::Frame(frame) if overwrite => self.start_overwrite(pid, frame),
+                        Spot::Frame(frame) if reserve => self.start_reserve(pid, frame),
                         Spot::Frame(frame) => self.start_load(pid, frame, prefetch, now),
                         Spot::Slot(slot) => self.start_fetch(pid, slot, prefetch, now),
                     }

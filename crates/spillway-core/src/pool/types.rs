@@ -119,6 +119,12 @@ pub struct CoreStats {
     pub prefetch_wasted: u64,
     /// Pages given frames without a load, by acquires that discard their contents.
     pub overwrites: u64,
+    /// Pages given a frame ahead of an access predicted to overwrite them, without a
+    /// copy (the learned policy; see `PoolCore::begin_acquire_discard`).
+    pub reservations: u64,
+    /// Reservations of no use: the page was read instead (the frame given up, the page
+    /// loaded on demand), touched by the host, or evicted before its access.
+    pub reservations_missed: u64,
     /// Clean pages dropped from the GPU (no copy needed).
     pub evictions_clean: u64,
     /// Dirty pages written back to the host.
@@ -192,6 +198,13 @@ impl CoreStats {
     /// frames are in use now.
     pub(super) fn on_overwrite(&mut self, frames_in_use: u64) {
         self.overwrites += 1;
+        self.frames_in_use_peak = self.frames_in_use_peak.max(frames_in_use);
+    }
+
+    /// A page got a frame ahead of an access predicted to overwrite it, without a copy;
+    /// `frames_in_use` frames are in use now.
+    pub(super) fn on_reserve(&mut self, frames_in_use: u64) {
+        self.reservations += 1;
         self.frames_in_use_peak = self.frames_in_use_peak.max(frames_in_use);
     }
 

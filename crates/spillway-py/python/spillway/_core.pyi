@@ -154,7 +154,10 @@ class Pool:
         ``steps``, ``h2d_bytes``/``d2h_bytes`` (bytes each way), ``demand_loads``,
         ``prefetch_loads``, ``prefetch_wasted_pages``/``prefetch_wasted_bytes`` (prefetched
         and evicted or discarded unused), ``overwrite_pages`` (pages given frames
-        without a copy by ``acquire_mut(discard=True)``), ``evictions_clean``/``evictions_dirty``, per tier
+        without a copy by ``acquire_mut(discard=True)``), ``reserved_pages`` (frames the
+        learned policy took ahead, without a copy, for an access it predicted to discard)
+        and ``reserved_pages_missed`` (of those, read instead or evicted unused),
+        ``evictions_clean``/``evictions_dirty``, per tier
         ``gpu_bytes``/``gpu_bytes_peak``/``gpu_budget_bytes``,
         ``host_bytes``/``host_budget_bytes``, ``remote_bytes``/``remote_budget_bytes``,
         ``remote_bytes_in``/``remote_bytes_out``/``remote_errors``, ``pages_lost``/``buffers_lost``
