@@ -284,23 +284,15 @@ impl PoolCore {
     /// writes them). Its host and remote copies are stale: a clean slot becomes dirty
     /// and the remote tier's copy is dropped (the page keeps its remote space).
     pub(super) fn start_overwrite(&mut self, pid: PageId, frame: FrameId) {
-        self.gpu
-            .occupy(frame, pid, self.access.next_use(pid.buffer));
+        self.settle_without_copy(pid, frame, true);
         let page = self.pages.page_mut(pid);
         page.overwrite = false;
-        page.gpu = Gpu::Resident {
-            frame,
-            dirty: true,
-            unused_prefetch: false,
-        };
         if let Host::Slot { clean, .. } = &mut page.host {
             *clean = false;
         }
         if page.remote_space {
             self.remote.discard(pid);
         }
-        self.copies.map(pid, frame);
-        self.eviction.on_fill(frame);
         self.stats.on_overwrite(self.gpu.in_use());
     }
 
@@ -309,18 +301,23 @@ impl PoolCore {
     /// see [`super::pages::Page::reserved`]). The page's host and remote copies stay
     /// as they are, so a wrong prediction loses nothing.
     pub(super) fn start_reserve(&mut self, pid: PageId, frame: FrameId) {
+        self.settle_without_copy(pid, frame, false);
+        self.pages.page_mut(pid).reserved = true;
+        self.stats.on_reserve(self.gpu.in_use());
+    }
+
+    /// Makes `pid` resident in `frame` (taken) with no copy: the frame's bytes are not
+    /// the page's (an overwrite or a reservation).
+    fn settle_without_copy(&mut self, pid: PageId, frame: FrameId, dirty: bool) {
         self.gpu
             .occupy(frame, pid, self.access.next_use(pid.buffer));
-        let page = self.pages.page_mut(pid);
-        page.reserved = true;
-        page.gpu = Gpu::Resident {
+        self.pages.page_mut(pid).gpu = Gpu::Resident {
             frame,
-            dirty: false,
+            dirty,
             unused_prefetch: false,
         };
         self.copies.map(pid, frame);
         self.eviction.on_fill(frame);
-        self.stats.on_reserve(self.gpu.in_use());
     }
 
     /// Gives up the frame reserved for `pid` (the prediction was wrong): the page is
