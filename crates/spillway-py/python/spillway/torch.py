@@ -33,7 +33,9 @@ Design (``docs/DESIGN.md``, "SDK: Python"):
 - **Gradients** accumulate into a gradient buffer per group (written back to the host
   tier when evicted); ``.grad`` is ``None`` outside the optimizer. :func:`gradients`
   reads them. The first store after ``zero_grad`` acquires the buffer with
-  ``discard=True``: the old gradients are overwritten, so none is copied to the GPU.
+  ``discard=True``: the old gradients are overwritten, so none is copied to the GPU
+  (and the ``learned`` policy, having seen the discard in the last step, reserves the
+  buffer's frames ahead of it instead of loading its old bytes).
 - **Optimizer**: :class:`Optimizer` makes one inner optimizer per group and steps group
   by group with the weights (exclusive), gradients and optimizer state acquired
   together; the state (``exp_avg``, ... every tensor shaped like its parameter) lives in
