@@ -301,6 +301,7 @@ impl PoolCore {
     /// see [`super::pages::Page::reserved`]). The page's host and remote copies stay
     /// as they are, so a wrong prediction loses nothing.
     pub(super) fn start_reserve(&mut self, pid: PageId, frame: FrameId) {
+        debug_assert_eq!(self.pages.page(pid).pins, 0, "{pid}: a held page is read");
         self.settle_without_copy(pid, frame, false);
         self.pages.page_mut(pid).reserved = true;
         self.stats.on_reserve(self.gpu.in_use());

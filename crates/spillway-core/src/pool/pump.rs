@@ -132,10 +132,12 @@ impl PoolCore {
             }
             let overwrite = tier == Tier::Gpu && self.pages.overwriting(pid);
             // A planned page whose next access is predicted to overwrite it: a frame is
-            // reserved for it, no copy.
+            // reserved for it, no copy. Not while an acquire holds it: that acquire
+            // reads it (a discarding one would have marked it `overwrite`).
             let reserve = tier == Tier::Gpu
                 && queue == Queue::Plan
                 && !overwrite
+                && self.pages.page(pid).pins == 0
                 && self.access.next_overwrites(pid.buffer);
             let may = match tier {
                 // A page whose contents are discarded gets a frame, no copy.
