@@ -495,29 +495,41 @@ fn a_discard_acquire_loads_nothing_and_its_pages_are_written_back() {
     c.check_invariants();
 }
 
+/// Acquires `b` (shared, or discarding its contents), lets the copies finish, releases
+/// it; returns whether the acquire was a hit.
+fn use_once(c: &mut PoolCore, b: BufferId, discard: bool, ms: &mut u64) -> bool {
+    *ms += 1;
+    let (h, hit) = if discard {
+        c.begin_acquire_discard(b, t(*ms)).unwrap()
+    } else {
+        c.begin_acquire(b, AccessMode::Shared, t(*ms)).unwrap()
+    };
+    settle(c, t(*ms));
+    assert!(c.is_ready(h).unwrap());
+    c.release(h, t(*ms));
+    settle(c, t(*ms));
+    hit
+}
+
+/// A learned pool of four frames with three weight buffers and a gradient buffer of two
+/// pages each (8 pages: every buffer leaves the GPU between its uses).
+fn training_pool() -> (PoolCore, Vec<BufferId>, BufferId) {
+    let mut c = pool(4, 16, Policy::Learned);
+    let w = (0..3).map(|_| c.alloc(2 * PAGE).unwrap()).collect();
+    let g = c.alloc(2 * PAGE).unwrap();
+    (c, w, g)
+}
+
 /// One training-like step: weights read, gradients overwritten then read (the
 /// optimizer), more weights read; copies finish after each acquire. Returns whether the
 /// overwrite found its frames (a hit).
 fn training_step(c: &mut PoolCore, w: &[BufferId], g: BufferId, ms: &mut u64) -> bool {
-    let mut acquire = |c: &mut PoolCore, b: BufferId, discard: bool| {
-        *ms += 1;
-        let (h, hit) = if discard {
-            c.begin_acquire_discard(b, t(*ms)).unwrap()
-        } else {
-            c.begin_acquire(b, AccessMode::Shared, t(*ms)).unwrap()
-        };
-        settle(c, t(*ms));
-        assert!(c.is_ready(h).unwrap());
-        c.release(h, t(*ms));
-        settle(c, t(*ms));
-        hit
-    };
-    acquire(c, w[0], false);
-    acquire(c, w[1], false);
-    let overwrite_hit = acquire(c, g, true);
-    acquire(c, w[0], false);
-    acquire(c, g, false);
-    acquire(c, w[2], false);
+    use_once(c, w[0], false, ms);
+    use_once(c, w[1], false, ms);
+    let overwrite_hit = use_once(c, g, true, ms);
+    use_once(c, w[0], false, ms);
+    use_once(c, g, false, ms);
+    use_once(c, w[2], false, ms);
     c.step(t(*ms));
     settle(c, t(*ms));
     overwrite_hit
@@ -527,9 +539,7 @@ fn training_step(c: &mut PoolCore, w: &[BufferId], g: BufferId, ms: &mut u64) ->
 fn a_learned_pool_reserves_frames_without_a_copy_for_a_buffer_its_next_access_overwrites() {
     // Four frames for 8 pages of weights and gradients: every buffer leaves the GPU
     // between its uses, so each access but the overwrite needs its pages brought back.
-    let mut c = pool(4, 16, Policy::Learned);
-    let w: Vec<BufferId> = (0..3).map(|_| c.alloc(2 * PAGE).unwrap()).collect();
-    let g = c.alloc(2 * PAGE).unwrap();
+    let (mut c, w, g) = training_pool();
     let mut ms = 0;
     for _ in 0..2 {
         training_step(&mut c, &w, g, &mut ms);
@@ -564,20 +574,14 @@ fn a_learned_pool_reserves_frames_without_a_copy_for_a_buffer_its_next_access_ov
 
 #[test]
 fn a_frame_reserved_for_an_overwrite_that_does_not_come_is_given_up_and_the_page_loaded() {
-    let mut c = pool(4, 16, Policy::Learned);
-    let w: Vec<BufferId> = (0..3).map(|_| c.alloc(2 * PAGE).unwrap()).collect();
-    let g = c.alloc(2 * PAGE).unwrap();
+    let (mut c, w, g) = training_pool();
     let mut ms = 0;
     for _ in 0..3 {
         training_step(&mut c, &w, g, &mut ms);
     }
     // The next step reads the gradients where the last ones overwrote them.
     for &b in &w[..2] {
-        ms += 1;
-        let (h, _) = c.begin_acquire(b, AccessMode::Shared, t(ms)).unwrap();
-        settle(&mut c, t(ms));
-        c.release(h, t(ms));
-        settle(&mut c, t(ms));
+        use_once(&mut c, b, false, &mut ms);
     }
     let before = c.stats();
     assert!(before.reservations > before.reservations_missed);
