@@ -604,3 +604,42 @@ fn a_frame_reserved_for_an_overwrite_that_does_not_come_is_given_up_and_the_page
     c.release(h, t(ms));
     c.check_invariants();
 }
+
+#[test]
+fn a_reservation_whose_prediction_no_longer_holds_is_given_up_and_the_page_prefetched() {
+    let (mut c, w, g) = training_pool();
+    let mut ms = 0;
+    // Steps that start by overwriting g: near each step's end g's frames are reserved
+    // for the next step's first access.
+    let step = |c: &mut PoolCore, discard: bool, ms: &mut u64| {
+        let hit = use_once(c, g, discard, ms);
+        for &b in &w {
+            use_once(c, b, false, ms);
+        }
+        c.step(t(*ms));
+        settle(c, t(*ms));
+        hit
+    };
+    for _ in 0..3 {
+        step(&mut c, true, &mut ms);
+    }
+    let before = c.stats();
+    assert!(before.reservations > 0);
+    // A step that reads g first: the reservation made for it is given up; this step
+    // teaches that g's first access reads.
+    assert!(
+        !step(&mut c, false, &mut ms),
+        "the reserved frames held none of g's bytes"
+    );
+    // Reserved again? No: g's first access is now predicted to read, so it is
+    // prefetched, and the next step's read is a hit.
+    let mid = c.stats();
+    assert!(step(&mut c, false, &mut ms), "g prefetched for its read");
+    let after = c.stats();
+    assert_eq!(
+        after.reservations, mid.reservations,
+        "no reservation for a read"
+    );
+    assert!(after.prefetch_loads > mid.prefetch_loads);
+    c.check_invariants();
+}

@@ -95,9 +95,10 @@ impl PoolCore {
             return false;
         };
         if !dirty {
-            self.stats.on_evict(false);
-            // A reservation evicted before its access was of no use.
-            self.stats.reservations_missed += u64::from(self.pages.page(pid).reserved);
+            // A reserved frame held none of the page's bytes: no eviction of the page.
+            if !self.pages.page(pid).reserved {
+                self.stats.on_evict(false);
+            }
             self.release_frame(pid, frame);
             return true;
         }
@@ -328,13 +329,14 @@ impl PoolCore {
         debug_assert!(page.reserved, "{pid} has a reserved frame");
         if let Gpu::Resident { frame, .. } = page.gpu {
             self.release_frame(pid, frame);
-            self.stats.reservations_missed += 1;
         }
     }
 
-    /// The page leaves `frame`: the frame is free again.
+    /// The page leaves `frame`: the frame is free again (a reservation leaving it was of
+    /// no use: counted missed).
     pub(super) fn release_frame(&mut self, pid: PageId, frame: FrameId) {
         let page = self.pages.page_mut(pid);
+        self.stats.reservations_missed += u64::from(page.reserved);
         page.reserved = false;
         if let Gpu::Resident {
             unused_prefetch: true,

@@ -12,15 +12,19 @@
 //! discards, by occurrence (the buffer's first, second, ... access of the step). The
 //! buffer's next access is its next occurrence (or, once this step has used it as often
 //! as the last one did, the next step's first): where that occurrence was a discard, the
-//! next access is predicted to overwrite, and neither tier plans the buffer. A wrong
-//! guess costs a demand load, never a byte: planning moves copies, not data.
+//! next access is predicted to overwrite. The GPU tier then reserves frames for the
+//! buffer's pages in plan order, with no copy (`Page::reserved`), and the host tier
+//! stages none of them. A wrong guess costs a demand load, never a byte: a reserved
+//! frame is given up, the page's bytes are where they were.
 //!
 //! Only marked steps ([`super::PoolCore::step`]) are learned from; a job that never marks
 //! steps gets the plain plan. State: one entry per buffer used in the current step, and
 //! one per buffer with a discard in the last step, each with the occurrences that
 //! discarded: at most one per access, and a step's accesses are counted up to
 //! [`limits::TRACE_ACCESSES_PER_STEP_MAX`] (past it the step is forgotten and teaches
-//! nothing, as for a job that never marks steps: at most 16 MiB of occurrences).
+//! nothing, as for a job that never marks steps). Worst case, both steps full of
+//! discards: 2 x 2^22 occurrences of 4 bytes (32 MiB) plus one map entry (about 40
+//! bytes) per buffer used.
 
 use crate::idmap::IdMap;
 use spillway_types::{BufferId, limits};

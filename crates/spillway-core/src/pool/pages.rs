@@ -324,6 +324,12 @@ impl PageTable {
             .is_some_and(|b| b.pages[pid.index as usize].overwrite)
     }
 
+    /// Whether `pid` (of a live buffer) holds a frame reserved for a predicted overwrite.
+    pub(super) fn reserved(&self, pid: PageId) -> bool {
+        self.live_buffer(pid.buffer)
+            .is_some_and(|b| b.pages[pid.index as usize].reserved)
+    }
+
     /// Whether `pid` must come into a slot (from the remote tier, or zero-filled) before
     /// it can be loaded or read: its buffer is live and it has no slot.
     pub(super) fn needs_fetch(&self, pid: PageId) -> bool {

@@ -63,9 +63,13 @@ enum Need {
 }
 
 impl Tier {
-    fn need(self, p: &Page) -> Need {
+    /// What `p` needs of the tier; `overwritten`: its buffer's next access is predicted
+    /// to overwrite it (a frame reserved for an earlier prediction that no longer holds
+    /// is planned again: the pump gives it up and loads the page).
+    fn need(self, p: &Page, overwritten: bool) -> Need {
         match (self, p.gpu, p.host) {
             (Tier::Gpu, Gpu::Absent, _) => Need::Bring,
+            (Tier::Gpu, Gpu::Resident { .. }, _) if p.reserved && !overwritten => Need::Bring,
             (Tier::Gpu, Gpu::Loading { .. }, _) => Need::Coming,
             (Tier::Host, Gpu::Absent, Host::Zero | Host::Remote) => Need::Bring,
             (Tier::Host, _, Host::Fetching { .. }) => Need::Coming,
@@ -144,7 +148,7 @@ impl TierPlan {
             // What the buffer needs of the tier, on its way included (a guess loading
             // still counts against the cap).
             let bring: u64 = (0..b.pages.len())
-                .filter(|&i| !matches!(self.tier.need(&b.pages[i]), Need::Nothing))
+                .filter(|&i| !matches!(self.tier.need(&b.pages[i], overwritten), Need::Nothing))
                 .map(|i| pages.page_len(b.bytes, i as u32))
                 .sum();
             if u.probability >= 1.0 {
@@ -162,7 +166,7 @@ impl TierPlan {
             self.horizon = self.horizon.max(next);
             for (index, p) in b.pages.iter().enumerate() {
                 let index = index as u32;
-                match self.tier.need(p) {
+                match self.tier.need(p, overwritten) {
                     Need::Bring => {
                         self.queue.push_back((
                             PageId {

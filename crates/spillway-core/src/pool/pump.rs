@@ -130,6 +130,12 @@ impl PoolCore {
                 }
                 Verdict::Stop => return false,
             }
+            if self.pages.page(pid).reserved {
+                // No longer predicted to be overwritten: its frame goes, and the entry is
+                // judged again as the absent page it now is.
+                self.unreserve(pid);
+                continue;
+            }
             let overwrite = tier == Tier::Gpu && self.pages.overwriting(pid);
             // A planned page whose next access is predicted to overwrite it: a frame is
             // reserved for it, no copy. Not while an acquire holds it: that acquire
@@ -210,8 +216,20 @@ impl PoolCore {
             }
             // A page about to be overwritten is neither loaded nor staged.
             (_, Queue::Plan) if pages.overwriting(pid) => Verdict::Drop,
+            // A frame reserved for an overwrite no longer predicted: given up, then the
+            // page is planned as any other (see `drain`).
+            (Tier::Gpu, Queue::Plan) if pages.reserved(pid) => {
+                if self.access.next_overwrites(pid.buffer) || !pages.page(pid).settled() {
+                    Verdict::Drop
+                } else {
+                    Verdict::Bring
+                }
+            }
             (Tier::Host, Queue::Demand) if pages.overwriting(pid) => Verdict::Skip,
             (Tier::Gpu, Queue::Plan) if pages.needs_load(pid) => Verdict::Bring,
+            // Predicted to be overwritten and not in a slot: nothing to stage for it (the
+            // host tier plans none), and it must not hold up the pages after it.
+            (Tier::Gpu, Queue::Plan) if self.access.next_overwrites(pid.buffer) => Verdict::Drop,
             (Tier::Gpu, Queue::Plan) if pages.needs_fetch(pid) || pages.staging(pid) => {
                 // Being staged from the remote tier: loaded once it is in a slot. Pages
                 // after it wait too, or they would take frames it then has to evict.

@@ -117,13 +117,16 @@ pub struct CoreStats {
     /// Prefetched pages evicted before any acquire used them, or overwritten by an
     /// acquire that discarded their contents.
     pub prefetch_wasted: u64,
-    /// Pages given frames without a load, by acquires that discard their contents.
+    /// Pages given frames without a load, by acquires that discard their contents
+    /// (reservations they used included).
     pub overwrites: u64,
     /// Pages given a frame ahead of an access predicted to overwrite them, without a
     /// copy (the learned policy; see `PoolCore::begin_acquire_discard`).
     pub reservations: u64,
     /// Reservations of no use: the page was read instead (the frame given up, the page
-    /// loaded on demand), touched by the host, or evicted before its access.
+    /// loaded on demand), touched by the host, no longer predicted, evicted or freed
+    /// before its access. The rest were used by the overwrite (counted in `overwrites`)
+    /// or are outstanding.
     pub reservations_missed: u64,
     /// Clean pages dropped from the GPU (no copy needed).
     pub evictions_clean: u64,
