@@ -852,3 +852,34 @@ proptest! {
         prop_assert!(s.slots_in_use <= s.slots_total && s.remote_pages <= s.remote_pages_total);
     }
 }
+
+#[test]
+fn a_loop_that_overwrites_some_buffers_keeps_every_version_and_hits_the_others() {
+    // As above, with every fourth buffer overwritten (discard) instead of read: those
+    // are predicted to be overwritten (frames reserved, nothing staged from the remote
+    // tier), and every version read is still the newest.
+    let (mut m, bufs) = a_loop_four_times_gpu_plus_host();
+    let mut hits_late = (0u64, 0u64);
+    for step in 0..6 {
+        for (i, &b) in bufs.iter().enumerate() {
+            if i % 4 == 1 {
+                m.discard_once(b);
+            } else {
+                let (h, hit) = m.acquire(b, loop_mode(i));
+                m.release(h);
+                if step >= 2 {
+                    hits_late.0 += u64::from(hit);
+                    hits_late.1 += 1;
+                }
+            }
+            m.settle();
+        }
+        m.step();
+    }
+    let s = m.core.stats();
+    assert!(s.overwrites > 0 && s.remote_prefetches > 0, "{s:?}");
+    assert_eq!(
+        hits_late.0, hits_late.1,
+        "every buffer read is prefetched past the overwritten ones: {s:?}"
+    );
+}
