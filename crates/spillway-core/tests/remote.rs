@@ -334,23 +334,39 @@ fn loop_mode(i: usize) -> AccessMode {
     }
 }
 
-#[test]
-fn a_working_set_four_times_gpu_plus_host_keeps_every_version() {
-    let (mut m, bufs) = a_loop_four_times_gpu_plus_host();
+/// Six steps over `bufs` (each acquired as `loop_mode` says, or overwritten with discard
+/// where `overwritten(i)`), letting every op finish between accesses; returns the hits
+/// and the reads of the last four steps.
+fn loop_six_steps(
+    m: &mut Model,
+    bufs: &[BufferId],
+    overwritten: impl Fn(usize) -> bool,
+) -> (u64, u64) {
     let mut hits_late = (0u64, 0u64);
     for step in 0..6 {
         for (i, &b) in bufs.iter().enumerate() {
-            let (h, hit) = m.acquire(b, loop_mode(i));
-            m.release(h);
-            if step >= 2 {
-                hits_late.0 += u64::from(hit);
-                hits_late.1 += 1;
+            if overwritten(i) {
+                m.discard_once(b);
+            } else {
+                let (h, hit) = m.acquire(b, loop_mode(i));
+                m.release(h);
+                if step >= 2 {
+                    hits_late.0 += u64::from(hit);
+                    hits_late.1 += 1;
+                }
             }
             // Time passes between accesses: the copies and remote ops of the plan run.
             m.settle();
         }
         m.step();
     }
+    hits_late
+}
+
+#[test]
+fn a_working_set_four_times_gpu_plus_host_keeps_every_version() {
+    let (mut m, bufs) = a_loop_four_times_gpu_plus_host();
+    let hits_late = loop_six_steps(&mut m, &bufs, |_| false);
     let s = m.core.stats();
     assert!(s.remote_bytes_out > 0 && s.remote_bytes_in > 0, "{s:?}");
     assert!(s.remote_prefetches > 0, "the planner stages pages: {s:?}");
@@ -859,23 +875,7 @@ fn a_loop_that_overwrites_some_buffers_keeps_every_version_and_hits_the_others()
     // are predicted to be overwritten (frames reserved, nothing staged from the remote
     // tier), and every version read is still the newest.
     let (mut m, bufs) = a_loop_four_times_gpu_plus_host();
-    let mut hits_late = (0u64, 0u64);
-    for step in 0..6 {
-        for (i, &b) in bufs.iter().enumerate() {
-            if i % 4 == 1 {
-                m.discard_once(b);
-            } else {
-                let (h, hit) = m.acquire(b, loop_mode(i));
-                m.release(h);
-                if step >= 2 {
-                    hits_late.0 += u64::from(hit);
-                    hits_late.1 += 1;
-                }
-            }
-            m.settle();
-        }
-        m.step();
-    }
+    let hits_late = loop_six_steps(&mut m, &bufs, |i| i % 4 == 1);
     let s = m.core.stats();
     assert!(s.overwrites > 0 && s.remote_prefetches > 0, "{s:?}");
     assert_eq!(
