@@ -883,3 +883,59 @@ fn a_loop_that_overwrites_some_buffers_keeps_every_version_and_hits_the_others()
         "every buffer read is prefetched past the overwritten ones: {s:?}"
     );
 }
+
+/// Hits of the reads and pages loaded in the last four of six steps over `bufs`, every
+/// fourth buffer overwritten (with discard, or read and rewritten exclusively), with time
+/// for only three copies and three remote ops after each access.
+fn reads_around_overwrites(discard: bool) -> ((u64, u64), u64) {
+    let (mut m, bufs) = a_loop_four_times_gpu_plus_host();
+    let mut hits = (0u64, 0u64);
+    let mut loaded = 0;
+    for step in 0..6 {
+        let h2d = m.core.stats().h2d_bytes;
+        for (i, &b) in bufs.iter().enumerate() {
+            if i % 4 == 1 {
+                if discard {
+                    m.discard_once(b);
+                } else {
+                    m.use_once(b, AccessMode::Exclusive);
+                }
+            } else {
+                let (h, hit) = m.acquire(b, loop_mode(i));
+                m.release(h);
+                if step >= 2 {
+                    hits.0 += u64::from(hit);
+                    hits.1 += 1;
+                }
+            }
+            for _ in 0..3 {
+                m.finish_gpu();
+                m.finish_net();
+            }
+        }
+        m.step();
+        if step >= 2 {
+            loaded += (m.core.stats().h2d_bytes - h2d) / PAGE;
+        }
+    }
+    (hits, loaded)
+}
+
+#[test]
+fn overwriting_with_discard_moves_fewer_pages_and_slows_no_read_over_a_remote_tier() {
+    // Predicted overwrites get frames reserved and nothing staged: the reads planned
+    // after them are prefetched as well as when those buffers are read and rewritten
+    // (a predicted overwrite whose bytes were in the remote tier used to stop the GPU
+    // plan until its acquire: 21 hits of 72 against 24).
+    let ((hits, reads), loaded) = reads_around_overwrites(true);
+    let ((hits_rmw, reads_rmw), loaded_rmw) = reads_around_overwrites(false);
+    assert_eq!(reads, reads_rmw);
+    assert!(
+        hits >= hits_rmw,
+        "{hits} hits of {reads} against {hits_rmw}"
+    );
+    assert!(
+        loaded < loaded_rmw,
+        "{loaded} pages loaded against {loaded_rmw}"
+    );
+}
