@@ -2,9 +2,10 @@
 //! frame for a load (a free one, one coming free, or the eviction policy's victim), and
 //! the copies' completions.
 
+use std::ops::Range;
 use std::time::Duration;
 
-use spillway_types::{CopyOp, Direction, FrameId, PageId, TransferId};
+use spillway_types::{BufferId, CopyOp, Direction, FrameId, PageId, TransferId};
 
 use super::PoolCore;
 use super::frames::GpuFrames;
@@ -329,6 +330,20 @@ impl PoolCore {
         debug_assert!(page.reserved, "{pid} has a reserved frame");
         if let Gpu::Resident { frame, .. } = page.gpu {
             self.release_frame(pid, frame);
+        }
+    }
+
+    /// Gives up the reserved frames among pages `range` of buffer `id` (an access that
+    /// needs their bytes).
+    pub(super) fn unreserve_pages(&mut self, id: BufferId, range: Range<usize>) {
+        for index in range {
+            let pid = PageId {
+                buffer: id,
+                index: index as u32,
+            };
+            if self.pages.page(pid).reserved {
+                self.unreserve(pid);
+            }
         }
     }
 

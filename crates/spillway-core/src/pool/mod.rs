@@ -468,13 +468,8 @@ impl PoolCore {
         // Frames reserved for an overwrite this acquire does not do: given up, and the
         // pages loaded as usual.
         if !discard {
-            let wrong: Vec<PageId> = (0..b.pages.len() as u32)
-                .filter(|&i| b.pages[i as usize].reserved)
-                .map(|index| PageId { buffer: id, index })
-                .collect();
-            for pid in wrong {
-                self.unreserve(pid);
-            }
+            let all = 0..b.pages.len();
+            self.unreserve_pages(id, all);
         }
         let b = self.pages.buffer_mut(id);
         for index in 0..b.pages.len() as u32 {
@@ -625,17 +620,7 @@ impl PoolCore {
         let range = self.page_range(offset, len);
         // A frame reserved for a predicted overwrite does not hold the page's bytes: the
         // host reads and writes them where they are.
-        let reserved: Vec<PageId> = range
-            .clone()
-            .filter(|&i| b.pages[i].reserved)
-            .map(|i| PageId {
-                buffer: id,
-                index: i as u32,
-            })
-            .collect();
-        for pid in reserved {
-            self.unreserve(pid);
-        }
+        self.unreserve_pages(id, range.clone());
         let b = self.pages.live(id)?;
         if b.pages[range.clone()].iter().any(|p| p.in_flight > 0) {
             return Ok(None);
