@@ -36,7 +36,7 @@ use anyhow::{Context, Result, bail};
 use cudarc::cublas::sys as cublas;
 use spillway_client::{
     Buffer, Completion, CompletionSink, CopyOp, DeviceChoice, DeviceConfig, DeviceTimings,
-    Direction, FrameId, HostSlot, PageSize, Policy, Pool, PoolBuilder, PoolStats, TransferId,
+    Direction, Far, FrameId, HostSlot, PageSize, Policy, Pool, PoolBuilder, PoolStats, TransferId,
     pattern,
 };
 use spillway_device::cuda::CudaDevice;
@@ -342,7 +342,7 @@ fn copy_only(cfg: &GpuOffloadConfig) -> Result<(f64, u64)> {
                     id: TransferId(id),
                     direction: Direction::HostToDevice,
                     frame: FrameId(f),
-                    slot: HostSlot(f),
+                    far: Far::Host(HostSlot(f)),
                     bytes: page,
                 }
             })

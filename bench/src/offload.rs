@@ -49,7 +49,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use spillway_client::{
-    Completion, CompletionSink, CopyOp, Direction, FrameId, HostSlot, Policy, TransferId,
+    Completion, CompletionSink, CopyOp, Direction, Far, FrameId, HostSlot, Policy, TransferId,
     fmt_bytes, make_device,
 };
 
@@ -308,7 +308,7 @@ fn copy_only(cfg: &TrainConfig, h2d: u64, d2h: u64) -> Result<(Vec<f64>, Vec<f64
                         id: TransferId(next_id),
                         direction: dir,
                         frame: FrameId(i),
-                        slot: HostSlot(i),
+                        far: Far::Host(HostSlot(i)),
                         bytes: page,
                     });
                 }

@@ -49,5 +49,6 @@ pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
 pub use spillway_device::{Device, DeviceError, DeviceKind, DeviceTimings, HostMemory};
 pub use spillway_types::config::{Policy, PoolConfig};
 pub use spillway_types::{
-    BufferId, Direction, FrameId, HostSlot, PageId, PageSize, TransferId, fmt_bytes, pattern,
+    BufferId, Direction, Far, FrameId, HostSlot, PageId, PageSize, PeerFrameId, TransferId,
+    fmt_bytes, pattern,
 };

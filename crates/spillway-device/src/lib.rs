@@ -284,6 +284,14 @@ pub trait Device: Send + Sync {
     /// value derived from every byte so the work cannot be skipped. The demo's "kernel".
     fn compute(&self, frame: FrameId, len: u64, passes: u32) -> Result<u64, DeviceError>;
 
+    /// Frames a neighbouring GPU lends this device now (the peer-GPU tier), numbered
+    /// `0..peer_frames()`; copies in the peer directions use them. 0 (the default): no
+    /// peer tier. The sim backend lends and borrows ([`sim::SimDevice::attach_peer`]);
+    /// the CUDA backend does not yet.
+    fn peer_frames(&self) -> u32 {
+        0
+    }
+
     /// A first guess of copy bandwidth in one direction, before any copy is measured.
     fn bandwidth_hint_bytes_per_s(&self, direction: Direction) -> f64;
 

@@ -12,16 +12,24 @@
 //! pages that way when it can) is one array at its first frame's address
 //! ([`Device::acquire_ptr`]); otherwise it is seen page by page.
 //!
+//! Two sim devices model two GPUs of one host with a peer link: one made with
+//! [`SimDevice::lending`] keeps frames beyond its own budget that it lends
+//! ([`SimDevice::lease`], a [`PeerLease`]); the other copies to and from them on two more
+//! threads ([`SimDevice::attach_peer`], [`Direction::PeerToDevice`] and
+//! [`Direction::DeviceToPeer`]). The lease carries the lender's requests to take frames
+//! back and the borrower's answer (see [`PeerLease`]).
+//!
 //! Safety rests on the pool's contract (see the crate docs): a frame or slot used by a
 //! copy in flight is touched by nobody else, so the copy threads' raw-pointer copies never
 //! race with other access.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::thread::JoinHandle;
 
-use spillway_types::{BufferId, Direction, FrameId, HostSlot, pattern};
+use spillway_types::{BufferId, Direction, Far, FrameId, HostSlot, PeerFrameId, pattern};
 
 use crate::uncached::copy_uncached;
 use crate::{
@@ -110,6 +118,8 @@ struct Memory {
     frames: Region,
     slots: Region,
     config: DeviceConfig,
+    /// Frames after the budget's, lent to a neighbour (`SimDevice::lending`).
+    lendable: u32,
 }
 
 impl Memory {
@@ -121,6 +131,12 @@ impl Memory {
             self.config.frames
         );
         self.frames.at(u64::from(frame.0) * self.config.page_bytes)
+    }
+    /// Lent frame `i`: frame `config.frames + i` of the region.
+    fn lent(&self, i: u32) -> *mut u8 {
+        assert!(i < self.lendable, "lent frame {i} of {}", self.lendable);
+        self.frames
+            .at(u64::from(self.config.frames + i) * self.config.page_bytes)
     }
     fn slot(&self, slot: HostSlot) -> *mut u8 {
         assert!(
@@ -135,9 +151,72 @@ impl Memory {
 
 /// Host memory standing in for a GPU. See the module docs.
 pub struct SimDevice {
-    memory: std::sync::Arc<Memory>,
-    streams: [Option<mpsc::Sender<CopyOp>>; 2],
+    memory: Arc<Memory>,
+    /// One copy thread per direction ([`Direction::index`]); the peer ones once a peer
+    /// is attached.
+    streams: [Option<mpsc::Sender<Job>>; 4],
     threads: Vec<JoinHandle<()>>,
+    sink: CompletionSink,
+    peer: OnceLock<PeerLease>,
+}
+
+/// Frames one sim device lends another: the lender's memory, how many of its lendable
+/// frames are lent now, and the handshake by which the lender takes some back.
+///
+/// The borrower uses peer frames `0..lent()`. To take frames back the lender asks for a
+/// smaller count ([`PeerLease::ask_back`]); the borrower's pool stops using the frames
+/// above it (copies on them finish first) and answers with [`PeerLease::give_back`];
+/// the lender sees the answer in [`PeerLease::lent`]. Cheap to clone: both sides hold
+/// one.
+#[derive(Clone)]
+pub struct PeerLease {
+    memory: Arc<Memory>,
+    state: Arc<LeaseState>,
+}
+
+struct LeaseState {
+    /// Frames the borrower may use now.
+    lent: AtomicU32,
+    /// Frames the lender wants lent at most (`u32::MAX`: nothing asked).
+    wanted: AtomicU32,
+}
+
+impl PeerLease {
+    /// Peer frames the borrower may use now.
+    pub fn lent(&self) -> u32 {
+        self.state.lent.load(Ordering::Acquire)
+    }
+
+    /// The count the lender asked to come down to, while the borrower has not answered.
+    pub fn asked_back(&self) -> Option<u32> {
+        let wanted = self.state.wanted.load(Ordering::Acquire);
+        (wanted < self.lent()).then_some(wanted)
+    }
+
+    /// The lender wants at most `frames` lent: the borrower answers through
+    /// [`PeerLease::give_back`] once it no longer uses the frames above.
+    pub fn ask_back(&self, frames: u32) {
+        self.state.wanted.fetch_min(frames, Ordering::AcqRel);
+    }
+
+    /// The borrower no longer uses peer frames `frames..`: they are the lender's again.
+    pub fn give_back(&self, frames: u32) {
+        self.state.lent.fetch_min(frames, Ordering::AcqRel);
+    }
+
+    /// Bytes of one frame.
+    pub fn page_bytes(&self) -> u64 {
+        self.memory.config.page_bytes
+    }
+}
+
+impl std::fmt::Debug for PeerLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerLease")
+            .field("lent", &self.lent())
+            .field("asked_back", &self.asked_back())
+            .finish()
+    }
 }
 
 impl SimDevice {
@@ -153,56 +232,167 @@ impl SimDevice {
         host: Option<HostMemory>,
         sink: CompletionSink,
     ) -> Result<SimDevice, DeviceError> {
-        let frames = Region::new(u64::from(config.frames) * config.page_bytes, "device")?;
+        Self::build(config, host, 0, sink)
+    }
+
+    /// [`SimDevice::new`] with `lendable` frames of device memory beyond the budget, for
+    /// a neighbour to borrow through [`SimDevice::lease`].
+    pub fn lending(
+        config: DeviceConfig,
+        lendable: u32,
+        sink: CompletionSink,
+    ) -> Result<SimDevice, DeviceError> {
+        Self::build(config, None, lendable, sink)
+    }
+
+    /// Lends `frames` of this device's lendable frames (all of them at most) to a
+    /// neighbour, which attaches the lease ([`SimDevice::attach_peer`]).
+    pub fn lease(&self, frames: u32) -> PeerLease {
+        let frames = frames.min(self.memory.lendable);
+        PeerLease {
+            memory: self.memory.clone(),
+            state: Arc::new(LeaseState {
+                lent: AtomicU32::new(frames),
+                wanted: AtomicU32::new(u32::MAX),
+            }),
+        }
+    }
+
+    /// Borrows the frames of `lease` (made by another sim device) as this device's
+    /// peer-GPU tier, and starts the two peer copy threads. Once per device.
+    pub fn attach_peer(&self, lease: PeerLease) -> Result<(), DeviceError> {
+        if lease.page_bytes() != self.memory.config.page_bytes {
+            return Err(DeviceError::Driver {
+                op: "attach peer",
+                message: format!(
+                    "the peer's pages are {} bytes, this device's {}",
+                    lease.page_bytes(),
+                    self.memory.config.page_bytes
+                ),
+            });
+        }
+        self.peer.set(lease).map_err(|_| DeviceError::Driver {
+            op: "attach peer",
+            message: "a peer is attached already".into(),
+        })
+    }
+
+    /// The lease of the peer attached, if any.
+    pub fn peer(&self) -> Option<&PeerLease> {
+        self.peer.get()
+    }
+
+    fn build(
+        config: DeviceConfig,
+        host: Option<HostMemory>,
+        lendable: u32,
+        sink: CompletionSink,
+    ) -> Result<SimDevice, DeviceError> {
+        let frames = Region::new(
+            (u64::from(config.frames) + u64::from(lendable)) * config.page_bytes,
+            "device",
+        )?;
         let slot_bytes = u64::from(config.host_slots) * config.page_bytes;
         let slots = match host {
             Some(memory) => Region::external(memory, slot_bytes)?,
             None => Region::new(slot_bytes, "host")?,
         };
-        let memory = std::sync::Arc::new(Memory {
+        let memory = Arc::new(Memory {
             frames,
             slots,
             config,
+            lendable,
         });
-        let mut streams = [None, None];
-        let mut threads = Vec::new();
-        for (i, name) in ["spillway-h2d", "spillway-d2h"].into_iter().enumerate() {
-            let (tx, rx) = mpsc::channel::<CopyOp>();
-            let memory = memory.clone();
-            let sink = sink.clone();
-            let handle = std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || copy_stream(&memory, &rx, &sink))
-                .map_err(|e| DeviceError::Driver {
-                    op: "spawn copy thread",
-                    message: e.to_string(),
-                })?;
-            streams[i] = Some(tx);
-            threads.push(handle);
-        }
-        Ok(SimDevice {
+        let mut device = SimDevice {
             memory,
-            streams,
-            threads,
-        })
+            streams: [None, None, None, None],
+            threads: Vec::new(),
+            sink,
+            peer: OnceLock::new(),
+        };
+        for direction in Direction::ALL {
+            device.start_stream(direction)?;
+        }
+        Ok(device)
+    }
+
+    /// Starts the copy thread of `direction`.
+    fn start_stream(&mut self, direction: Direction) -> Result<(), DeviceError> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let memory = self.memory.clone();
+        let sink = self.sink.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("spillway-{direction:?}"))
+            .spawn(move || copy_stream(&memory, &rx, &sink))
+            .map_err(|e| DeviceError::Driver {
+                op: "spawn copy thread",
+                message: e.to_string(),
+            })?;
+        self.streams[direction.index()] = Some(tx);
+        self.threads.push(handle);
+        Ok(())
+    }
+
+    /// The far side's bytes of `op`: a slot of this device's host tier, or a frame the
+    /// attached peer lent. An error for a copy the device cannot make (no peer, a frame
+    /// not lent now, a far side of the other kind).
+    fn far_ptr(&self, op: &CopyOp) -> Result<*mut u8, DeviceError> {
+        let refused = |message: String| DeviceError::Driver {
+            op: "peer copy",
+            message,
+        };
+        if !op.far_matches() {
+            return Err(refused(format!(
+                "{:?} with far side {:?}",
+                op.direction, op.far
+            )));
+        }
+        match op.far {
+            Far::Host(slot) => Ok(self.memory.slot(slot)),
+            Far::Peer(PeerFrameId(i)) => {
+                let lease = self
+                    .peer
+                    .get()
+                    .ok_or_else(|| refused("no peer GPU is attached".into()))?;
+                if i >= lease.lent() {
+                    return Err(refused(format!(
+                        "peer frame {i} is not lent (the peer lends {})",
+                        lease.lent()
+                    )));
+                }
+                Ok(lease.memory.lent(i))
+            }
+        }
     }
 }
 
-fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<CopyOp>, sink: &CompletionSink) {
-    while let Ok(op) = rx.recv() {
-        let result = check_range(0, op.bytes, memory.config.page_bytes).map(|()| {
-            let (frame, slot) = (memory.frame(op.frame), memory.slot(op.slot));
-            let (src, dst) = match op.direction {
-                Direction::HostToDevice => (slot, frame),
-                Direction::DeviceToHost => (frame, slot),
-            };
-            // SAFETY: both ranges are inside their regions (checked above) and, by the
-            // pool's contract, nobody else touches this frame or slot during the copy.
-            // A frame and a slot live in different regions, so they never overlap.
-            // Uncached, so the copied page is not hotter for the next kernel than a page
-            // copied earlier or resident: a GPU copy leaves nothing in the CPU cache.
-            unsafe { copy_uncached(src, dst, op.bytes as usize) };
-        });
+/// A copy a stream thread makes: the frame, the far side, which way, and where the
+/// result goes.
+struct Job {
+    op: CopyOp,
+    far: Result<*mut u8, DeviceError>,
+}
+
+fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<Job>, sink: &CompletionSink) {
+    while let Ok(Job { op, far }) = rx.recv() {
+        let result = check_range(0, op.bytes, memory.config.page_bytes)
+            .and(far)
+            .map(|far| {
+                let frame = memory.frame(op.frame);
+                let (src, dst) = if op.direction.into_frame() {
+                    (far, frame)
+                } else {
+                    (frame, far)
+                };
+                // SAFETY: both ranges are inside their regions (checked above, and the
+                // far side resolved by `far_ptr`) and, by the pool's contract, nobody
+                // else touches this frame or far side during the copy. A frame and its
+                // far side live in different regions (a peer's frames are another
+                // device's), so they never overlap. Uncached, so the copied page is not
+                // hotter for the next kernel than a page copied earlier or resident: a
+                // GPU copy leaves nothing in the CPU cache.
+                unsafe { copy_uncached(src, dst, op.bytes as usize) };
+            });
         sink(Completion {
             id: op.id,
             result,
@@ -210,6 +400,11 @@ fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<CopyOp>, sink: &CompletionSi
         });
     }
 }
+
+// SAFETY: the pointer in a `Job` is into a region that outlives the copy thread (its
+// `Arc<Memory>`, or the peer's, held by the device that sends jobs), and is touched only
+// by that copy under the pool's contract.
+unsafe impl Send for Job {}
 
 impl Drop for SimDevice {
     fn drop(&mut self) {
@@ -252,12 +447,17 @@ impl Device for SimDevice {
     }
 
     fn submit(&self, op: CopyOp) {
-        let i = match op.direction {
-            Direction::HostToDevice => 0,
-            Direction::DeviceToHost => 1,
-        };
-        let stream = self.streams[i].as_ref().expect("streams live until drop");
-        stream.send(op).expect("copy thread lives until drop");
+        let far = self.far_ptr(&op);
+        let stream = self.streams[op.direction.index()]
+            .as_ref()
+            .expect("streams live until drop");
+        stream
+            .send(Job { op, far })
+            .expect("copy thread lives until drop");
+    }
+
+    fn peer_frames(&self) -> u32 {
+        self.peer.get().map_or(0, PeerLease::lent)
     }
 
     fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
@@ -330,6 +530,7 @@ impl Device for SimDevice {
     }
 
     fn bandwidth_hint_bytes_per_s(&self, _direction: Direction) -> f64 {
+        // Every direction is a memcpy here, the peer's too.
         // memcpy between pre-faulted regions on these machines: 5-8 GB/s.
         5e9
     }
@@ -404,7 +605,7 @@ mod tests {
             id: TransferId(1),
             direction: Direction::HostToDevice,
             frame: FrameId(1),
-            slot: HostSlot(3),
+            far: Far::Host(HostSlot(3)),
             bytes: 64 << 10,
         };
         d.submit(op);
@@ -420,7 +621,7 @@ mod tests {
             id: TransferId(2),
             direction: Direction::DeviceToHost,
             frame: FrameId(0),
-            slot: HostSlot(0),
+            far: Far::Host(HostSlot(0)),
             bytes: 1000,
         });
         rx.recv().unwrap().result.unwrap();
@@ -444,13 +645,101 @@ mod tests {
             id: TransferId(7),
             direction: Direction::HostToDevice,
             frame: FrameId(0),
-            slot: HostSlot(0),
+            far: Far::Host(HostSlot(0)),
             bytes: (64 << 10) + 1,
         });
         assert!(matches!(
             rx.recv().unwrap().result,
             Err(DeviceError::OutOfRange { .. })
         ));
+    }
+
+    /// A lender with 4 frames of its own and 3 to lend, and a borrower of 2 frames.
+    fn two_gpus() -> (SimDevice, SimDevice, mpsc::Receiver<Completion>) {
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let sink: CompletionSink = Arc::new(move |c| tx.lock().unwrap().send(c).unwrap());
+        let config = |frames| DeviceConfig {
+            frames,
+            host_slots: 2,
+            page_bytes: 64 << 10,
+        };
+        let lender = SimDevice::lending(config(4), 3, sink.clone()).unwrap();
+        let borrower = SimDevice::new(config(2), sink).unwrap();
+        (lender, borrower, rx)
+    }
+
+    fn peer_copy(id: u64, direction: Direction, frame: u32, peer: u32) -> CopyOp {
+        CopyOp {
+            id: TransferId(id),
+            direction,
+            frame: FrameId(frame),
+            far: Far::Peer(PeerFrameId(peer)),
+            bytes: 64 << 10,
+        }
+    }
+
+    #[test]
+    fn a_borrower_copies_to_and_from_the_frames_a_lender_lends_and_no_others() {
+        let (lender, borrower, rx) = two_gpus();
+        assert_eq!(borrower.peer_frames(), 0);
+        borrower.submit(peer_copy(1, Direction::DeviceToPeer, 0, 0));
+        let refused = rx.recv().unwrap().result.unwrap_err();
+        assert!(refused.to_string().contains("no peer GPU"), "{refused}");
+
+        let lease = lender.lease(2);
+        borrower.attach_peer(lease.clone()).unwrap();
+        assert!(
+            borrower.attach_peer(lease.clone()).is_err(),
+            "one peer a device"
+        );
+        assert_eq!(borrower.peer_frames(), 2);
+        // The lender's own frames around the lent ones keep their bytes.
+        lender.fill_pattern(FrameId(3), 64 << 10, 77).unwrap();
+        borrower.fill_pattern(FrameId(1), 64 << 10, 5).unwrap();
+        borrower.submit(peer_copy(2, Direction::DeviceToPeer, 1, 1));
+        rx.recv().unwrap().result.unwrap();
+        borrower.submit(peer_copy(3, Direction::PeerToDevice, 0, 1));
+        rx.recv().unwrap().result.unwrap();
+        assert_eq!(
+            borrower.checksum(FrameId(0), 64 << 10).unwrap(),
+            pattern::expected_checksum(5, 64 << 10),
+            "the page went to the peer and back"
+        );
+        assert_eq!(
+            lender.checksum(FrameId(3), 64 << 10).unwrap(),
+            pattern::expected_checksum(77, 64 << 10),
+            "the lender's own frames are untouched"
+        );
+        // Frame 2 of the lendable 3 is not lent.
+        borrower.submit(peer_copy(4, Direction::DeviceToPeer, 0, 2));
+        let refused = rx.recv().unwrap().result.unwrap_err();
+        assert!(refused.to_string().contains("not lent"), "{refused}");
+        // A peer direction with a host slot is refused, not copied.
+        let mut wrong = peer_copy(5, Direction::PeerToDevice, 0, 0);
+        wrong.far = Far::Host(HostSlot(0));
+        borrower.submit(wrong);
+        assert!(rx.recv().unwrap().result.is_err());
+    }
+
+    #[test]
+    fn a_lender_asks_frames_back_and_the_borrower_gives_them_back() {
+        let (lender, borrower, rx) = two_gpus();
+        let lease = lender.lease(3);
+        borrower.attach_peer(lease.clone()).unwrap();
+        assert_eq!((lease.lent(), lease.asked_back()), (3, None));
+        lease.ask_back(1);
+        assert_eq!((lease.lent(), lease.asked_back()), (3, Some(1)));
+        lease.ask_back(2);
+        assert_eq!(lease.asked_back(), Some(1), "the least asked for stands");
+        lease.give_back(1);
+        assert_eq!((lease.lent(), lease.asked_back()), (1, None));
+        assert_eq!(borrower.peer_frames(), 1);
+        borrower.submit(peer_copy(1, Direction::DeviceToPeer, 0, 1));
+        assert!(
+            rx.recv().unwrap().result.is_err(),
+            "frame 1 is the lender's again"
+        );
     }
 
     #[test]

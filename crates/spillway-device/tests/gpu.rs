@@ -30,7 +30,7 @@ use spillway_device::cuda::{
 use spillway_device::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DevicePtr,
 };
-use spillway_types::{BufferId, Direction, FrameId, HostSlot, TransferId, pattern};
+use spillway_types::{BufferId, Direction, Far, FrameId, HostSlot, TransferId, pattern};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -124,7 +124,7 @@ fn copy(id: u64, direction: Direction, frame: u32, slot: u32, bytes: u64) -> Cop
         id: TransferId(id),
         direction,
         frame: FrameId(frame),
-        slot: HostSlot(slot),
+        far: Far::Host(HostSlot(slot)),
         bytes,
     }
 }
@@ -647,10 +647,10 @@ fn neighbouring_pages_go_as_one_copy_and_complete_one_by_one() {
             let mut back = vec![0u8; op.bytes as usize];
             d.read_frame(op.frame, 0, &mut back).unwrap();
             assert!(
-                back[..] == data[op.slot.0 as usize][..op.bytes as usize],
+                back[..] == data[op.slot().expect("a host copy").0 as usize][..op.bytes as usize],
                 "{page}: frame {} holds slot {}",
                 op.frame.0,
-                op.slot.0
+                op.slot().expect("a host copy").0
             );
         }
         // The half page after the run's short last page was not written.

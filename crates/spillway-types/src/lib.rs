@@ -87,6 +87,11 @@ pub struct FrameId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct HostSlot(pub u32);
 
+/// One page-sized piece of device memory lent to this GPU by a neighbouring GPU of the
+/// same host (the peer-GPU tier), numbered from 0 within what was lent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PeerFrameId(pub u32);
+
 /// One copy between tiers, unique for the life of a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TransferId(pub u64);
@@ -111,31 +116,94 @@ pub enum Tier {
     Host,
 }
 
-/// Direction of a copy between the GPU tier and the host tier.
+/// Direction of a copy between the GPU tier and the tier beside it: the host tier, or
+/// (the peer-GPU tier) memory a neighbouring GPU lent. Each direction has its own stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Direction {
     /// Host to device: a page comes back to the GPU (a load or a prefetch).
     HostToDevice,
     /// Device to host: a dirty page leaves the GPU (an eviction).
     DeviceToHost,
+    /// Peer GPU to device: a page comes back from the copy a neighbouring GPU keeps.
+    PeerToDevice,
+    /// Device to peer GPU: a clean page leaving the GPU leaves a copy on the neighbour.
+    DeviceToPeer,
 }
 
-/// One copy of (part of) a page between a GPU frame and a host slot: what the core asks
-/// for (`spillway_core::PoolCore::poll_transfer`) is what the device takes
+impl Direction {
+    /// Every direction, in the order of [`Direction::index`].
+    pub const ALL: [Direction; 4] = [
+        Direction::HostToDevice,
+        Direction::DeviceToHost,
+        Direction::PeerToDevice,
+        Direction::DeviceToPeer,
+    ];
+
+    /// The direction's place in per-direction arrays (`0..4`).
+    pub fn index(self) -> usize {
+        match self {
+            Direction::HostToDevice => 0,
+            Direction::DeviceToHost => 1,
+            Direction::PeerToDevice => 2,
+            Direction::DeviceToPeer => 3,
+        }
+    }
+
+    /// Whether the far side is the peer GPU's memory (else a host slot).
+    pub fn is_peer(self) -> bool {
+        matches!(self, Direction::PeerToDevice | Direction::DeviceToPeer)
+    }
+
+    /// Whether the bytes come into the GPU frame.
+    pub fn into_frame(self) -> bool {
+        matches!(self, Direction::HostToDevice | Direction::PeerToDevice)
+    }
+}
+
+/// The side of a copy away from the GPU frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Far {
+    /// A host slot (the host tier).
+    Host(HostSlot),
+    /// A frame lent by a neighbouring GPU (the peer-GPU tier).
+    Peer(PeerFrameId),
+}
+
+/// One copy of (part of) a page between a GPU frame and the tier beside it: what the core
+/// asks for (`spillway_core::PoolCore::poll_transfer`) is what the device takes
 /// (`spillway_device::Device::submit`), one type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyOp {
     /// Reported back in the completion.
     pub id: TransferId,
-    /// Which way the bytes go; also picks the stream.
+    /// Which way the bytes go; also picks the stream. Host directions go with
+    /// [`Far::Host`], peer directions with [`Far::Peer`] (see [`CopyOp::far_matches`]).
     pub direction: Direction,
     /// The device side.
     pub frame: FrameId,
-    /// The host side.
-    pub slot: HostSlot,
+    /// The other side.
+    pub far: Far,
     /// Bytes from the start of the page (at most the page size; a buffer's last page
     /// may be short).
     pub bytes: u64,
+}
+
+impl CopyOp {
+    /// Whether the far side is of the kind the direction names.
+    pub fn far_matches(&self) -> bool {
+        matches!(
+            (self.direction.is_peer(), self.far),
+            (false, Far::Host(_)) | (true, Far::Peer(_))
+        )
+    }
+
+    /// The host slot of a host-tier copy.
+    pub fn slot(&self) -> Option<HostSlot> {
+        match self.far {
+            Far::Host(slot) => Some(slot),
+            Far::Peer(_) => None,
+        }
+    }
 }
 
 /// A validated page size: a power of two from [`limits::PAGE_BYTES_MIN`] to [`limits::PAGE_BYTES_MAX`].

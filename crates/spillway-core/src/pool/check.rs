@@ -7,6 +7,7 @@ use spillway_types::PageId;
 
 use super::PoolCore;
 use super::pages::{Gpu, Host};
+use super::peer::Peer;
 
 impl PoolCore {
     /// Every page's state, one line each, and the queues: for failure messages of tests.
@@ -64,6 +65,7 @@ impl PoolCore {
         let mut slots = self.host.free();
         let mut pinned = 0;
         let mut remote_space = 0;
+        let mut peer_owned = 0;
         for (id, b) in self.pages.iter() {
             slots += b.pages.iter().filter(|p| p.host.slot().is_some()).count() as u64;
             remote_space += b.pages.iter().filter(|p| p.remote_space).count() as u64;
@@ -102,6 +104,30 @@ impl PoolCore {
                     ),
                     (gpu, host) => panic!("a page {gpu:?} on the GPU needs its slot: {host:?}"),
                 }
+                match p.peer {
+                    Peer::Absent => {}
+                    Peer::Filling(f) => {
+                        assert!(
+                            matches!(p.gpu, Gpu::Evicting { .. }),
+                            "{pid} fills {f:?} while leaving the GPU"
+                        );
+                        assert_eq!(self.gpu.peer.owner(f), Some(pid), "{pid} owns {f:?}");
+                        peer_owned += 1;
+                    }
+                    Peer::Held(f) => {
+                        assert!(
+                            !matches!(p.gpu, Gpu::Resident { dirty: true, .. }),
+                            "{pid}'s peer copy is current: the page is not dirty"
+                        );
+                        assert!(
+                            matches!(p.host, Host::Slot { .. } | Host::Spilling { .. }),
+                            "{pid}'s peer copy has its slot: {:?}",
+                            p.host
+                        );
+                        assert_eq!(self.gpu.peer.owner(f), Some(pid), "{pid} owns {f:?}");
+                        peer_owned += 1;
+                    }
+                }
                 if matches!(p.host, Host::Remote | Host::Spilling { .. }) {
                     assert!(p.remote_space, "a remote page has remote space");
                 }
@@ -113,6 +139,12 @@ impl PoolCore {
             "slots in use + free = host budget"
         );
         assert_eq!(pinned, self.held.pinned_pages, "pinned page count");
+        assert_eq!(
+            peer_owned,
+            self.gpu.peer.in_use(),
+            "peer frames owned = pages with a peer copy"
+        );
+        self.gpu.peer.check();
         assert_eq!(remote_space, self.remote.pages(), "remote pages counted");
         assert!(
             self.remote.pages() <= self.remote.pages_max(),

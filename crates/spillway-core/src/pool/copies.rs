@@ -1,13 +1,14 @@
-//! Copies between the GPU and the host tier ([`Copies`]): the copies in flight and the
-//! bytes they move per direction (bounded by the configuration), the copies and device
-//! mapping changes queued for the driver, and the bandwidth measured per direction.
+//! Copies between the GPU and the tiers beside it, the host tier and the peer GPU
+//! ([`Copies`]): the copies in flight and the bytes they move per direction (bounded by
+//! the configuration), the copies and device mapping changes queued for the driver, and
+//! the bandwidth measured per direction.
 
 use std::collections::VecDeque;
 
 use crate::idmap::IdMap;
 use std::time::Duration;
 
-use spillway_types::{CopyOp, Direction, FrameId, PageId, TransferId};
+use spillway_types::{CopyOp, Direction, Far, FrameId, PageId, TransferId};
 
 use super::rate::Bandwidth;
 use super::types::MappingChange;
@@ -17,6 +18,7 @@ use super::types::MappingChange;
 pub(super) struct InFlight {
     pub(super) page: PageId,
     pub(super) direction: Direction,
+    pub(super) far: Far,
     pub(super) bytes: u64,
     pub(super) issued_at: Duration,
 }
@@ -28,30 +30,28 @@ pub(super) struct Copies {
     in_flight: IdMap<TransferId, InFlight>,
     out: VecDeque<CopyOp>,
     mappings: VecDeque<MappingChange>,
-    in_flight_bytes: [u64; 2],
-    in_flight_bytes_max: [u64; 2],
-    bandwidth: [Bandwidth; 2],
+    in_flight_bytes: [u64; 4],
+    in_flight_bytes_max: [u64; 4],
+    bandwidth: [Bandwidth; 4],
 }
 
 /// The index of a direction in the per-direction arrays.
 fn index(d: Direction) -> usize {
-    match d {
-        Direction::HostToDevice => 0,
-        Direction::DeviceToHost => 1,
-    }
+    d.index()
 }
 
 impl Copies {
-    /// No copies; at most `h2d_max` / `d2h_max` bytes in flight per direction (one copy
-    /// is always allowed), bandwidth first guessed at `bytes_per_s`.
+    /// No copies; at most `h2d_max` bytes in flight into the GPU and `d2h_max` out of it,
+    /// per direction (one copy is always allowed; the peer directions have the same
+    /// bounds as the host's), bandwidth first guessed at `bytes_per_s`.
     pub(super) fn new(h2d_max: u64, d2h_max: u64, bytes_per_s: f64) -> Copies {
         Copies {
             in_flight: IdMap::default(),
             out: VecDeque::new(),
             mappings: VecDeque::new(),
-            in_flight_bytes: [0; 2],
-            in_flight_bytes_max: [h2d_max, d2h_max],
-            bandwidth: [Bandwidth::new(bytes_per_s); 2],
+            in_flight_bytes: [0; 4],
+            in_flight_bytes_max: [h2d_max, d2h_max, h2d_max, d2h_max],
+            bandwidth: [Bandwidth::new(bytes_per_s); 4],
         }
     }
 
@@ -73,6 +73,7 @@ impl Copies {
             InFlight {
                 page,
                 direction: op.direction,
+                far: op.far,
                 bytes: op.bytes,
                 issued_at: now,
             },
@@ -129,8 +130,8 @@ impl Copies {
 
     /// Checks that the bytes in flight are the sum of the copies' and within the bounds.
     pub(super) fn check(&self) {
-        let mut sums = [0u64; 2];
-        let mut counts = [0usize; 2];
+        let mut sums = [0u64; 4];
+        let mut counts = [0usize; 4];
         for t in self.in_flight.values() {
             sums[index(t.direction)] += t.bytes;
             counts[index(t.direction)] += 1;
@@ -155,7 +156,7 @@ mod tests {
             id: TransferId(id),
             direction,
             frame: FrameId(0),
-            slot: HostSlot(0),
+            far: Far::Host(HostSlot(0)),
             bytes,
         }
     }

@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use spillway_types::{FrameId, HostSlot, PageId};
 
+use super::peer::PeerFrames;
 use super::types::ZeroFill;
 
 /// The key of a frame whose page has no predicted use in [`GpuFrames`]'s order: after
@@ -24,8 +25,11 @@ pub(super) struct GpuFrames {
     /// frame: a victim is found without scanning every frame. 1M frames take ~40 MiB.
     by_next_use: BTreeSet<(u64, u32)>,
     free: Vec<FrameId>,
-    /// Frames whose page is being written back (they come free when the copy lands).
+    /// Frames whose page is being written back or copied to the peer (they come free
+    /// when the copy lands).
     evicting: u64,
+    /// The frames a neighbouring GPU lends (the peer-GPU tier; none by default).
+    pub(super) peer: PeerFrames,
 }
 
 impl GpuFrames {
@@ -37,6 +41,7 @@ impl GpuFrames {
             by_next_use: BTreeSet::new(),
             free: (0..frames).rev().map(FrameId).collect(),
             evicting: 0,
+            peer: PeerFrames::default(),
         }
     }
 

@@ -5,11 +5,12 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use spillway_types::{BufferId, CopyOp, Direction, FrameId, PageId, TransferId};
+use spillway_types::{BufferId, Direction, Far, FrameId, PageId, TransferId};
 
 use super::PoolCore;
 use super::frames::GpuFrames;
 use super::pages::{Gpu, Host, Page, PageTable};
+use super::peer::Peer;
 use super::pump::Place;
 use crate::error::{CoreError, DeviceFault};
 use crate::eviction::VictimView;
@@ -35,8 +36,16 @@ impl PoolCore {
         let freed = self.pages.get(pid.buffer).is_none_or(|b| b.freed);
         let wanted = self.pages.page(pid).pins > 0;
         match (t.direction, self.pages.page(pid).gpu) {
-            (Direction::HostToDevice, Gpu::Loading { frame, prefetch }) => {
-                self.stats.h2d_bytes += t.bytes;
+            (
+                Direction::HostToDevice | Direction::PeerToDevice,
+                Gpu::Loading { frame, prefetch },
+            ) => {
+                if let Far::Peer(from) = t.far {
+                    self.stats.p2d_bytes += t.bytes;
+                    self.end_peer_copy(pid, from, freed);
+                } else {
+                    self.stats.h2d_bytes += t.bytes;
+                }
                 self.pages.page_mut(pid).gpu = Gpu::Resident {
                     frame,
                     dirty: false,
@@ -49,12 +58,17 @@ impl PoolCore {
                     self.release_frame(pid, frame);
                 }
             }
-            (Direction::DeviceToHost, Gpu::Evicting { frame }) => {
-                self.stats.d2h_bytes += t.bytes;
-                let page = self.pages.page_mut(pid);
-                if let Host::Slot { clean, .. } = &mut page.host {
-                    *clean = false;
+            (Direction::DeviceToHost | Direction::DeviceToPeer, Gpu::Evicting { frame }) => {
+                if let Far::Peer(to) = t.far {
+                    self.stats.d2p_bytes += t.bytes;
+                    self.end_peer_copy(pid, to, freed);
+                } else {
+                    self.stats.d2h_bytes += t.bytes;
+                    if let Host::Slot { clean, .. } = &mut self.pages.page_mut(pid).host {
+                        *clean = false;
+                    }
                 }
+                let page = self.pages.page_mut(pid);
                 page.gpu = Gpu::Resident {
                     frame,
                     dirty: false,
@@ -77,20 +91,12 @@ impl PoolCore {
         let Host::Slot { slot, .. } = p.host else {
             panic!("GPU copy of {pid} whose host state is {:?}", p.host);
         };
-        let op = CopyOp {
-            id: self.ids.transfer(),
-            direction,
-            frame,
-            slot,
-            bytes: self.pages.len_of(pid),
-        };
-        self.pages.page_mut(pid).in_flight += 1;
-        self.copies.issue(op, pid, now);
+        self.issue_copy(pid, direction, frame, Far::Host(slot), now);
     }
 
-    /// Takes `pid` off the GPU now: a clean page is dropped (true), a dirty one starts
-    /// its write-back (false; the frame comes free when it lands) if the bound and a
-    /// slot allow.
+    /// Takes `pid` off the GPU now: a clean page is dropped (true), or first leaves a
+    /// copy on the peer GPU (false; the frame comes free when it lands); a dirty one
+    /// starts its write-back (false, likewise) if the bound and a slot allow.
     pub(super) fn evict(&mut self, pid: PageId, now: Duration) -> bool {
         let Gpu::Resident { frame, dirty, .. } = self.pages.page(pid).gpu else {
             return false;
@@ -99,6 +105,9 @@ impl PoolCore {
             // A reserved frame held none of the page's bytes: no eviction of the page.
             if !self.pages.page(pid).reserved {
                 self.stats.on_evict(false);
+                if self.start_peer_fill(pid, frame, now) {
+                    return false;
+                }
             }
             self.release_frame(pid, frame);
             return true;
@@ -277,7 +286,16 @@ impl PoolCore {
             .occupy(frame, pid, self.access.next_use(pid.buffer));
         self.pages.page_mut(pid).gpu = Gpu::Loading { frame, prefetch };
         self.copies.map(pid, frame);
-        self.start_copy(pid, Direction::HostToDevice, frame, now);
+        match self.pages.page(pid).peer {
+            Peer::Held(from) => {
+                self.gpu.peer.begin_copy(from);
+                self.stats.peer_loads += 1;
+                self.issue_copy(pid, Direction::PeerToDevice, frame, Far::Peer(from), now);
+            }
+            Peer::Absent | Peer::Filling(_) => {
+                self.start_copy(pid, Direction::HostToDevice, frame, now)
+            }
+        }
         self.stats.on_load(prefetch, self.gpu.in_use());
     }
 
@@ -286,6 +304,7 @@ impl PoolCore {
     /// writes them). Its host and remote copies are stale: a clean slot becomes dirty
     /// and the remote tier's copy is dropped (the page keeps its remote space).
     pub(super) fn start_overwrite(&mut self, pid: PageId, frame: FrameId) {
+        self.drop_peer_copy(pid);
         self.settle_without_copy(pid, frame, true);
         let page = self.pages.page_mut(pid);
         page.overwrite = false;

@@ -86,6 +86,8 @@ impl PoolCore {
                 } else {
                     self.pages.page_mut(pid).host = Host::Remote;
                     self.host.give_back(slot);
+                    // Its copy on the peer is checked against its slot's: it goes too.
+                    self.drop_peer_copy(pid);
                 }
             }
             (RemoteOpKind::Spill, Host::Spilling { slot }, Err(e)) => {
@@ -278,6 +280,7 @@ impl PoolCore {
             self.stats.on_slot_dropped(on_gpu);
             self.pages.page_mut(pid).host = Host::Remote;
             self.host.give_back(slot);
+            self.drop_peer_copy(pid);
             return Spilled::Freed;
         }
         if !self.remote.spill_ready(now)

@@ -109,6 +109,7 @@ mod gpu;
 mod host;
 mod overwrite;
 mod pages;
+mod peer;
 mod plan;
 mod pump;
 mod rate;
@@ -316,6 +317,8 @@ impl PoolCore {
             remote_pages: self.remote.pages(),
             remote_pages_total: self.remote.pages_max(),
             remote_bytes_per_s: self.remote.bytes_per_s(),
+            peer_frames_in_use: self.gpu.peer.in_use(),
+            peer_frames_total: u64::from(self.gpu.peer.limit()),
             predictor: self.access.predictor_stats(),
             ..self.stats
         }
@@ -551,6 +554,7 @@ impl PoolCore {
         }
         let mut unpinned = 0;
         let mut drop_now = Vec::new();
+        let pages = b.pages.len();
         for (index, page) in b.pages.iter_mut().enumerate() {
             page.pins -= 1;
             // Released before its frame came: nothing was overwritten.
@@ -566,6 +570,10 @@ impl PoolCore {
             }
         }
         self.held.pinned_pages -= unpinned;
+        if a.mode == AccessMode::Exclusive {
+            // Its bytes may have changed: a copy on the peer is stale.
+            self.drop_peer_copies(a.buffer, 0..pages);
+        }
         for index in drop_now {
             let pid = PageId {
                 buffer: a.buffer,
@@ -646,6 +654,10 @@ impl PoolCore {
         self.access
             .host_demand
             .retain(|p| p.buffer != id || !range.contains(&(p.index as usize)));
+        if write {
+            // The host changes the bytes: a copy on the peer is stale.
+            self.drop_peer_copies(id, range.clone());
+        }
         let b = self.pages.buffer_mut(id);
         let mut out = Vec::with_capacity(range.len());
         for p in &mut b.pages[range] {
@@ -792,6 +804,9 @@ impl PoolCore {
         let b = self.pages.remove(id).expect("present");
         for (index, p) in b.pages.into_iter().enumerate() {
             debug_assert_eq!(p.gpu, Gpu::Absent);
+            if let Some(frame) = p.peer.held() {
+                self.gpu.peer.vacate(frame);
+            }
             if let Some(slot) = p.host.slot() {
                 self.host.give_back(slot);
             }

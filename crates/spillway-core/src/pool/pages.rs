@@ -9,6 +9,7 @@ use crate::idmap::IdMap;
 
 use spillway_types::{BufferId, FrameId, HostSlot, PageId};
 
+use super::peer::Peer;
 use crate::error::CoreError;
 
 /// Where a page is in the GPU tier.
@@ -100,6 +101,8 @@ pub(super) struct Page {
     /// not the page's (its host or remote copy is). A discarding acquire uses the frame
     /// as it is; any other access gives it up and loads the page as usual.
     pub(super) reserved: bool,
+    /// Its copy on the peer GPU (see `peer.rs`).
+    pub(super) peer: Peer,
 }
 
 impl Page {
@@ -118,6 +121,7 @@ impl Page {
             last_frame: None,
             overwrite: false,
             reserved: false,
+            peer: Peer::Absent,
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use spillway_types::{Direction, FrameId, HostSlot, PageId};
+use spillway_types::{FrameId, HostSlot, PageId};
 
 use super::PoolCore;
 use super::pages::{Gpu, Host};
@@ -150,7 +150,7 @@ impl PoolCore {
                 Tier::Gpu if overwrite || reserve => true,
                 Tier::Gpu => self
                     .copies
-                    .may_issue(Direction::HostToDevice, self.pages.page_bytes()),
+                    .may_issue(self.load_direction(pid), self.pages.page_bytes()),
                 Tier::Host => self
                     .remote
                     .may_issue(RemoteOpKind::Fetch, self.pages.page_bytes()),

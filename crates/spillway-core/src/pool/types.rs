@@ -175,6 +175,19 @@ pub struct CoreStats {
     pub remote_pages_total: u64,
     /// Estimated remote tier bandwidth, bytes/s.
     pub remote_bytes_per_s: f64,
+    /// Bytes copied from the peer GPU's copies to the device (loads that crossed no
+    /// PCIe link to the host).
+    pub p2d_bytes: u64,
+    /// Bytes copied from the device to the peer GPU (clean pages leaving a copy there).
+    pub d2p_bytes: u64,
+    /// Copies left on the peer GPU by clean pages leaving the GPU.
+    pub peer_fills: u64,
+    /// Loads served from the peer GPU.
+    pub peer_loads: u64,
+    /// Peer frames holding (or filling) a copy now.
+    pub peer_frames_in_use: u64,
+    /// Peer frames lent to the pool now.
+    pub peer_frames_total: u64,
     /// The predictor's counters.
     pub predictor: PredictorStats,
 }

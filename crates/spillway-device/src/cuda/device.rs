@@ -402,7 +402,7 @@ impl CudaDevice {
             if next.direction != prev.direction
                 || prev.bytes != page
                 || prev.frame.0.checked_add(1) != Some(next.frame.0)
-                || prev.slot.0.checked_add(1) != Some(next.slot.0)
+                || !matches!((prev.slot(), next.slot()), (Some(a), Some(b)) if a.0.checked_add(1) == Some(b.0))
                 || bytes + next.bytes > COPY_RUN_BYTES_MAX.max(page)
             {
                 break;
@@ -420,19 +420,32 @@ impl CudaDevice {
     pub(crate) fn resolve(&self, run: &[CopyOp]) -> Submission {
         let ids = run.iter().map(|op| op.id).collect();
         let mut bytes = 0;
+        let mut first_slot = None;
         for op in run {
             if let Err(e) = check_range(0, op.bytes, self.config.page_bytes) {
                 return Submission { ids, copy: Err(e) };
             }
+            let Some(slot) = op.slot().filter(|_| op.far_matches()) else {
+                // This backend lends and borrows no GPU memory (`Device::peer_frames` is
+                // 0), so a pool never asks it for a peer copy.
+                return Submission {
+                    ids,
+                    copy: Err(DeviceError::Driver {
+                        op: "peer copy",
+                        message: "no peer GPU is attached to this CUDA device".into(),
+                    }),
+                };
+            };
             // Validates the ids (panics on a caller bug, as everywhere).
-            let _ = (self.frames.ptr(op.frame), self.host.ptr(op.slot));
+            let _ = (self.frames.ptr(op.frame), self.host.ptr(slot));
+            first_slot.get_or_insert(slot);
             bytes += op.bytes;
         }
         let first = &run[0];
         let copy = RawCopy {
             direction: first.direction,
             frame: self.frames.ptr(first.frame),
-            slot: self.host.ptr(first.slot) as usize,
+            slot: self.host.ptr(first_slot.expect("a run has a page")) as usize,
             bytes,
         };
         Submission {

@@ -173,6 +173,9 @@ impl Lane {
                         copy.bytes as usize,
                         stream,
                     ),
+                    Direction::PeerToDevice | Direction::DeviceToPeer => {
+                        unreachable!("peer copies are refused in `CudaDevice::resolve`")
+                    }
                 }
             })
         };
@@ -210,11 +213,11 @@ impl Drop for Lane {
     }
 }
 
+/// The lane of a direction: into the frame on lane 0, out of it on lane 1 (a peer copy
+/// is refused in `CudaDevice::resolve`, and its completion goes in order on the lane of
+/// its way).
 pub(crate) fn lane_index(direction: Direction) -> usize {
-    match direction {
-        Direction::HostToDevice => 0,
-        Direction::DeviceToHost => 1,
-    }
+    usize::from(!direction.into_frame())
 }
 
 /// A lane's submitter thread: enqueues each batch of runs it is sent, in order. Ends

@@ -51,9 +51,10 @@ fn stream_copies(
         }
         let f = (k % u64::from(frames)) as u32;
         // H2D uses slots 0..frames, D2H slots frames..2*frames: no slot is shared.
-        let (slot, id) = match direction {
-            Direction::HostToDevice => (f, k),
-            Direction::DeviceToHost => (frames + f, k | D2H_BIT),
+        let (slot, id) = if direction.into_frame() {
+            (f, k)
+        } else {
+            (frames + f, k | D2H_BIT)
         };
         d.submit(copy(id, direction, f, slot, page));
     }

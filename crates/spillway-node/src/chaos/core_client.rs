@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use spillway_core::{AccessMode, CoreError, PoolCore, RemoteError, RemoteOpKind};
+use spillway_core::{AccessMode, CoreError, DeviceFault, PoolCore, RemoteError, RemoteOpKind};
 use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, FrameId, HostSlot, NodeId, PageId, PageSize};
 
@@ -330,17 +330,23 @@ impl World {
             }
             while c.core.poll_mapping().is_some() {}
             while let Some(op) = c.core.poll_transfer() {
-                match op.direction {
-                    Direction::HostToDevice => {
-                        let b = c.slots.get(&op.slot).cloned().unwrap_or_default();
+                // The chaos client's core has no peer GPU: every copy is with a slot.
+                let result = match (op.direction, op.slot()) {
+                    (Direction::HostToDevice, Some(slot)) => {
+                        let b = c.slots.get(&slot).cloned().unwrap_or_default();
                         c.frames.insert(op.frame, b);
+                        Ok(())
                     }
-                    Direction::DeviceToHost => {
+                    (Direction::DeviceToHost, Some(slot)) => {
                         let b = c.frames.get(&op.frame).cloned().unwrap_or_default();
-                        c.slots.insert(op.slot, b);
+                        c.slots.insert(slot, b);
+                        Ok(())
                     }
-                }
-                c.core.handle_transfer_done(op.id, Ok(()), now(self));
+                    (direction, _) => Err(DeviceFault::new(format!(
+                        "no peer GPU in the chaos client: {direction:?}"
+                    ))),
+                };
+                c.core.handle_transfer_done(op.id, result, now(self));
                 did = true;
             }
             let mut discards = std::mem::take(&mut c.discards);
