@@ -46,6 +46,7 @@ pub struct PoolBuilder {
     config: Option<PoolConfig>,
     host_memory: Option<HostMemory>,
     remote: Option<RemoteFactory>,
+    lendable_gpu_bytes: Option<u64>,
 }
 
 impl std::fmt::Debug for PoolBuilder {
@@ -95,6 +96,9 @@ impl PoolBuilder {
         page_size: PageSize,
         /// The prefetch and eviction policy (default learned).
         policy: Policy,
+        /// GPU memory beyond the budget that the pool may lend to a neighbour
+        /// ([`Pool::lend`]), whole pages; the sim device only (`auto` picks it).
+        lendable_gpu_bytes: u64,
     }
     /// The backend (default auto).
     pub fn device(mut self, device: DeviceChoice) -> Self {
@@ -137,6 +141,9 @@ impl PoolBuilder {
             cfg.policy = p;
         }
         cfg.validate()?;
-        Pool::new(cfg, self.device, self.host_memory, self.remote)
+        let lendable = self.lendable_gpu_bytes.unwrap_or(0) / cfg.page_size.bytes();
+        // More than 2^32 pages cannot be had anyway: the device's allocation says so.
+        let lendable = u32::try_from(lendable).unwrap_or(u32::MAX);
+        Pool::new(cfg, self.device, self.host_memory, self.remote, lendable)
     }
 }

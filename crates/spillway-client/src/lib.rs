@@ -31,11 +31,13 @@
 
 mod builder;
 pub mod daemon;
+mod peer;
 mod pool;
 pub mod remote;
 #[cfg(feature = "node")]
 pub mod service_tier;
 
+pub use peer::PeerError;
 pub use pool::{
     Buffer, DeviceChoice, Guard, Pool, PoolBuilder, PoolError, PoolStats, PoolTimings, make_device,
     make_device_in,
@@ -45,6 +47,7 @@ pub use remote::{
     RemoteSink, RemoteTier,
 };
 pub use spillway_core::{AccessMode, CoreError, CoreStats};
+pub use spillway_device::sim::PeerLease;
 pub use spillway_device::{Completion, CompletionSink, CopyOp, DeviceConfig};
 pub use spillway_device::{Device, DeviceError, DeviceKind, DeviceTimings, HostMemory};
 pub use spillway_types::config::{Policy, PoolConfig};

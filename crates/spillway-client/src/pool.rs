@@ -53,6 +53,9 @@ pub enum PoolError {
     /// The remote tier could not be set up.
     #[error("the remote tier is unavailable: {0}")]
     Remote(#[from] RemoteSetupError),
+    /// GPU memory cannot be lent or borrowed here (the peer-GPU tier).
+    #[error(transparent)]
+    Peer(#[from] crate::peer::PeerError),
 }
 
 /// A buffer of the pool: a handle, cheap to clone. Freeing it twice is an error.
@@ -139,8 +142,8 @@ impl Timings {
     }
 }
 
-struct State {
-    core: PoolCore,
+pub(crate) struct State {
+    pub(crate) core: PoolCore,
     stall: Duration,
     /// Guards dropped whose release waits for the device's queued work (a fence).
     pending_releases: u64,
@@ -173,7 +176,7 @@ impl LogLimit {
     }
 }
 
-struct Shared {
+pub(crate) struct Shared {
     state: Mutex<State>,
     cond: Condvar,
     device: OnceLock<Arc<dyn Device>>,
@@ -183,21 +186,21 @@ struct Shared {
 }
 
 impl Shared {
-    fn now(&self) -> Duration {
+    pub(crate) fn now(&self) -> Duration {
         self.epoch.elapsed()
     }
 
-    fn device(&self) -> &Arc<dyn Device> {
+    pub(crate) fn device(&self) -> &Arc<dyn Device> {
         self.device.get().expect("set before any use")
     }
 
     /// The pool's lock, from a caller's thread (the wait is counted as such).
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.lock_counted(&self.timings.lock_wait_ns)
     }
 
     /// The pool's lock, from one of the device's threads.
-    fn lock_on_device_thread(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock_on_device_thread(&self) -> MutexGuard<'_, State> {
         self.lock_counted(&self.timings.device_lock_wait_ns)
     }
 
@@ -213,7 +216,8 @@ impl Shared {
     }
 
     /// Starts every copy and mapping change the core has queued. Called with the lock held.
-    fn drive(&self, state: &mut State) {
+    pub(crate) fn drive(&self, state: &mut State) {
+        self.peer_handshake(state);
         let device = self.device();
         // Zero fills first: the copies and remote ops below may read those slots.
         while let Some(fill) = state.core.poll_zero_fill() {
@@ -322,7 +326,7 @@ impl Shared {
 
 /// The embedded pool. Cheap to share across threads (`&Pool` is enough); see the crate docs.
 pub struct Pool {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -394,6 +398,7 @@ impl Pool {
         choice: DeviceChoice,
         host_memory: Option<HostMemory>,
         remote: Option<RemoteFactory>,
+        lendable_frames: u32,
     ) -> Result<Pool, PoolError> {
         let device_config = DeviceConfig {
             frames: cfg.gpu_frames() as u32,
@@ -422,7 +427,22 @@ impl Pool {
                 shared.on_completion(c);
             }
         });
-        let device = make_device_in(choice, device_config, host_memory, sink)?;
+        let device = match (lendable_frames, choice) {
+            (0, _) => make_device_in(choice, device_config, host_memory, sink)?,
+            // Lending GPU memory is built on the sim device only (see `peer.rs`).
+            (_, DeviceChoice::Cuda) => {
+                return Err(crate::peer::PeerError::Unsupported { backend: "cuda" }.into());
+            }
+            (_, DeviceChoice::Sim | DeviceChoice::Auto) if host_memory.is_some() => {
+                return Err(crate::peer::PeerError::Unsupported {
+                    backend: "sim with shared host memory",
+                }
+                .into());
+            }
+            (frames, DeviceChoice::Sim | DeviceChoice::Auto) => {
+                Arc::new(SimDevice::lending(device_config, frames, sink)?)
+            }
+        };
         let hint = device.bandwidth_hint_bytes_per_s(Direction::HostToDevice);
         shared.lock().core.set_bandwidth_hint(hint);
         let _ = shared.device.set(device.clone());

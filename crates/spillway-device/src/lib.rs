@@ -292,6 +292,16 @@ pub trait Device: Send + Sync {
         0
     }
 
+    /// The count the lender asked the peer frames to come down to, while this device
+    /// still uses more (the pool stops using the frames above, then answers with
+    /// [`Device::peer_give_back`]). `None` by default.
+    fn peer_asked_back(&self) -> Option<u32> {
+        None
+    }
+
+    /// The pool no longer uses peer frames `frames..`: the lender may have them back.
+    fn peer_give_back(&self, _frames: u32) {}
+
     /// A first guess of copy bandwidth in one direction, before any copy is measured.
     fn bandwidth_hint_bytes_per_s(&self, direction: Direction) -> f64;
 

@@ -26,8 +26,9 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock, mpsc};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use spillway_types::{BufferId, Direction, Far, FrameId, HostSlot, PeerFrameId, pattern};
 
@@ -164,10 +165,11 @@ pub struct SimDevice {
 /// frames are lent now, and the handshake by which the lender takes some back.
 ///
 /// The borrower uses peer frames `0..lent()`. To take frames back the lender asks for a
-/// smaller count ([`PeerLease::ask_back`]); the borrower's pool stops using the frames
-/// above it (copies on them finish first) and answers with [`PeerLease::give_back`];
-/// the lender sees the answer in [`PeerLease::lent`]. Cheap to clone: both sides hold
-/// one.
+/// smaller count ([`PeerLease::ask_back`], which wakes the borrower through the waker it
+/// set); the borrower's pool stops using the frames above it (copies on them finish
+/// first) and answers with [`PeerLease::give_back`]; the lender sees the answer in
+/// [`PeerLease::lent`] or waits for it ([`PeerLease::wait_given_back`]). Cheap to clone:
+/// both sides hold one.
 #[derive(Clone)]
 pub struct PeerLease {
     memory: Arc<Memory>,
@@ -179,7 +181,14 @@ struct LeaseState {
     lent: AtomicU32,
     /// Frames the lender wants lent at most (`u32::MAX`: nothing asked).
     wanted: AtomicU32,
+    /// Called when the lender asks frames back (the borrower's pool sets it).
+    waker: Mutex<Option<Waker>>,
+    /// Signalled when the borrower gives frames back.
+    given: (Mutex<()>, Condvar),
 }
+
+/// What wakes the borrower.
+type Waker = Arc<dyn Fn() + Send + Sync>;
 
 impl PeerLease {
     /// Peer frames the borrower may use now.
@@ -197,11 +206,53 @@ impl PeerLease {
     /// [`PeerLease::give_back`] once it no longer uses the frames above.
     pub fn ask_back(&self, frames: u32) {
         self.state.wanted.fetch_min(frames, Ordering::AcqRel);
+        self.wake();
     }
 
     /// The borrower no longer uses peer frames `frames..`: they are the lender's again.
     pub fn give_back(&self, frames: u32) {
+        let (lock, given) = &self.state.given;
+        let _held = lock.lock().expect("lease lock poisoned");
         self.state.lent.fetch_min(frames, Ordering::AcqRel);
+        given.notify_all();
+    }
+
+    /// Waits until at most `frames` are lent, or `timeout` passes; how long it waited,
+    /// or `None` at the timeout.
+    pub fn wait_given_back(&self, frames: u32, timeout: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        let (lock, given) = &self.state.given;
+        let held = lock.lock().expect("lease lock poisoned");
+        let (_held, waited) = given
+            .wait_timeout_while(held, timeout, |_| self.lent() > frames)
+            .expect("lease lock poisoned");
+        (!waited.timed_out() || self.lent() <= frames).then(|| started.elapsed())
+    }
+
+    /// Sets what [`PeerLease::ask_back`] calls to wake the borrower.
+    pub fn set_waker(&self, wake: Waker) {
+        *self.state.waker.lock().expect("lease waker poisoned") = Some(wake);
+    }
+
+    /// The lender lends `frames` again (at most what it can lend): frames asked back
+    /// and given back may be lent anew. Wakes the borrower, which starts using them.
+    pub fn lend(&self, frames: u32) {
+        let frames = frames.min(self.memory.lendable);
+        self.state.wanted.store(u32::MAX, Ordering::Release);
+        self.state.lent.store(frames, Ordering::Release);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        let waker = self
+            .state
+            .waker
+            .lock()
+            .expect("lease waker poisoned")
+            .clone();
+        if let Some(wake) = waker {
+            wake();
+        }
     }
 
     /// Bytes of one frame.
@@ -254,6 +305,8 @@ impl SimDevice {
             state: Arc::new(LeaseState {
                 lent: AtomicU32::new(frames),
                 wanted: AtomicU32::new(u32::MAX),
+                waker: Mutex::new(None),
+                given: (Mutex::new(()), Condvar::new()),
             }),
         }
     }
@@ -275,6 +328,11 @@ impl SimDevice {
             op: "attach peer",
             message: "a peer is attached already".into(),
         })
+    }
+
+    /// Frames beyond the budget that this device can lend.
+    pub fn lendable_frames(&self) -> u32 {
+        self.memory.lendable
     }
 
     /// The lease of the peer attached, if any.
@@ -458,6 +516,16 @@ impl Device for SimDevice {
 
     fn peer_frames(&self) -> u32 {
         self.peer.get().map_or(0, PeerLease::lent)
+    }
+
+    fn peer_asked_back(&self) -> Option<u32> {
+        self.peer.get().and_then(PeerLease::asked_back)
+    }
+
+    fn peer_give_back(&self, frames: u32) {
+        if let Some(lease) = self.peer.get() {
+            lease.give_back(frames);
+        }
     }
 
     fn write_host(&self, slot: HostSlot, offset: u64, data: &[u8]) -> Result<(), DeviceError> {

@@ -135,7 +135,9 @@ fn class_and_fields(err: &PoolError) -> (&'static str, Vec<Field>) {
             "DeviceUnavailableError",
             vec![text("backend", backend), text("reason", reason)],
         ),
-        PoolError::Device(_) => ("DeviceError", vec![]),
+        // The Python package neither lends nor borrows GPU memory yet; were it to, the
+        // message says why it cannot.
+        PoolError::Device(_) | PoolError::Peer(_) => ("DeviceError", vec![]),
         PoolError::Config(c) => (
             "ConfigError",
             vec![text("field", c.field), text("problem", &c.problem)],

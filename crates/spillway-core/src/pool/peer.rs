@@ -201,6 +201,11 @@ impl PoolCore {
         self.pump(now);
     }
 
+    /// Peer frames the pool may use now (the last [`PoolCore::set_peer_frames`]).
+    pub fn peer_frames(&self) -> u32 {
+        self.gpu.peer.limit()
+    }
+
     /// After [`PoolCore::set_peer_frames`] lowered the count: the count, once no frame
     /// above it holds a copy or has a copy in flight (the lender may use them again).
     pub fn poll_peer_returned(&mut self) -> Option<u32> {
