@@ -5,7 +5,8 @@
 //! of `quinn-proto`'s `Connection`:
 //! - `PageTable` (`pages.rs`): every buffer's pages and where each page is;
 //! - `GpuFrames` and `HostSlots` (`frames.rs`): the frame table (owner and next use of
-//!   each frame, free frames) and the slot table (free slots, zero fills queued);
+//!   each frame, free frames, and the frames a peer GPU lends: `PeerFrames`, `peer.rs`)
+//!   and the slot table (free slots, zero fills queued);
 //! - `Copies` (`copies.rs`): GPU⇄host copies in flight and queued, mapping changes, the
 //!   bandwidth measured per direction (`Bandwidth`, `rate.rs`);
 //! - `RemoteAccount` (`remote.rs`): the remote tier's pages, ops, bytes in flight,
@@ -52,8 +53,9 @@
 //! ## Pages and tiers
 //! The host tier is *inclusive*: every page of every buffer has a host slot from `alloc`
 //! to `free`, so a page whose GPU copy is clean leaves the GPU without a copy. A page's
-//! GPU state is one of `Absent`, `Loading` (host→device copy in flight), `Resident`
-//! (clean or dirty) and `Evicting` (device→host copy of a dirty page in flight).
+//! GPU state is one of `Absent`, `Loading` (host→device or peer→device copy in flight),
+//! `Resident` (clean or dirty) and `Evicting` (device→host copy of a dirty page, or
+//! device→peer copy of a clean one, in flight).
 //!
 //! ## The remote tier
 //! With a remote budget (`remote_budget_bytes > 0`), the host tier becomes a cache of
@@ -82,6 +84,9 @@
 //!   allowed when none is in flight, so progress is guaranteed).
 //! - the pages pinned at once never exceed the frames: an acquire that would need more
 //!   fails at once ([`CoreError::HeldAcquiresExceedBudget`]), so waiting always ends.
+//! - a page's copy on the peer GPU (`peer.rs`) holds its current bytes: the page is not
+//!   dirty and has its slot; peer frames in use are the pages with a copy, and no copy
+//!   starts on a frame above the count lent ([`PoolCore::set_peer_frames`]).
 //!
 //! ## Planning
 //! Demand loads (pages of a pending acquire) go first. Under [`Policy::Learned`] the
