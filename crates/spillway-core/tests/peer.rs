@@ -150,31 +150,6 @@ fn taking_every_frame_back_leaves_a_pool_that_works_from_the_host() {
     assert_eq!((s.peer_loads, s.peer_frames_in_use), (loads, 0), "{s:?}");
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Alloc(u64),
-    Acquire(usize, bool),
-    HostAccess(usize, bool),
-    Free(usize),
-    Discard(usize),
-    FinishGpu(usize),
-    Lend(u32),
-    Step,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        1 => (1u64..3 * PAGE).prop_map(Op::Alloc),
-        4 => (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::Acquire(i, x)),
-        1 => (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::HostAccess(i, x)),
-        1 => (0usize..16).prop_map(Op::Free),
-        1 => (0usize..16).prop_map(Op::Discard),
-        2 => (0usize..4).prop_map(Op::FinishGpu),
-        1 => (0u32..6).prop_map(Op::Lend),
-        1 => Just(Op::Step),
-    ]
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
     /// Random sequences over a small GPU and a peer that lends and takes back frames:
@@ -182,42 +157,12 @@ proptest! {
     /// touches a frame not lent, and no invariant breaks.
     #[test]
     fn random_sequences_with_a_lending_peer_never_lose_a_version(
-        ops in proptest::collection::vec(op(), 1..150),
+        ops in ops(true),
         policy in prop_oneof![Just(Policy::Learned), Just(Policy::Clock), Just(Policy::OnDemand)],
     ) {
         let mut m = Model::new(3, 24, 0, policy);
         m.lend(4);
-        let mut bufs: Vec<BufferId> = Vec::new();
-        for op in ops {
-            match op {
-                Op::Alloc(bytes) => if let Ok(b) = m.core.alloc(bytes) { bufs.push(b) },
-                Op::Acquire(i, excl) if !bufs.is_empty() => {
-                    let b = bufs[i % bufs.len()];
-                    let mode = if excl { AccessMode::Exclusive } else { AccessMode::Shared };
-                    m.use_once(b, mode);
-                }
-                Op::HostAccess(i, write) if !bufs.is_empty() => {
-                    let b = bufs[i % bufs.len()];
-                    prop_assert!(m.host_access(b, write));
-                }
-                Op::Free(i) if !bufs.is_empty() => {
-                    let b = bufs.remove(i % bufs.len());
-                    m.free(b);
-                }
-                Op::Discard(i) if !bufs.is_empty() => {
-                    let b = bufs[i % bufs.len()];
-                    m.discard_once(b);
-                }
-                Op::FinishGpu(n) => for _ in 0..n { m.finish_gpu(); },
-                Op::Lend(n) => m.lend(n),
-                Op::Step => m.step(),
-                _ => {}
-            }
-        }
-        m.settle();
+        m.run_ops(ops)?;
         prop_assert_eq!(m.peer_lent, m.peer_asked, "every frame asked back came back");
-        for &b in &bufs {
-            prop_assert!(m.host_access(b, false));
-        }
     }
 }

@@ -496,31 +496,6 @@ fn a_spill_that_lands_after_refusals_resets_the_backoff() {
     m.core.release(h, now);
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Alloc(u64),
-    Acquire(usize, bool),
-    HostAccess(usize, bool),
-    Free(usize),
-    Discard(usize),
-    FinishGpu(usize),
-    FinishNet(usize),
-    Step,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        (1u64..3 * PAGE).prop_map(Op::Alloc),
-        (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::Acquire(i, x)),
-        (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::HostAccess(i, x)),
-        (0usize..16).prop_map(Op::Free),
-        (0usize..16).prop_map(Op::Discard),
-        (0usize..4).prop_map(Op::FinishGpu),
-        (0usize..4).prop_map(Op::FinishNet),
-        Just(Op::Step),
-    ]
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
     /// Random sequences over a small GPU, a small host tier and a remote tier: every
@@ -528,41 +503,11 @@ proptest! {
     /// breaks.
     #[test]
     fn random_sequences_never_lose_a_version(
-        ops in proptest::collection::vec(op(), 1..150),
+        ops in ops(false),
         policy in prop_oneof![Just(Policy::Learned), Just(Policy::Clock), Just(Policy::OnDemand)],
     ) {
         let mut m = Model::new(4, 6, 24, policy);
-        let mut bufs: Vec<BufferId> = Vec::new();
-        for op in ops {
-            match op {
-                Op::Alloc(bytes) => if let Ok(b) = m.core.alloc(bytes) { bufs.push(b) },
-                Op::Acquire(i, excl) if !bufs.is_empty() => {
-                    let b = bufs[i % bufs.len()];
-                    let mode = if excl { AccessMode::Exclusive } else { AccessMode::Shared };
-                    m.use_once(b, mode);
-                }
-                Op::HostAccess(i, write) if !bufs.is_empty() => {
-                    let b = bufs[i % bufs.len()];
-                    prop_assert!(m.host_access(b, write));
-                }
-                Op::Free(i) if !bufs.is_empty() => {
-                    let b = bufs.remove(i % bufs.len());
-                    m.free(b);
-                }
-                Op::Discard(i) if !bufs.is_empty() => {
-                    let b = bufs[i % bufs.len()];
-                    m.discard_once(b);
-                }
-                Op::FinishGpu(n) => for _ in 0..n { m.finish_gpu(); },
-                Op::FinishNet(n) => for _ in 0..n { m.finish_net(); },
-                Op::Step => m.step(),
-                _ => {}
-            }
-        }
-        m.settle();
-        for &b in &bufs {
-            prop_assert!(m.host_access(b, false));
-        }
+        m.run_ops(ops)?;
         let s = m.core.stats();
         prop_assert!(s.slots_in_use <= s.slots_total && s.remote_pages <= s.remote_pages_total);
     }

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
+use proptest::prelude::*;
 use spillway_core::{
     AccessMode, AcquireId, CopyOp, CoreError, MappingChange, PageLocation, PoolCore, RemoteError,
     RemoteOp, RemoteOpKind,
@@ -393,5 +394,92 @@ impl Model {
         self.core.end_host_access(b, 0, 1, write, now);
         self.collect();
         true
+    }
+}
+
+/// One step of a random sequence (`random_sequences_*` in `remote.rs` and `peer.rs`);
+/// indexes are taken modulo the buffers alive.
+#[derive(Debug, Clone)]
+pub enum Op {
+    Alloc(u64),
+    Acquire(usize, bool),
+    HostAccess(usize, bool),
+    Free(usize),
+    Discard(usize),
+    FinishGpu(usize),
+    FinishNet(usize),
+    /// The peer GPU lends this many frames from now on.
+    Lend(u32),
+    Step,
+}
+
+/// Random steps; with `lend`, the peer lends and takes back frames among them.
+pub fn ops(lend: bool) -> impl Strategy<Value = Vec<Op>> {
+    let op = prop_oneof![
+        1 => (1u64..3 * PAGE).prop_map(Op::Alloc),
+        4 => (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::Acquire(i, x)),
+        1 => (0usize..16, any::<bool>()).prop_map(|(i, x)| Op::HostAccess(i, x)),
+        1 => (0usize..16).prop_map(Op::Free),
+        1 => (0usize..16).prop_map(Op::Discard),
+        2 => (0usize..4).prop_map(Op::FinishGpu),
+        1 => (0usize..4).prop_map(Op::FinishNet),
+        u32::from(lend) => (0u32..6).prop_map(Op::Lend),
+        1 => Just(Op::Step),
+    ];
+    proptest::collection::vec(op, 1..150)
+}
+
+impl Model {
+    /// Runs `ops`, then lets everything finish and reads every buffer left from the
+    /// host: every acquire and host access sees the newest version (the model panics
+    /// otherwise).
+    pub fn run_ops(&mut self, ops: Vec<Op>) -> Result<(), TestCaseError> {
+        let mut bufs: Vec<BufferId> = Vec::new();
+        for op in ops {
+            let pick = |bufs: &[BufferId], i: usize| bufs[i % bufs.len()];
+            match op {
+                Op::Alloc(bytes) => {
+                    if let Ok(b) = self.core.alloc(bytes) {
+                        bufs.push(b)
+                    }
+                }
+                Op::Acquire(i, excl) if !bufs.is_empty() => {
+                    let mode = if excl {
+                        AccessMode::Exclusive
+                    } else {
+                        AccessMode::Shared
+                    };
+                    self.use_once(pick(&bufs, i), mode);
+                }
+                Op::HostAccess(i, write) if !bufs.is_empty() => {
+                    prop_assert!(self.host_access(pick(&bufs, i), write));
+                }
+                Op::Free(i) if !bufs.is_empty() => {
+                    let b = bufs.remove(i % bufs.len());
+                    self.free(b);
+                }
+                Op::Discard(i) if !bufs.is_empty() => {
+                    self.discard_once(pick(&bufs, i));
+                }
+                Op::FinishGpu(n) => {
+                    for _ in 0..n {
+                        self.finish_gpu();
+                    }
+                }
+                Op::FinishNet(n) => {
+                    for _ in 0..n {
+                        self.finish_net();
+                    }
+                }
+                Op::Lend(n) => self.lend(n),
+                Op::Step => self.step(),
+                _ => {}
+            }
+        }
+        self.settle();
+        for &b in &bufs {
+            prop_assert!(self.host_access(b, false));
+        }
+        Ok(())
     }
 }
