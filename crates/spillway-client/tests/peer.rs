@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use spillway_client::{
-    Buffer, DeviceChoice, PageSize, PeerError, Policy, Pool, PoolBuilder, PoolError, pattern,
+    Buffer, DeviceChoice, PageSize, PeerError, PeerLease, Policy, Pool, PoolBuilder, PoolError,
+    pattern,
 };
 
 const PAGE: u64 = 64 << 10;
@@ -25,6 +26,17 @@ fn two_gpus() -> (Pool, Pool) {
     let lender = builder(4).lendable_gpu_bytes(8 * PAGE).build().unwrap();
     let borrower = builder(4).build().unwrap();
     (lender, borrower)
+}
+
+/// [`two_gpus`] with the borrower borrowing all 8 lendable frames, its 8 buffers written
+/// and read once.
+fn borrowing_eight() -> (Pool, Pool, PeerLease, Vec<Buffer>) {
+    let (lender, borrower) = two_gpus();
+    let lease = lender.lend(8).unwrap();
+    borrower.borrow(lease.clone()).unwrap();
+    let theirs = written(&borrower, 2, 8);
+    read_step(&borrower, 2, &theirs);
+    (lender, borrower, lease, theirs)
 }
 
 fn seed(pool: u64, i: usize, page: usize) -> u64 {
@@ -97,11 +109,7 @@ fn a_borrower_loads_evicted_pages_from_the_lent_memory_and_the_lenders_own_pages
 
 #[test]
 fn the_lender_takes_frames_back_while_the_borrower_runs_and_lends_them_again() {
-    let (lender, borrower) = two_gpus();
-    let lease = lender.lend(8).unwrap();
-    borrower.borrow(lease.clone()).unwrap();
-    let theirs = written(&borrower, 2, 8);
-    read_step(&borrower, 2, &theirs);
+    let (lender, borrower, lease, theirs) = borrowing_eight();
     std::thread::scope(|s| {
         let reader = s.spawn(|| {
             for _ in 0..6 {
@@ -133,11 +141,7 @@ fn the_lender_takes_frames_back_while_the_borrower_runs_and_lends_them_again() {
 
 #[test]
 fn an_idle_borrower_gives_frames_back_at_once() {
-    let (lender, borrower) = two_gpus();
-    let lease = lender.lend(8).unwrap();
-    borrower.borrow(lease.clone()).unwrap();
-    let theirs = written(&borrower, 2, 8);
-    read_step(&borrower, 2, &theirs);
+    let (_lender, borrower, lease, theirs) = borrowing_eight();
     read_step(&borrower, 2, &theirs);
     borrower.quiesce();
     assert!(borrower.stats().core.peer_frames_in_use > 0);
