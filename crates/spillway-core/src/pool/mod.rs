@@ -779,8 +779,14 @@ impl PoolCore {
         let changed = self.access.replan(
             self.cfg.lookahead_accesses_max,
             &self.pages,
-            self.copies
-                .bytes_per_s(spillway_types::Direction::HostToDevice),
+            plan::Rate {
+                bytes_per_s: self
+                    .copies
+                    .bytes_per_s(spillway_types::Direction::HostToDevice),
+                peer_bytes_per_s: self
+                    .copies
+                    .bytes_per_s(spillway_types::Direction::PeerToDevice),
+            },
             remote_bw,
         );
         // Only the frames of buffers whose next use changed: the cost of a plan does not

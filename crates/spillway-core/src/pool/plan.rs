@@ -78,6 +78,37 @@ impl Tier {
     }
 }
 
+/// How fast a tier brings pages in: from the tier below, and (the GPU tier) from copies
+/// on the peer GPU, which a page with one loads from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Rate {
+    pub(super) bytes_per_s: f64,
+    pub(super) peer_bytes_per_s: f64,
+}
+
+impl From<f64> for Rate {
+    /// One rate for every page.
+    fn from(bytes_per_s: f64) -> Rate {
+        Rate {
+            bytes_per_s,
+            peer_bytes_per_s: bytes_per_s,
+        }
+    }
+}
+
+impl Rate {
+    /// Seconds to bring `bytes` of `p` into `tier`.
+    fn secs(&self, tier: Tier, p: &Page, bytes: u64) -> f64 {
+        let from_peer = tier == Tier::Gpu && p.peer.held().is_some();
+        bytes as f64
+            / if from_peer {
+                self.peer_bytes_per_s
+            } else {
+                self.bytes_per_s
+            }
+    }
+}
+
 /// The pages to bring into one tier ahead of their use, nearest first, each with its
 /// predicted use (an absolute access number).
 #[derive(Debug)]
@@ -102,7 +133,7 @@ impl TierPlan {
     }
 
     /// Plans the pages of `upcoming` accesses (after access `now`) not in the tier,
-    /// within the horizon at `bytes_per_s`; a guess only within the speculation cap
+    /// within the horizon at `rate` (each page at the rate of where it loads from); a guess only within the speculation cap
     /// ([`SPECULATION_WASTE_RATIO`]). A buffer whose next access `overwrites` predicts to
     /// overwrite it needs frames but not its bytes: the GPU tier plans its pages (the
     /// pump reserves their frames, no copy: nothing counts against the horizon), the
@@ -113,13 +144,15 @@ impl TierPlan {
         &mut self,
         upcoming: &[Upcoming],
         now: u64,
-        bytes_per_s: f64,
+        rate: impl Into<Rate>,
         pages: &PageTable,
         overwrites: &Overwrites,
     ) -> Option<usize> {
+        let rate = rate.into();
         self.queue.clear();
         self.horizon = now;
-        let mut queued_bytes = 0u64;
+        // Seconds the pages planned so far (and on their way) take to come.
+        let mut queued_secs = 0f64;
         // The bytes of the sure predictions planned so far, and at least those of the
         // next MIN_LOOKAHEAD_ACCESSES (a guess may come before them).
         let sure_near: f64 = upcoming
@@ -133,8 +166,7 @@ impl TierPlan {
         for (i, u) in upcoming.iter().enumerate() {
             if u.distance >= MIN_LOOKAHEAD_ACCESSES
                 && u.time_until.as_secs_f64()
-                    > self.lead_factor * queued_bytes as f64 / bytes_per_s
-                        + JITTER_MARGIN.as_secs_f64()
+                    > self.lead_factor * queued_secs + JITTER_MARGIN.as_secs_f64()
             {
                 return Some(i);
             }
@@ -176,10 +208,12 @@ impl TierPlan {
                             next,
                         ));
                         if !overwritten {
-                            queued_bytes += pages.page_len(b.bytes, index);
+                            queued_secs += rate.secs(self.tier, p, pages.page_len(b.bytes, index));
                         }
                     }
-                    Need::Coming => queued_bytes += pages.page_len(b.bytes, index),
+                    Need::Coming => {
+                        queued_secs += rate.secs(self.tier, p, pages.page_len(b.bytes, index))
+                    }
                     Need::Nothing => {}
                 }
             }
@@ -360,9 +394,10 @@ impl Access {
         &mut self,
         lookahead: usize,
         pages: &PageTable,
-        gpu_bytes_per_s: f64,
+        gpu_rate: impl Into<Rate>,
         remote_bytes_per_s: Option<f64>,
     ) -> Vec<BufferId> {
+        let gpu_rate = gpu_rate.into();
         let most = lookahead.min(PARTIAL_LOOKAHEAD_ACCESSES);
         if most < lookahead
             && !self.full_due
@@ -388,7 +423,7 @@ impl Access {
                 let gpu_end = self.gpu_plan.replan(
                     &upcoming,
                     self.accesses,
-                    gpu_bytes_per_s,
+                    gpu_rate,
                     pages,
                     &self.overwrites,
                 );
@@ -444,13 +479,8 @@ impl Access {
         self.spare_next_use = std::mem::replace(&mut self.next_use, next_use);
         self.used_since_plan.clear();
         self.planned(&upcoming);
-        self.gpu_plan.replan(
-            &upcoming,
-            self.accesses,
-            gpu_bytes_per_s,
-            pages,
-            &self.overwrites,
-        );
+        self.gpu_plan
+            .replan(&upcoming, self.accesses, gpu_rate, pages, &self.overwrites);
         match remote_bytes_per_s {
             Some(bw) => {
                 self.host_plan
@@ -539,6 +569,34 @@ mod tests {
         plan.replan(&ups, 5, 1e3, &pages, &Overwrites::default());
         assert_eq!(plan.queue[0], (page(a, 1), 6));
         assert_eq!(plan.queue.len(), 3);
+    }
+
+    #[test]
+    fn a_page_with_a_copy_on_the_peer_counts_at_the_peers_rate() {
+        let mut pages = PageTable::new(100);
+        let a = pages.insert(110, vec![Page::new(None), Page::new(None)]);
+        let b = pages.insert(110, vec![Page::new(None), Page::new(None)]);
+        let ups = [upcoming(a.0, 0, 0), upcoming(b.0, 9, 50)];
+        let page = |buffer, index| PageId { buffer, index };
+        let rate = Rate {
+            bytes_per_s: 1e3,
+            peer_bytes_per_s: 1e6,
+        };
+        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
+        // From the host `a` takes 110 ms: `b` is within the horizon.
+        plan.replan(&ups, 5, rate, &pages, &Overwrites::default());
+        assert_eq!(plan.queue.len(), 4);
+        // With copies on the peer `a` takes 0.11 ms: `b` is beyond it.
+        for index in 0..2 {
+            pages.page_mut(page(a, index)).peer =
+                super::super::peer::Peer::Held(spillway_types::PeerFrameId(index));
+        }
+        plan.replan(&ups, 5, rate, &pages, &Overwrites::default());
+        assert_eq!(plan.queue, [(page(a, 0), 6), (page(a, 1), 6)]);
+        // The host tier stages from the remote tier: a peer copy changes nothing there.
+        let mut host = TierPlan::new(Tier::Host, REMOTE_LEAD_FACTOR);
+        host.replan(&ups, 5, rate, &pages, &Overwrites::default());
+        assert_eq!(host.queue.len(), 4);
     }
 
     /// A predictor that predicts `seq` surely, one access a millisecond, and records the
