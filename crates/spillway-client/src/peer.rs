@@ -55,6 +55,9 @@ impl Pool {
             if let Some(shared) = weak.upgrade() {
                 let mut state = shared.lock_on_device_thread();
                 shared.drive(&mut state);
+                drop(state);
+                // Acquires waiting for frames may go on.
+                shared.cond.notify_all();
             }
         }));
         let mut state = self.shared.lock();

@@ -178,7 +178,7 @@ impl LogLimit {
 
 pub(crate) struct Shared {
     state: Mutex<State>,
-    cond: Condvar,
+    pub(crate) cond: Condvar,
     device: OnceLock<Arc<dyn Device>>,
     remote: OnceLock<Arc<dyn RemoteTier>>,
     epoch: Instant,

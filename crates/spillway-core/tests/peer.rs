@@ -165,4 +165,17 @@ proptest! {
         m.run_ops(ops)?;
         prop_assert_eq!(m.peer_lent, m.peer_asked, "every frame asked back came back");
     }
+
+    /// The same with a small host tier over a remote tier: pages leave their slots (and
+    /// their copies on the peer with them) and come back.
+    #[test]
+    fn random_sequences_with_a_lending_peer_and_a_remote_tier_never_lose_a_version(
+        ops in ops(true),
+        policy in prop_oneof![Just(Policy::Learned), Just(Policy::Clock), Just(Policy::OnDemand)],
+    ) {
+        let mut m = Model::new(3, 6, 24, policy);
+        m.lend(4);
+        m.run_ops(ops)?;
+        prop_assert_eq!(m.peer_lent, m.peer_asked, "every frame asked back came back");
+    }
 }

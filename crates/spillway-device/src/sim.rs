@@ -158,7 +158,10 @@ pub struct SimDevice {
     streams: [Option<mpsc::Sender<Job>>; 4],
     threads: Vec<JoinHandle<()>>,
     sink: CompletionSink,
+    /// The frames this device borrows.
     peer: OnceLock<PeerLease>,
+    /// The lease of the frames this device lends (one at most).
+    lent_out: OnceLock<PeerLease>,
 }
 
 /// Frames one sim device lends another: the lender's memory, how many of its lendable
@@ -183,8 +186,11 @@ struct LeaseState {
     wanted: AtomicU32,
     /// Called when the lender asks frames back (the borrower's pool sets it).
     waker: Mutex<Option<Waker>>,
-    /// Signalled when the borrower gives frames back.
+    /// Guards the changes of `lent` and `wanted` (so a give-back never undoes a lend that
+    /// came after the count it answers), and is signalled when frames come back.
     given: (Mutex<()>, Condvar),
+    /// A device borrows through this lease (one at most).
+    attached: std::sync::atomic::AtomicBool,
 }
 
 /// What wakes the borrower.
@@ -205,15 +211,31 @@ impl PeerLease {
     /// The lender wants at most `frames` lent: the borrower answers through
     /// [`PeerLease::give_back`] once it no longer uses the frames above.
     pub fn ask_back(&self, frames: u32) {
-        self.state.wanted.fetch_min(frames, Ordering::AcqRel);
+        {
+            let _held = self.state.given.0.lock().expect("lease lock poisoned");
+            self.state.wanted.fetch_min(frames, Ordering::AcqRel);
+        }
         self.wake();
     }
 
     /// The borrower no longer uses peer frames `frames..`: they are the lender's again.
+    /// Only an answer to a request counts ([`PeerLease::ask_back`] of `frames` or fewer
+    /// still standing): one that a new [`PeerLease::lend`] overtook changes nothing.
     pub fn give_back(&self, frames: u32) {
         let (lock, given) = &self.state.given;
         let _held = lock.lock().expect("lease lock poisoned");
-        self.state.lent.fetch_min(frames, Ordering::AcqRel);
+        if self.state.wanted.load(Ordering::Acquire) <= frames {
+            self.state.lent.fetch_min(frames, Ordering::AcqRel);
+            given.notify_all();
+        }
+    }
+
+    /// The borrower is gone: every frame is the lender's again.
+    fn detach(&self) {
+        let (lock, given) = &self.state.given;
+        let _held = lock.lock().expect("lease lock poisoned");
+        self.state.lent.store(0, Ordering::Release);
+        self.state.wanted.store(u32::MAX, Ordering::Release);
         given.notify_all();
     }
 
@@ -234,12 +256,20 @@ impl PeerLease {
         *self.state.waker.lock().expect("lease waker poisoned") = Some(wake);
     }
 
-    /// The lender lends `frames` again (at most what it can lend): frames asked back
-    /// and given back may be lent anew. Wakes the borrower, which starts using them.
+    /// The lender lends up to `frames` (at most what it can lend): frames given back may
+    /// be lent anew, and a request to take frames back is withdrawn. Fewer than are lent
+    /// now is a request to take the rest back ([`PeerLease::ask_back`]): frames the
+    /// borrower may be copying to are never taken without its answer. Wakes the borrower.
     pub fn lend(&self, frames: u32) {
         let frames = frames.min(self.memory.lendable);
-        self.state.wanted.store(u32::MAX, Ordering::Release);
-        self.state.lent.store(frames, Ordering::Release);
+        if frames < self.lent() {
+            return self.ask_back(frames);
+        }
+        {
+            let _held = self.state.given.0.lock().expect("lease lock poisoned");
+            self.state.wanted.store(u32::MAX, Ordering::Release);
+            self.state.lent.fetch_max(frames, Ordering::AcqRel);
+        }
         self.wake();
     }
 
@@ -297,22 +327,27 @@ impl SimDevice {
     }
 
     /// Lends `frames` of this device's lendable frames (all of them at most) to a
-    /// neighbour, which attaches the lease ([`SimDevice::attach_peer`]).
+    /// neighbour, which attaches the lease ([`SimDevice::attach_peer`]). One lease per
+    /// device: a later call lends through the same lease ([`PeerLease::lend`]), so no two
+    /// borrowers ever share frames.
     pub fn lease(&self, frames: u32) -> PeerLease {
-        let frames = frames.min(self.memory.lendable);
-        PeerLease {
+        let lease = self.lent_out.get_or_init(|| PeerLease {
             memory: self.memory.clone(),
             state: Arc::new(LeaseState {
-                lent: AtomicU32::new(frames),
+                lent: AtomicU32::new(0),
                 wanted: AtomicU32::new(u32::MAX),
                 waker: Mutex::new(None),
                 given: (Mutex::new(()), Condvar::new()),
+                attached: std::sync::atomic::AtomicBool::new(false),
             }),
-        }
+        });
+        lease.lend(frames);
+        lease.clone()
     }
 
     /// Borrows the frames of `lease` (made by another sim device) as this device's
-    /// peer-GPU tier, and starts the two peer copy threads. Once per device.
+    /// peer-GPU tier (copies in the peer directions use its frames). Once per device, and
+    /// one device per lease.
     pub fn attach_peer(&self, lease: PeerLease) -> Result<(), DeviceError> {
         if lease.page_bytes() != self.memory.config.page_bytes {
             return Err(DeviceError::Driver {
@@ -322,6 +357,18 @@ impl SimDevice {
                     lease.page_bytes(),
                     self.memory.config.page_bytes
                 ),
+            });
+        }
+        if self.peer.get().is_some() {
+            return Err(DeviceError::Driver {
+                op: "attach peer",
+                message: "a peer is attached already".into(),
+            });
+        }
+        if lease.state.attached.swap(true, Ordering::AcqRel) {
+            return Err(DeviceError::Driver {
+                op: "attach peer",
+                message: "the lease is borrowed by another device already".into(),
             });
         }
         self.peer.set(lease).map_err(|_| DeviceError::Driver {
@@ -367,6 +414,7 @@ impl SimDevice {
             threads: Vec::new(),
             sink,
             peer: OnceLock::new(),
+            lent_out: OnceLock::new(),
         };
         for direction in Direction::ALL {
             device.start_stream(direction)?;
@@ -429,10 +477,12 @@ impl SimDevice {
 struct Job {
     op: CopyOp,
     far: Result<*mut u8, DeviceError>,
+    /// The peer's memory, for a peer copy: `far` points into it, so it lives as long.
+    _peer: Option<Arc<Memory>>,
 }
 
 fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<Job>, sink: &CompletionSink) {
-    while let Ok(Job { op, far }) = rx.recv() {
+    while let Ok(Job { op, far, .. }) = rx.recv() {
         let result = check_range(0, op.bytes, memory.config.page_bytes)
             .and(far)
             .map(|far| {
@@ -459,15 +509,20 @@ fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<Job>, sink: &CompletionSink)
     }
 }
 
-// SAFETY: the pointer in a `Job` is into a region that outlives the copy thread (its
-// `Arc<Memory>`, or the peer's, held by the device that sends jobs), and is touched only
-// by that copy under the pool's contract.
+// SAFETY: the pointer in a `Job` is into a region that outlives the job (the copy
+// thread's own `Arc<Memory>`, or the peer's, which the job holds), and is touched only by
+// that copy under the pool's contract.
 unsafe impl Send for Job {}
 
 impl Drop for SimDevice {
     fn drop(&mut self) {
         for s in &mut self.streams {
             s.take();
+        }
+        // Copies still queued keep the peer's memory alive (their `Job`); the frames are
+        // the lender's again once this device is gone.
+        if let Some(lease) = self.peer.get() {
+            lease.detach();
         }
         let me = std::thread::current().id();
         for t in self.threads.drain(..) {
@@ -509,8 +564,16 @@ impl Device for SimDevice {
         let stream = self.streams[op.direction.index()]
             .as_ref()
             .expect("streams live until drop");
+        let peer = match op.far {
+            Far::Peer(_) => self.peer.get().map(|lease| lease.memory.clone()),
+            Far::Host(_) => None,
+        };
         stream
-            .send(Job { op, far })
+            .send(Job {
+                op,
+                far,
+                _peer: peer,
+            })
             .expect("copy thread lives until drop");
     }
 
@@ -808,6 +871,32 @@ mod tests {
             rx.recv().unwrap().result.is_err(),
             "frame 1 is the lender's again"
         );
+    }
+
+    #[test]
+    fn a_lease_is_one_per_lender_and_one_borrower_and_only_answers_take_frames_back() {
+        let (lender, borrower, rx) = two_gpus();
+        let lease = lender.lease(2);
+        // A second lease of the same lender is the same lease: lending more through it.
+        let again = lender.lease(3);
+        assert_eq!((lease.lent(), again.lent()), (3, 3));
+        borrower.attach_peer(lease.clone()).unwrap();
+        let (_, other, _) = two_gpus();
+        let e = other.attach_peer(again.clone()).unwrap_err();
+        assert!(e.to_string().contains("another device"), "{e}");
+        // Lending fewer than are lent asks the rest back: nothing is taken unanswered.
+        lease.lend(1);
+        assert_eq!((lease.lent(), lease.asked_back()), (3, Some(1)));
+        // An answer that a newer lend overtook changes nothing.
+        lease.lend(3);
+        lease.give_back(1);
+        assert_eq!((lease.lent(), lease.asked_back()), (3, None));
+        borrower.submit(peer_copy(1, Direction::DeviceToPeer, 0, 2));
+        rx.recv().unwrap().result.unwrap();
+        // A borrower gone gives every frame back.
+        drop(borrower);
+        assert_eq!(lease.lent(), 0);
+        assert!(lease.wait_given_back(0, Duration::ZERO).is_some());
     }
 
     #[test]

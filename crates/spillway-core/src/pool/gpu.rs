@@ -10,7 +10,7 @@ use spillway_types::{BufferId, Direction, Far, FrameId, PageId, TransferId};
 use super::PoolCore;
 use super::frames::GpuFrames;
 use super::pages::{Gpu, Host, Page, PageTable};
-use super::peer::Peer;
+use super::peer::{Peer, PeerFill};
 use super::pump::Place;
 use crate::error::{CoreError, DeviceFault};
 use crate::eviction::VictimView;
@@ -95,9 +95,9 @@ impl PoolCore {
     }
 
     /// Takes `pid` off the GPU now: a clean page is dropped (true), or first leaves a
-    /// copy on the peer GPU (false; the frame comes free when it lands); a dirty one
-    /// starts its write-back (false, likewise) if the bound and a slot allow.
-    pub(super) fn evict(&mut self, pid: PageId, now: Duration) -> bool {
+    /// copy on the peer GPU as `fill` allows (false; the frame comes free when it lands);
+    /// a dirty one starts its write-back (false, likewise) if the bound and a slot allow.
+    pub(super) fn evict(&mut self, pid: PageId, fill: PeerFill, now: Duration) -> bool {
         let Gpu::Resident { frame, dirty, .. } = self.pages.page(pid).gpu else {
             return false;
         };
@@ -105,7 +105,7 @@ impl PoolCore {
             // A reserved frame held none of the page's bytes: no eviction of the page.
             if !self.pages.page(pid).reserved {
                 self.stats.on_evict(false);
-                if self.start_peer_fill(pid, frame, now) {
+                if self.start_peer_fill(pid, frame, fill, now) {
                     return false;
                 }
             }
@@ -183,13 +183,15 @@ impl PoolCore {
                 }
             };
             let victim = self.gpu.owner(victim).expect("eligible frames hold a page");
-            if !self.evict(victim, now) && !self.evicting(victim) {
+            // The incoming page's own copy on the peer stays: it loads from it.
+            let fill = PeerFill::Keeping(pid);
+            if !self.evict(victim, fill, now) && !self.evicting(victim) {
                 // Dirty, and the write-back bound is reached or no slot can take it now:
                 // a clean page may leave instead; else try again after a completion.
                 let Some(other) = self.evictable_victim(bound) else {
                     return Place::Never;
                 };
-                if !self.evict(other, now) && !self.evicting(other) {
+                if !self.evict(other, fill, now) && !self.evicting(other) {
                     return Place::Never;
                 }
             }
@@ -429,7 +431,8 @@ impl PoolCore {
             return false;
         };
         let pid = self.gpu.owner(frame).expect("eligible frames hold a page");
-        self.evict(pid, now)
+        // Its slot goes next, and a peer copy with it: none is made.
+        self.evict(pid, PeerFill::Skip, now)
     }
 }
 

@@ -584,7 +584,7 @@ impl PoolCore {
                 buffer: a.buffer,
                 index,
             };
-            self.evict(pid, now);
+            self.evict(pid, peer::PeerFill::Keeping(pid), now);
         }
         self.pump(now);
     }

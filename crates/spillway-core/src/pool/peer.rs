@@ -24,6 +24,15 @@ use spillway_types::{BufferId, CopyOp, Direction, Far, FrameId, PageId, PeerFram
 use super::PoolCore;
 use super::pages::{Gpu, Host};
 
+/// Whether a clean page leaving the GPU may leave a copy on the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PeerFill {
+    /// Yes, and the copy of this page (one about to load from it) is not a victim.
+    Keeping(PageId),
+    /// No: the page's slot goes next, and a copy with it.
+    Skip,
+}
+
 /// A page's copy on the peer GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(super) enum Peer {
@@ -235,7 +244,16 @@ impl PoolCore {
     /// Starts a device→peer copy of clean page `pid` leaving `frame`, if the peer can
     /// take it now (a free frame, or a copy used later than `pid`): the page is
     /// `Evicting` until it lands. False if it cannot (the page is simply dropped).
-    pub(super) fn start_peer_fill(&mut self, pid: PageId, frame: FrameId, now: Duration) -> bool {
+    pub(super) fn start_peer_fill(
+        &mut self,
+        pid: PageId,
+        frame: FrameId,
+        fill: PeerFill,
+        now: Duration,
+    ) -> bool {
+        let PeerFill::Keeping(keep) = fill else {
+            return false;
+        };
         if self.gpu.peer.limit() == 0
             || self.pages.page(pid).peer != Peer::Absent
             || !self
@@ -245,9 +263,17 @@ impl PoolCore {
         {
             return false;
         }
-        let Some(to) = self.peer_frame_for(pid) else {
+        let Some(to) = self.peer_frame_for(pid, keep) else {
             return false;
         };
+        if let Gpu::Resident {
+            unused_prefetch: true,
+            ..
+        } = self.pages.page(pid).gpu
+        {
+            // It leaves the GPU unused (the fill's end makes it resident again, briefly).
+            self.stats.prefetch_wasted += 1;
+        }
         self.gpu.peer.occupy(to, pid);
         self.gpu.peer.begin_copy(to);
         self.stats.peer_fills += 1;
@@ -260,8 +286,10 @@ impl PoolCore {
     }
 
     /// A peer frame for a copy of `pid`: a free one, else the frame of the idle copy
-    /// used furthest ahead, if that is after `pid`'s next use (its copy is dropped).
-    fn peer_frame_for(&mut self, pid: PageId) -> Option<PeerFrameId> {
+    /// used furthest ahead, if that is after `pid`'s next use (its copy is dropped). The
+    /// copies of `keep` and of pages an acquire waits for are no victims: they are about
+    /// to be loaded from.
+    fn peer_frame_for(&mut self, pid: PageId, keep: PageId) -> Option<PeerFrameId> {
         if let Some(f) = self.gpu.peer.take() {
             return Some(f);
         }
@@ -273,7 +301,7 @@ impl PoolCore {
         let incoming = key(incoming);
         let mut best: Option<(u64, PeerFrameId, PageId)> = None;
         for (f, owner) in self.gpu.peer.owned() {
-            if self.gpu.peer.busy(f) {
+            if self.gpu.peer.busy(f) || owner == keep || self.pages.page(owner).pins > 0 {
                 continue;
             }
             let next = key(self.access.next_use(owner.buffer));
