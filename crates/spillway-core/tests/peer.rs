@@ -138,6 +138,31 @@ fn frames_taken_back_are_given_up_once_their_copies_land_and_never_used_again() 
 }
 
 #[test]
+fn a_peer_whose_copies_fail_costs_those_copies_not_the_pool() {
+    let (mut m, bufs) = pool(Policy::Learned, 8);
+    read_loop(&mut m, &bufs, 2);
+    let before = m.core.stats();
+    assert!(before.peer_frames_in_use > 0, "{before:?}");
+    // The peer dies: every copy to or from it fails from now on, with loads from it
+    // in flight. Every acquire still gets the newest version, from the host.
+    m.peer_fails = true;
+    let (hits, reads) = read_loop(&mut m, &bufs, 4);
+    let s = m.core.stats();
+    assert!(s.peer_errors > 0, "{s:?}");
+    assert!(
+        s.h2d_bytes > before.h2d_bytes,
+        "loads fall back to the host: {s:?}"
+    );
+    assert_eq!(
+        s.p2d_bytes, before.p2d_bytes,
+        "no load from the peer lands: {s:?}"
+    );
+    assert!(reads > 0 && hits <= reads);
+    // Its copies are gone as they fail: none is left to fail again and again.
+    assert!(s.peer_frames_in_use <= before.peer_frames_in_use, "{s:?}");
+}
+
+#[test]
 fn taking_every_frame_back_leaves_a_pool_that_works_from_the_host() {
     let (mut m, bufs) = pool(Policy::Clock, 6);
     read_loop(&mut m, &bufs, 2);

@@ -17,7 +17,9 @@ use crate::eviction::VictimView;
 
 impl PoolCore {
     /// Records that copy `id` finished at `now` (`Err` with the device's fault if it
-    /// failed: the pool fails, since the device's state is unknown).
+    /// failed: the pool fails, since the device's state is unknown; but a copy to or from
+    /// the peer GPU that failed loses only that copy, since the host tier holds every
+    /// page: see `PoolCore::peer_copy_failed`).
     pub fn handle_transfer_done(
         &mut self,
         id: TransferId,
@@ -30,11 +32,20 @@ impl PoolCore {
         };
         let pid = t.page;
         self.pages.page_mut(pid).in_flight -= 1;
-        if let Err(e) = result {
-            self.failed.get_or_insert(CoreError::DeviceFailed(e));
-        }
         let freed = self.pages.get(pid.buffer).is_none_or(|b| b.freed);
         let wanted = self.pages.page(pid).pins > 0;
+        match (result, t.far) {
+            (Ok(()), _) => {}
+            (Err(_), Far::Peer(on)) => {
+                self.peer_copy_failed(pid, on, freed, wanted);
+                self.reap(pid.buffer);
+                self.pump(now);
+                return;
+            }
+            (Err(e), Far::Host(_)) => {
+                self.failed.get_or_insert(CoreError::DeviceFailed(e));
+            }
+        }
         match (t.direction, self.pages.page(pid).gpu) {
             (
                 Direction::HostToDevice | Direction::PeerToDevice,

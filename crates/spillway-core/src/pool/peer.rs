@@ -317,6 +317,46 @@ impl PoolCore {
         })
     }
 
+    /// A copy of `pid` to or from peer frame `on` failed: the copy is lost, not the page
+    /// (its host slot holds its bytes). A fill's page is clean and resident again (its
+    /// frame comes free as after a drop); a load's frame holds garbage, so the page
+    /// leaves it and, if an acquire waits for it, loads again from its slot.
+    pub(super) fn peer_copy_failed(
+        &mut self,
+        pid: PageId,
+        on: PeerFrameId,
+        freed: bool,
+        wanted: bool,
+    ) {
+        self.stats.peer_errors += 1;
+        self.gpu.peer.end_copy(on);
+        let page = self.pages.page_mut(pid);
+        if matches!(page.peer, Peer::Held(f) | Peer::Filling(f) if f == on) {
+            page.peer = Peer::Absent;
+            self.gpu.peer.vacate(on);
+        }
+        match self.pages.page(pid).gpu {
+            Gpu::Evicting { frame } => {
+                self.pages.page_mut(pid).gpu = Gpu::Resident {
+                    frame,
+                    dirty: false,
+                    unused_prefetch: false,
+                };
+                self.gpu.end_evicting();
+                if !wanted || freed {
+                    self.release_frame(pid, frame);
+                }
+            }
+            Gpu::Loading { frame, .. } => {
+                self.release_frame(pid, frame);
+                if wanted && !freed {
+                    self.access.demand.push_back(pid);
+                }
+            }
+            state => debug_assert!(false, "a peer copy of {pid} failed in state {state:?}"),
+        }
+    }
+
     /// The direction a load of `pid` takes: from its peer copy if it has one, else from
     /// its host slot.
     pub(super) fn load_direction(&self, pid: PageId) -> Direction {

@@ -184,6 +184,9 @@ pub struct CoreStats {
     pub peer_fills: u64,
     /// Loads served from the peer GPU.
     pub peer_loads: u64,
+    /// Copies to or from the peer GPU that failed (each lost only that copy: the page
+    /// loads from its slot instead).
+    pub peer_errors: u64,
     /// Peer frames holding (or filling) a copy now.
     pub peer_frames_in_use: u64,
     /// Peer frames lent to the pool now.

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use spillway_core::{
-    AccessMode, AcquireId, CopyOp, CoreError, MappingChange, PageLocation, PoolCore, RemoteError,
-    RemoteOp, RemoteOpKind,
+    AccessMode, AcquireId, CopyOp, CoreError, DeviceFault, MappingChange, PageLocation, PoolCore,
+    RemoteError, RemoteOp, RemoteOpKind,
 };
 use spillway_types::config::{Policy, PoolConfig};
 use spillway_types::{BufferId, Direction, Far, FrameId, HostSlot, PageId, PageSize, PeerFrameId};
@@ -39,6 +39,8 @@ pub struct Model {
     pub peer_lent: u32,
     /// What the lender asked to come down to, until the core says the frames are back.
     pub peer_asked: u32,
+    /// Every copy to or from the peer fails (the peer GPU is gone): nothing moves.
+    pub peer_fails: bool,
     pub latest: HashMap<PageId, u64>,
     pub gpu: VecDeque<CopyOp>,
     pub net: VecDeque<RemoteOp>,
@@ -69,6 +71,7 @@ impl Model {
             peer: HashMap::new(),
             peer_lent: 0,
             peer_asked: 0,
+            peer_fails: false,
             latest: HashMap::new(),
             gpu: VecDeque::new(),
             net: VecDeque::new(),
@@ -152,6 +155,15 @@ impl Model {
                 f.0,
                 self.peer_lent
             );
+        }
+        if self.peer_fails && matches!(tr.far, Far::Peer(_)) {
+            // A frame a failed load was copying into holds garbage.
+            self.frames.remove(&tr.frame);
+            let now = self.t();
+            let gone = DeviceFault::new("the peer GPU is gone");
+            self.core.handle_transfer_done(tr.id, Err(gone), now);
+            self.collect();
+            return true;
         }
         match (tr.direction, tr.far) {
             (Direction::PeerToDevice, Far::Peer(f)) => {
