@@ -801,8 +801,11 @@ pub(crate) mod tests {
             r.steps.iter().all(|s| s.remote_bytes_in > 0),
             "the remote tier is used"
         );
+        // Timing, as above: on a loaded machine (a CI run beside other builds) a prefetch
+        // can land a little late, 2 demand loads of 96 acquires seen once; the planning
+        // fault this test guards against missed 11 a step.
         assert!(
-            demand[1..].iter().all(|&d| d == 0),
+            demand[1..].iter().all(|&d| d <= 2),
             "demand loads per step: {demand:?}, hit rates {rates:?}"
         );
         assert!(rates[1..].iter().all(|&h| h >= 0.95), "{rates:?}");
