@@ -79,21 +79,26 @@ impl PoolCore {
                         *clean = false;
                     }
                 }
-                let page = self.pages.page_mut(pid);
-                page.gpu = Gpu::Resident {
-                    frame,
-                    dirty: false,
-                    unused_prefetch: false,
-                };
-                self.gpu.end_evicting();
-                if !wanted || freed {
-                    self.release_frame(pid, frame);
-                }
+                self.settle_evicted(pid, frame, wanted && !freed);
             }
             (dir, state) => panic!("completion of {dir:?} for {pid} in state {state:?}"),
         }
         self.reap(pid.buffer);
         self.pump(now);
+    }
+
+    /// A copy out of `frame` (a write-back or a fill of the peer) ended: `pid` is clean
+    /// and resident again, and leaves the frame unless it is `kept` (an acquire wants it).
+    pub(super) fn settle_evicted(&mut self, pid: PageId, frame: FrameId, kept: bool) {
+        self.pages.page_mut(pid).gpu = Gpu::Resident {
+            frame,
+            dirty: false,
+            unused_prefetch: false,
+        };
+        self.gpu.end_evicting();
+        if !kept {
+            self.release_frame(pid, frame);
+        }
     }
 
     /// Starts a copy of `pid` between `frame` and its slot.

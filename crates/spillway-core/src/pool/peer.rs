@@ -336,17 +336,7 @@ impl PoolCore {
             self.gpu.peer.vacate(on);
         }
         match self.pages.page(pid).gpu {
-            Gpu::Evicting { frame } => {
-                self.pages.page_mut(pid).gpu = Gpu::Resident {
-                    frame,
-                    dirty: false,
-                    unused_prefetch: false,
-                };
-                self.gpu.end_evicting();
-                if !wanted || freed {
-                    self.release_frame(pid, frame);
-                }
-            }
+            Gpu::Evicting { frame } => self.settle_evicted(pid, frame, wanted && !freed),
             Gpu::Loading { frame, .. } => {
                 self.release_frame(pid, frame);
                 if wanted && !freed {
