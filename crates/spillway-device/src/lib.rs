@@ -5,8 +5,10 @@
 //! - **host slots**: `host_slots` page-sized pieces of host memory, the host tier (pinned
 //!   on a real GPU, so copies run at full PCIe speed).
 //!
-//! It moves pages between them on two copy *streams*, one per [`Direction`], so a load and
-//! an eviction run at once. Copies of one direction complete in submission order, and
+//! It moves pages between them on a copy *stream* per [`Direction`], so a load and an
+//! eviction run at once (two host directions; two more to and from the frames a
+//! neighbouring GPU lends, where the backend has a peer: [`Device::peer_frames`]). Copies
+//! of one direction complete in submission order, and
 //! each completion is reported to the [`CompletionSink`] given at creation, from the
 //! device's own thread. The caller (the pool) guarantees that no frame or slot is touched
 //! by anyone else while a copy that uses it is in flight; the device does not check.

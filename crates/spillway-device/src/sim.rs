@@ -2,7 +2,7 @@
 //!
 //! Frames and host slots are two page-aligned regions allocated and pre-faulted at
 //! creation, so the budget is real memory and no copy pays for first-touch page faults.
-//! Copies are real CPU copies on two threads, one per direction (the "streams"), so they
+//! Copies are real CPU copies on one thread per direction (the "streams"), so they
 //! overlap with the caller's compute exactly as DMA engines would; a copy completes in
 //! submission order within its direction. Like a DMA copy they leave the destination out
 //! of the CPU caches (module `uncached`), so a page copied just before a kernel reads
@@ -301,7 +301,7 @@ impl std::fmt::Debug for PeerLease {
 }
 
 impl SimDevice {
-    /// Allocates (and pre-faults) the frames and slots, and starts the two copy threads.
+    /// Allocates (and pre-faults) the frames and slots, and starts the copy threads (one per direction).
     pub fn new(config: DeviceConfig, sink: CompletionSink) -> Result<SimDevice, DeviceError> {
         Self::with_host_memory(config, None, sink)
     }
