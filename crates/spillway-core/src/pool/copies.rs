@@ -35,11 +35,6 @@ pub(super) struct Copies {
     bandwidth: [Bandwidth; 4],
 }
 
-/// The index of a direction in the per-direction arrays.
-fn index(d: Direction) -> usize {
-    d.index()
-}
-
 impl Copies {
     /// No copies; at most `h2d_max` bytes in flight into the GPU and `d2h_max` out of it,
     /// per direction (one copy is always allowed; the peer directions have the same
@@ -61,13 +56,13 @@ impl Copies {
     /// bound, one at a time left the copy engine idle for each completion's round trip,
     /// 7% of a step at 64 MiB pages on the H200).
     pub(super) fn may_issue(&self, direction: Direction, bytes: u64) -> bool {
-        let d = index(direction);
+        let d = direction.index();
         self.in_flight_bytes[d] + bytes <= self.in_flight_bytes_max[d].max(2 * bytes)
     }
 
     /// Records `op` (of `page`) as in flight from `now` and queues it for the driver.
     pub(super) fn issue(&mut self, op: CopyOp, page: PageId, now: Duration) {
-        self.in_flight_bytes[index(op.direction)] += op.bytes;
+        self.in_flight_bytes[op.direction.index()] += op.bytes;
         self.in_flight.insert(
             op.id,
             InFlight {
@@ -85,7 +80,7 @@ impl Copies {
     /// sample. `None` if no such copy is in flight.
     pub(super) fn complete(&mut self, id: TransferId, now: Duration) -> Option<InFlight> {
         let t = self.in_flight.remove(&id)?;
-        let d = index(t.direction);
+        let d = t.direction.index();
         self.in_flight_bytes[d] -= t.bytes;
         self.bandwidth[d].on_done(t.issued_at, now, t.bytes);
         Some(t)
@@ -113,7 +108,7 @@ impl Copies {
 
     /// The estimated bandwidth of `direction`, bytes/s.
     pub(super) fn bytes_per_s(&self, direction: Direction) -> f64 {
-        self.bandwidth[index(direction)].bytes_per_s()
+        self.bandwidth[direction.index()].bytes_per_s()
     }
 
     /// Replaces both directions' estimates with a first guess.
@@ -133,8 +128,8 @@ impl Copies {
         let mut sums = [0u64; 4];
         let mut counts = [0usize; 4];
         for t in self.in_flight.values() {
-            sums[index(t.direction)] += t.bytes;
-            counts[index(t.direction)] += 1;
+            sums[t.direction.index()] += t.bytes;
+            counts[t.direction.index()] += 1;
         }
         assert_eq!(sums, self.in_flight_bytes, "bytes in flight");
         for (d, count) in counts.into_iter().enumerate() {

@@ -10,7 +10,7 @@ use spillway_types::{BufferId, Direction, Far, FrameId, PageId, TransferId};
 use super::PoolCore;
 use super::frames::GpuFrames;
 use super::pages::{Gpu, Host, Page, PageTable};
-use super::peer::{Peer, PeerFill};
+use super::peer::PeerFill;
 use super::pump::Place;
 use crate::error::{CoreError, DeviceFault};
 use crate::eviction::VictimView;
@@ -304,15 +304,13 @@ impl PoolCore {
             .occupy(frame, pid, self.access.next_use(pid.buffer));
         self.pages.page_mut(pid).gpu = Gpu::Loading { frame, prefetch };
         self.copies.map(pid, frame);
-        match self.pages.page(pid).peer {
-            Peer::Held(from) => {
+        match self.pages.page(pid).peer.held() {
+            Some(from) => {
                 self.gpu.peer.begin_copy(from);
                 self.stats.peer_loads += 1;
                 self.issue_copy(pid, Direction::PeerToDevice, frame, Far::Peer(from), now);
             }
-            Peer::Absent | Peer::Filling(_) => {
-                self.start_copy(pid, Direction::HostToDevice, frame, now)
-            }
+            None => self.start_copy(pid, Direction::HostToDevice, frame, now),
         }
         self.stats.on_load(prefetch, self.gpu.in_use());
     }

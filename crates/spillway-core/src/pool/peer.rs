@@ -311,10 +311,13 @@ impl PoolCore {
         }
         let (_, frame, owner) = best?;
         self.drop_peer_copy(owner);
-        self.gpu.peer.take().filter(|&f| f == frame).or_else(|| {
-            debug_assert!(false, "the victim's peer frame comes free at once");
-            None
-        })
+        let taken = self.gpu.peer.take();
+        debug_assert_eq!(
+            taken,
+            Some(frame),
+            "the victim's peer frame comes free at once"
+        );
+        taken
     }
 
     /// A copy of `pid` to or from peer frame `on` failed: the copy is lost, not the page
@@ -350,9 +353,10 @@ impl PoolCore {
     /// The direction a load of `pid` takes: from its peer copy if it has one, else from
     /// its host slot.
     pub(super) fn load_direction(&self, pid: PageId) -> Direction {
-        match self.pages.page(pid).peer {
-            Peer::Held(_) => Direction::PeerToDevice,
-            Peer::Absent | Peer::Filling(_) => Direction::HostToDevice,
+        if self.pages.page(pid).peer.held().is_some() {
+            Direction::PeerToDevice
+        } else {
+            Direction::HostToDevice
         }
     }
 

@@ -198,6 +198,7 @@ impl TierPlan {
             self.horizon = self.horizon.max(next);
             for (index, p) in b.pages.iter().enumerate() {
                 let index = index as u32;
+                let secs = || rate.secs(self.tier, p, pages.page_len(b.bytes, index));
                 match self.tier.need(p, overwritten) {
                     Need::Bring => {
                         self.queue.push_back((
@@ -208,12 +209,10 @@ impl TierPlan {
                             next,
                         ));
                         if !overwritten {
-                            queued_secs += rate.secs(self.tier, p, pages.page_len(b.bytes, index));
+                            queued_secs += secs();
                         }
                     }
-                    Need::Coming => {
-                        queued_secs += rate.secs(self.tier, p, pages.page_len(b.bytes, index))
-                    }
+                    Need::Coming => queued_secs += secs(),
                     Need::Nothing => {}
                 }
             }
