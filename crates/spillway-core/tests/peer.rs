@@ -32,12 +32,7 @@ fn read_loop(m: &mut Model, bufs: &[BufferId], steps: usize) -> (u64, u64) {
             } else {
                 AccessMode::Shared
             };
-            let (h, hit) = m.acquire(b, mode);
-            m.release(h);
-            if step >= 2 {
-                hits.0 += u64::from(hit);
-                hits.1 += 1;
-            }
+            m.use_counted(b, mode, step >= 2, &mut hits);
             m.settle();
         }
         m.step();

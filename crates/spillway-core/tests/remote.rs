@@ -47,12 +47,7 @@ fn loop_six_steps(
             if overwritten(i) {
                 m.discard_once(b);
             } else {
-                let (h, hit) = m.acquire(b, loop_mode(i));
-                m.release(h);
-                if step >= 2 {
-                    hits_late.0 += u64::from(hit);
-                    hits_late.1 += 1;
-                }
+                m.use_counted(b, loop_mode(i), step >= 2, &mut hits_late);
             }
             // Time passes between accesses: the copies and remote ops of the plan run.
             m.settle();
@@ -545,12 +540,7 @@ fn reads_around_overwrites(discard: bool) -> ((u64, u64), u64) {
                     m.use_once(b, AccessMode::Exclusive);
                 }
             } else {
-                let (h, hit) = m.acquire(b, loop_mode(i));
-                m.release(h);
-                if step >= 2 {
-                    hits.0 += u64::from(hit);
-                    hits.1 += 1;
-                }
+                m.use_counted(b, loop_mode(i), step >= 2, &mut hits);
             }
             for _ in 0..3 {
                 m.finish_gpu();

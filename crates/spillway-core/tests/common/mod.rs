@@ -370,6 +370,22 @@ impl Model {
         self.release(h);
     }
 
+    /// [`Model::use_once`], counting into `hits` (hits, reads) when `counted`.
+    pub fn use_counted(
+        &mut self,
+        b: BufferId,
+        mode: AccessMode,
+        counted: bool,
+        hits: &mut (u64, u64),
+    ) {
+        let (h, hit) = self.acquire(b, mode);
+        self.release(h);
+        if counted {
+            hits.0 += u64::from(hit);
+            hits.1 += 1;
+        }
+    }
+
     /// `n` new buffers of one page each.
     pub fn one_page_buffers(&mut self, n: usize) -> Vec<BufferId> {
         (0..n).map(|_| self.core.alloc(PAGE).unwrap()).collect()
