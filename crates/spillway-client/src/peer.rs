@@ -50,6 +50,9 @@ impl Pool {
     pub fn borrow(&self, lease: PeerLease) -> Result<(), PoolError> {
         let device = self.shared.device();
         sim_of(device.as_ref())?.attach_peer(lease.clone())?;
+        self.shared
+            .borrowing
+            .store(true, std::sync::atomic::Ordering::Release);
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
         lease.set_waker(Arc::new(move || {
             if let Some(shared) = weak.upgrade() {
@@ -70,7 +73,7 @@ impl Shared {
     /// Keeps the core's peer frames in step with what the device is lent: a count asked
     /// back is passed on (the core drops the copies above it), frames lent anew are
     /// used, and frames the core no longer uses are given back. Called at the start of
-    /// every `drive`, under the lock.
+    /// every `drive` of a borrowing pool, under the lock.
     pub(crate) fn peer_handshake(&self, state: &mut State) {
         let device = self.device();
         let lent = device.peer_frames();

@@ -183,6 +183,9 @@ pub(crate) struct Shared {
     remote: OnceLock<Arc<dyn RemoteTier>>,
     epoch: Instant,
     timings: Timings,
+    /// The pool borrows a peer GPU's memory ([`Pool::borrow`]): `drive` keeps the core's
+    /// peer frames in step with the lease (nothing to do otherwise).
+    pub(crate) borrowing: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -217,7 +220,9 @@ impl Shared {
 
     /// Starts every copy and mapping change the core has queued. Called with the lock held.
     pub(crate) fn drive(&self, state: &mut State) {
-        self.peer_handshake(state);
+        if self.borrowing.load(Ordering::Acquire) {
+            self.peer_handshake(state);
+        }
         let device = self.device();
         // Zero fills first: the copies and remote ops below may read those slots.
         while let Some(fill) = state.core.poll_zero_fill() {
@@ -420,6 +425,7 @@ impl Pool {
             remote: OnceLock::new(),
             epoch: Instant::now(),
             timings: Timings::default(),
+            borrowing: std::sync::atomic::AtomicBool::new(false),
         });
         let weak: Weak<Shared> = Arc::downgrade(&shared);
         let sink: CompletionSink = Arc::new(move |c| {
