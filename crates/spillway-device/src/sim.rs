@@ -155,8 +155,8 @@ pub struct SimDevice {
     memory: Arc<Memory>,
     /// One copy thread per direction ([`Direction::index`]); the peer ones once a peer
     /// is attached.
-    streams: [Option<mpsc::Sender<Job>>; 4],
-    threads: Vec<JoinHandle<()>>,
+    streams: [OnceLock<mpsc::Sender<Job>>; 4],
+    threads: Mutex<Vec<JoinHandle<()>>>,
     sink: CompletionSink,
     /// The frames this device borrows.
     peer: OnceLock<PeerLease>,
@@ -301,7 +301,8 @@ impl std::fmt::Debug for PeerLease {
 }
 
 impl SimDevice {
-    /// Allocates (and pre-faults) the frames and slots, and starts the copy threads (one per direction).
+    /// Allocates (and pre-faults) the frames and slots, and starts the two host copy
+    /// threads (the peer's two start with [`SimDevice::attach_peer`]).
     pub fn new(config: DeviceConfig, sink: CompletionSink) -> Result<SimDevice, DeviceError> {
         Self::with_host_memory(config, None, sink)
     }
@@ -371,6 +372,8 @@ impl SimDevice {
                 message: "the lease is borrowed by another device already".into(),
             });
         }
+        self.start_stream(Direction::PeerToDevice)?;
+        self.start_stream(Direction::DeviceToPeer)?;
         self.peer.set(lease).map_err(|_| DeviceError::Driver {
             op: "attach peer",
             message: "a peer is attached already".into(),
@@ -408,22 +411,24 @@ impl SimDevice {
             config,
             lendable,
         });
-        let mut device = SimDevice {
+        let device = SimDevice {
             memory,
-            streams: [None, None, None, None],
-            threads: Vec::new(),
+            streams: Default::default(),
+            threads: Mutex::new(Vec::new()),
             sink,
             peer: OnceLock::new(),
             lent_out: OnceLock::new(),
         };
-        for direction in Direction::ALL {
-            device.start_stream(direction)?;
-        }
+        device.start_stream(Direction::HostToDevice)?;
+        device.start_stream(Direction::DeviceToHost)?;
         Ok(device)
     }
 
-    /// Starts the copy thread of `direction`.
-    fn start_stream(&mut self, direction: Direction) -> Result<(), DeviceError> {
+    /// Starts the copy thread of `direction` (once).
+    fn start_stream(&self, direction: Direction) -> Result<(), DeviceError> {
+        if self.streams[direction.index()].get().is_some() {
+            return Ok(());
+        }
         let (tx, rx) = mpsc::channel::<Job>();
         let memory = self.memory.clone();
         let sink = self.sink.clone();
@@ -434,8 +439,11 @@ impl SimDevice {
                 op: "spawn copy thread",
                 message: e.to_string(),
             })?;
-        self.streams[direction.index()] = Some(tx);
-        self.threads.push(handle);
+        let _ = self.streams[direction.index()].set(tx);
+        self.threads
+            .lock()
+            .expect("copy threads lock poisoned")
+            .push(handle);
         Ok(())
     }
 
@@ -525,7 +533,12 @@ impl Drop for SimDevice {
             lease.detach();
         }
         let me = std::thread::current().id();
-        for t in self.threads.drain(..) {
+        let threads = self
+            .threads
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        for t in threads {
             // The last owner may be dropped from a copy thread (its completion callback
             // held the last reference); a thread cannot join itself, and it exits anyway
             // once its channel is closed.
@@ -561,9 +574,17 @@ impl Device for SimDevice {
 
     fn submit(&self, op: CopyOp) {
         let far = self.far_ptr(&op);
+        // A peer copy before any peer is attached has no stream of its own: it fails
+        // (`far`) on the host stream of its way, in order with that stream's copies.
+        let host_way = if op.direction.into_frame() {
+            Direction::HostToDevice
+        } else {
+            Direction::DeviceToHost
+        };
         let stream = self.streams[op.direction.index()]
-            .as_ref()
-            .expect("streams live until drop");
+            .get()
+            .or_else(|| self.streams[host_way.index()].get())
+            .expect("the host streams live until drop");
         let peer = match op.far {
             Far::Peer(_) => self.peer.get().map(|lease| lease.memory.clone()),
             Far::Host(_) => None,

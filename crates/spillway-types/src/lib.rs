@@ -131,14 +131,6 @@ pub enum Direction {
 }
 
 impl Direction {
-    /// Every direction, in the order of [`Direction::index`].
-    pub const ALL: [Direction; 4] = [
-        Direction::HostToDevice,
-        Direction::DeviceToHost,
-        Direction::PeerToDevice,
-        Direction::DeviceToPeer,
-    ];
-
     /// The direction's place in per-direction arrays (`0..4`).
     pub fn index(self) -> usize {
         match self {
