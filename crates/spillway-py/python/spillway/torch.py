@@ -6,7 +6,7 @@
     for batch in data:
         loss = model(batch).loss
         loss.backward()
-        opt.step()          # parameter group by group; calls pool.step()
+        opt.step()          # module by module, parameter by parameter; calls pool.step()
         opt.zero_grad()
 
 Design (``docs/DESIGN.md``, "SDK: Python"):
@@ -30,16 +30,19 @@ Design (``docs/DESIGN.md``, "SDK: Python"):
   installed before (a checkpoint's), so activation recomputation keeps working. The
   pool's memory is recognised by device type (a CUDA tensor says ``cuda:0``, the handle
   ``cuda``); ``Offloaded.saved_tensors_packed`` counts the tensors packed so.
-- **Gradients** accumulate into a gradient buffer per group (written back to the host
+- **Parts**: a parameter of at least :data:`PART_MIN_PAGES` pages has gradient and
+  optimizer state buffers of its own; a group's smaller parameters share one part.
+- **Gradients** accumulate into their part's gradient buffer (written back to the host
   tier when evicted); ``.grad`` is ``None`` outside the optimizer. :func:`gradients`
   reads them. The first store after ``zero_grad`` acquires the buffer with
   ``discard=True``: the old gradients are overwritten, so none is copied to the GPU
   (and the ``learned`` policy, having seen the discard in the last step, reserves the
   buffer's frames ahead of it instead of loading its old bytes).
-- **Optimizer**: :class:`Optimizer` makes one inner optimizer per group and steps group
-  by group with the weights (exclusive), gradients and optimizer state acquired
-  together; the state (``exp_avg``, ... every tensor shaped like its parameter) lives in
-  a third buffer per group after the first step. ``step()`` ends with ``pool.step()``.
+- **Optimizer**: :class:`Optimizer` makes one inner optimizer per part and steps group
+  by group with the weights held exclusively and, a part at a time, the part's
+  gradients and optimizer state acquired with them; the state (``exp_avg``, ... every
+  tensor shaped like its parameter) lives in the part's state buffer after the first
+  step. Frames come free a parameter at a time, not a module at a time. ``step()`` ends with ``pool.step()``.
 - **Inference**: under ``torch.no_grad()`` only the weights stream; each forward of the
   root module ends with ``pool.step()`` when no :class:`Optimizer` steps the pool.
 
@@ -61,7 +64,17 @@ PARAM_ALIGN_BYTES = 256
 """Offset alignment of each parameter inside its group's buffer (any dtype's alignment,
 and what CUDA kernels prefer for vector loads); costs at most 255 bytes per parameter."""
 
-__all__ = ["offload", "Offloaded", "Optimizer", "gradients", "PARAM_ALIGN_BYTES"]
+PART_MIN_PAGES = 4
+"""A parameter of at least this many of the pool's pages has gradient and optimizer
+state buffers of its own (a *part*); a group's smaller parameters share one part. The
+optimizer holds one part's gradients and state at a time besides its group's weights,
+so frames come free a parameter at a time (an MLP group of a 7B-class Llama is about
+1 GiB of weights, gradients and Adam state together; 0.5 GiB held this way). A part
+rounds up to whole pages: at most a quarter of a page wasted per page of a part this
+size."""
+
+__all__ = ["offload", "Offloaded", "Optimizer", "gradients", "PARAM_ALIGN_BYTES",
+           "PART_MIN_PAGES"]
 
 
 def _acquire(pool, buf, exclusive: bool = False, discard: bool = False):
@@ -130,25 +143,65 @@ def _align(n: int) -> int:
 class _Slot:
     """One parameter's place in its group's buffers."""
 
-    __slots__ = ("name", "param", "offset", "nbytes", "shape", "dtype", "grad_valid")
+    __slots__ = ("name", "param", "offset", "part_offset", "nbytes", "shape", "dtype",
+                 "grad_valid")
 
     def __init__(self, name: str, param: nn.Parameter, offset: int):
         self.name = name
         self.param = param
         self.offset = offset
+        self.part_offset = 0
+        """Where its gradient is in its part's gradient buffer."""
         self.nbytes = param.numel() * param.element_size()
         self.shape = tuple(param.shape)
         self.dtype = param.dtype
         self.grad_valid = False
 
     def of(self, base: torch.Tensor) -> torch.Tensor:
-        """The slot's tensor inside `base` (a uint8 view of the whole buffer)."""
-        return base[self.offset:self.offset + self.nbytes].view(self.dtype).view(self.shape)
+        """The slot's tensor inside `base` (a uint8 view of the group's weights buffer)."""
+        return self.at(base, self.offset)
+
+    def grad_of(self, gbase: torch.Tensor) -> torch.Tensor:
+        """The slot's gradient inside `gbase` (a uint8 view of its part's gradients)."""
+        return self.at(gbase, self.part_offset)
+
+    def at(self, base: torch.Tensor, offset: int) -> torch.Tensor:
+        return base[offset:offset + self.nbytes].view(self.dtype).view(self.shape)
+
+
+class _Part:
+    """Some of a group's parameters (one large one, or the group's small ones) with a
+    gradient buffer and, after the first optimizer step, an optimizer state buffer."""
+
+    __slots__ = ("name", "slots", "nbytes", "grad_buf", "state_buf", "state_layout")
+
+    def __init__(self, name: str, slots: List[_Slot]):
+        self.name = name
+        self.slots = slots
+        offset = 0
+        for s in slots:
+            s.part_offset = offset
+            offset = _align(offset + s.nbytes)
+        self.nbytes = max(offset, 1)
+        self.grad_buf = None
+        self.state_buf = None
+        self.state_layout: List[tuple] = []  # (slot, key, offset, nbytes)
+
+
+def _parts(group_name: str, slots: List[_Slot], page_bytes: int) -> List["_Part"]:
+    """`slots` in parts: each of at least :data:`PART_MIN_PAGES` pages alone, in
+    registration order, then the rest together."""
+    big = [s for s in slots if s.nbytes >= PART_MIN_PAGES * page_bytes]
+    small = [s for s in slots if s.nbytes < PART_MIN_PAGES * page_bytes]
+    parts = [_Part(f"{group_name}.{s.name.rsplit('.', 1)[-1]}", [s]) for s in big]
+    if small:
+        parts.append(_Part(group_name if not big else f"{group_name}.rest", small))
+    return parts
 
 
 class _Group:
-    """One module's own parameters: a weights buffer, then gradients and optimizer
-    state buffers made on first use."""
+    """One module's own parameters: a weights buffer, and its parts (see
+    :class:`_Part`) with their gradient and optimizer state buffers made on first use."""
 
     def __init__(self, owner: "Offloaded", name: str, slots: List[_Slot], nbytes: int):
         self.owner = owner
@@ -156,9 +209,7 @@ class _Group:
         self.slots = slots
         self.nbytes = nbytes
         self.buf = None
-        self.grad_buf = None
-        self.state_buf = None
-        self.state_layout: List[tuple] = []  # (slot, key, offset, nbytes)
+        self.parts = _parts(name, slots, owner.pool.page_size)
         self.view = None
         self.base: Optional[torch.Tensor] = None
         self.opened: Optional[_Opened] = None
@@ -199,21 +250,24 @@ class _Group:
 
     # -- gradients -------------------------------------------------------------------
     def store_grads(self) -> None:
-        """Moves the parameters' ``.grad`` into the gradient buffer (adding to what it
-        holds since the last ``zero_grad``)."""
-        slots = [s for s in self.slots if s.param.grad is not None]
-        if not slots:
-            return
+        """Moves the parameters' ``.grad`` into their parts' gradient buffers (adding to
+        what they hold since the last ``zero_grad``), a part at a time."""
+        for part in self.parts:
+            slots = [s for s in part.slots if s.param.grad is not None]
+            if slots:
+                self._store_part(part, slots)
+
+    def _store_part(self, part: _Part, slots: List[_Slot]) -> None:
         pool = self.owner.pool
-        if self.grad_buf is None:
-            self.grad_buf = pool.alloc(f"{self.name}.grads", self.nbytes)
+        if part.grad_buf is None:
+            part.grad_buf = pool.alloc(f"{part.name}.grads", part.nbytes)
         # The first store since ``zero_grad`` overwrites: no slot holds a gradient to add
         # to, so the buffer's old bytes are discarded instead of copied in (a slot left
         # unwritten keeps ``grad_valid`` false and is never read).
-        first = self.owner.discard_overwritten and not any(s.grad_valid for s in self.slots)
-        with _open(_acquire(pool, self.grad_buf, True, discard=first)) as gbase:
+        first = self.owner.discard_overwritten and not any(s.grad_valid for s in part.slots)
+        with _open(_acquire(pool, part.grad_buf, True, discard=first)) as gbase:
             for s in slots:
-                dst = s.of(gbase)
+                dst = s.grad_of(gbase)
                 if s.grad_valid:
                     dst.add_(s.param.grad)
                 else:
@@ -428,13 +482,14 @@ def gradients(handle: Offloaded) -> Dict[str, torch.Tensor]:
     out: Dict[str, Optional[torch.Tensor]] = {}
     pool = handle.pool
     for g in handle.groups:
-        if g.grad_buf is None:
-            out.update({s.name: None for s in g.slots})
-            continue
-        with _open(pool.acquire(g.grad_buf)) as gbase:
-            for s in g.slots:
-                out[s.name] = s.of(gbase).clone() if s.grad_valid else None
-    return out
+        for part in g.parts:
+            if part.grad_buf is None:
+                out.update({s.name: None for s in part.slots})
+                continue
+            with _open(pool.acquire(part.grad_buf)) as gbase:
+                for s in part.slots:
+                    out[s.name] = s.grad_of(gbase).clone() if s.grad_valid else None
+    return {s.name: out[s.name] for g in handle.groups for s in g.slots}
 
 
 def parameters(handle: Offloaded) -> Dict[str, torch.Tensor]:
@@ -448,32 +503,32 @@ def parameters(handle: Offloaded) -> Dict[str, torch.Tensor]:
 
 
 class Optimizer:
-    """``Optimizer(torch.optim.AdamW, handle, lr=...)``: one ``optimizer_cls`` per group
-    of :func:`offload`, stepped group by group with the weights (exclusive), gradients
-    and optimizer state acquired together; the state lives in the pool from the first
-    step on. ``step()`` ends with ``pool.step()``."""
+    """``Optimizer(torch.optim.AdamW, handle, lr=...)``: one ``optimizer_cls`` per part
+    (see :data:`PART_MIN_PAGES`) of each group of :func:`offload`, stepped group by group
+    with the group's weights acquired exclusively and, a part at a time, the part's
+    gradients and optimizer state; the state lives in the pool from the first step on.
+    ``step()`` ends with ``pool.step()``."""
 
     def __init__(self, optimizer_cls: Callable[..., torch.optim.Optimizer], handle: Offloaded,
                  **kwargs: Any):
         self.handle = handle
         handle.optimizer_steps_pool = True
-        self.inner = [optimizer_cls([s.param for s in g.slots], **kwargs)
-                      for g in handle.groups]
+        self.inner = [[optimizer_cls([s.param for s in part.slots], **kwargs)
+                       for part in g.parts] for g in handle.groups]
 
-    def _bind_state(self, g: _Group, opt: torch.optim.Optimizer, sbase) -> None:
-        for s, key, off, n in g.state_layout:
-            src = sbase[off:off + n].view(s.dtype).view(s.shape)
-            opt.state[s.param][key] = src
+    def _bind_state(self, part: _Part, opt: torch.optim.Optimizer, sbase) -> None:
+        for s, key, off, _n in part.state_layout:
+            opt.state[s.param][key] = s.at(sbase, off)
 
-    def _unbind_state(self, g: _Group, opt: torch.optim.Optimizer) -> None:
-        for s, key, _off, _n in g.state_layout:
+    def _unbind_state(self, part: _Part, opt: torch.optim.Optimizer) -> None:
+        for s, key, _off, _n in part.state_layout:
             opt.state[s.param][key] = self.handle._placeholder(s.dtype)
 
-    def _move_state_into_pool(self, g: _Group, opt: torch.optim.Optimizer) -> None:
+    def _move_state_into_pool(self, part: _Part, opt: torch.optim.Optimizer) -> None:
         """After the first step: every state tensor shaped like its parameter goes into
-        a state buffer of the group."""
+        the part's state buffer."""
         layout, offset = [], 0
-        for s in g.slots:
+        for s in part.slots:
             for key, v in opt.state.get(s.param, {}).items():
                 if isinstance(v, torch.Tensor) and tuple(v.shape) == s.shape and v.dtype == s.dtype \
                         and v.numel() > 1:
@@ -483,39 +538,47 @@ class Optimizer:
         if not layout:
             return
         pool = self.handle.pool
-        g.state_buf = pool.alloc(f"{g.name}.state", offset)
+        part.state_buf = pool.alloc(f"{part.name}.state", offset)
         # Every byte the layout names is written here: nothing to copy in.
-        with _open(_acquire(pool, g.state_buf, True,
+        with _open(_acquire(pool, part.state_buf, True,
                                 discard=self.handle.discard_overwritten)) as sbase:
-            for s, key, off, n in layout:
-                sbase[off:off + n].view(s.dtype).view(s.shape).copy_(opt.state[s.param][key])
-        g.state_layout = layout
-        self._unbind_state(g, opt)
+            for s, key, off, _n in layout:
+                s.at(sbase, off).copy_(opt.state[s.param][key])
+        part.state_layout = layout
+        self._unbind_state(part, opt)
+
+    def _step_part(self, part: _Part, opt: torch.optim.Optimizer) -> None:
+        pool = self.handle.pool
+        live = [s for s in part.slots if s.grad_valid]
+        if not live or part.grad_buf is None:
+            return
+        with _open(_acquire(pool, part.grad_buf)) as gbase:
+            for s in live:
+                s.param.grad = s.grad_of(gbase)
+            try:
+                if part.state_buf is None:
+                    opt.step()
+                    self._move_state_into_pool(part, opt)
+                else:
+                    with _open(_acquire(pool, part.state_buf, True)) as sbase:
+                        self._bind_state(part, opt, sbase)
+                        opt.step()
+                        self._unbind_state(part, opt)
+            finally:
+                for s in part.slots:
+                    s.param.grad = None
 
     def step(self) -> None:
-        pool = self.handle.pool
-        for g, opt in zip(self.handle.groups, self.inner):
-            live = [s for s in g.slots if s.grad_valid]
-            if not live or g.grad_buf is None:
+        for g, opts in zip(self.handle.groups, self.inner):
+            if not any(s.grad_valid for s in g.slots):
                 continue
             g.acquire(exclusive=True)
             try:
-                with _open(_acquire(pool, g.grad_buf)) as gbase:
-                    for s in live:
-                        s.param.grad = s.of(gbase)
-                    if g.state_buf is None:
-                        opt.step()
-                        self._move_state_into_pool(g, opt)
-                    else:
-                        with _open(_acquire(pool, g.state_buf, True)) as sbase:
-                            self._bind_state(g, opt, sbase)
-                            opt.step()
-                            self._unbind_state(g, opt)
-                    for s in g.slots:
-                        s.param.grad = None
+                for part, opt in zip(g.parts, opts):
+                    self._step_part(part, opt)
             finally:
                 g.release()
-        pool.step()
+        self.handle.pool.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forgets the accumulated gradients (the buffers are overwritten next time)."""
