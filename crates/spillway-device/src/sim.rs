@@ -19,6 +19,15 @@
 //! [`Direction::DeviceToPeer`]). The lease carries the lender's requests to take frames
 //! back and the borrower's answer (see [`PeerLease`]).
 //!
+//! A diagnostic, `SPILLWAY_SIM_COPY_GBPS=<decimal GB/s>`: each copy stream of a sim
+//! device made after it is set moves at most that many bytes per second (a copy ends no
+//! sooner than its bytes at that rate after it began), so a CPU stands in for a GPU whose
+//! copies are slow next to its compute: the copy-bound phases of real jobs (a training
+//! step's optimizer) show on a machine without a GPU. Unset, copies go at memcpy speed.
+//! The pace is kept by sleeping out each copy's rest, so it holds for pages of 1 MiB and
+//! more; a smaller page at a slow pace runs a little slower than asked (a sleep's
+//! overshoot, tens of microseconds, per page).
+//!
 //! Safety rests on the pool's contract (see the crate docs): a frame or slot used by a
 //! copy in flight is touched by nobody else, so the copy threads' raw-pointer copies never
 //! race with other access.
@@ -121,6 +130,23 @@ struct Memory {
     config: DeviceConfig,
     /// Frames after the budget's, lent to a neighbour (`SimDevice::lending`).
     lendable: u32,
+    /// Each copy stream's pace in bytes per second (`SPILLWAY_SIM_COPY_GBPS`), if any.
+    pace_bytes_per_s: Option<f64>,
+}
+
+/// The environment variable that paces a sim device's copies (see the module docs).
+pub const COPY_PACE_VAR: &str = "SPILLWAY_SIM_COPY_GBPS";
+
+/// The pace `value` of [`COPY_PACE_VAR`] asks for, in bytes per second: a positive,
+/// finite decimal number of GB/s (10^9 bytes). An error names what is wrong.
+pub fn parse_copy_pace(value: &str) -> Result<f64, DeviceError> {
+    match value.trim().parse::<f64>() {
+        Ok(gbps) if gbps.is_finite() && gbps > 0.0 => Ok(gbps * 1e9),
+        _ => Err(DeviceError::Driver {
+            op: "sim copy pace",
+            message: format!("{COPY_PACE_VAR}={value:?}: expected a positive number of GB/s"),
+        }),
+    }
 }
 
 impl Memory {
@@ -317,6 +343,16 @@ impl SimDevice {
         Self::build(config, host, 0, sink)
     }
 
+    /// [`SimDevice::new`] whose copy streams each move at most `bytes_per_s` (what
+    /// `SPILLWAY_SIM_COPY_GBPS` sets for the other constructors; see the module docs).
+    pub fn paced(
+        config: DeviceConfig,
+        bytes_per_s: f64,
+        sink: CompletionSink,
+    ) -> Result<SimDevice, DeviceError> {
+        Self::build_paced(config, None, 0, Some(bytes_per_s), sink)
+    }
+
     /// [`SimDevice::new`] with `lendable` frames of device memory beyond the budget, for
     /// a neighbour to borrow through [`SimDevice::lease`].
     pub fn lending(
@@ -396,6 +432,20 @@ impl SimDevice {
         lendable: u32,
         sink: CompletionSink,
     ) -> Result<SimDevice, DeviceError> {
+        let pace = match std::env::var(COPY_PACE_VAR) {
+            Ok(v) => Some(parse_copy_pace(&v)?),
+            Err(_) => None,
+        };
+        Self::build_paced(config, host, lendable, pace, sink)
+    }
+
+    fn build_paced(
+        config: DeviceConfig,
+        host: Option<HostMemory>,
+        lendable: u32,
+        pace_bytes_per_s: Option<f64>,
+        sink: CompletionSink,
+    ) -> Result<SimDevice, DeviceError> {
         let frames = Region::new(
             (u64::from(config.frames) + u64::from(lendable)) * config.page_bytes,
             "device",
@@ -410,6 +460,7 @@ impl SimDevice {
             slots,
             config,
             lendable,
+            pace_bytes_per_s,
         });
         let device = SimDevice {
             memory,
@@ -491,6 +542,8 @@ struct Job {
 
 fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<Job>, sink: &CompletionSink) {
     while let Ok(Job { op, far, .. }) = rx.recv() {
+        let began = Instant::now();
+
         let result = check_range(0, op.bytes, memory.config.page_bytes)
             .and(far)
             .map(|far| {
@@ -509,6 +562,13 @@ fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<Job>, sink: &CompletionSink)
                 // GPU copy leaves nothing in the CPU cache.
                 unsafe { copy_uncached(src, dst, op.bytes as usize) };
             });
+        if let Some(rate) = memory.pace_bytes_per_s {
+            // The modelled engine is busy until its bytes have gone at the pace.
+            let busy = Duration::from_secs_f64(op.bytes as f64 / rate);
+            if let Some(rest) = busy.checked_sub(began.elapsed()) {
+                std::thread::sleep(rest);
+            }
+        }
         sink(Completion {
             id: op.id,
             result,
@@ -684,7 +744,9 @@ impl Device for SimDevice {
     fn bandwidth_hint_bytes_per_s(&self, _direction: Direction) -> f64 {
         // Every direction is a memcpy here, the peer's too.
         // memcpy between pre-faulted regions on these machines: 5-8 GB/s.
-        5e9
+        self.memory
+            .pace_bytes_per_s
+            .map_or(5e9, |pace| pace.min(5e9))
     }
 }
 
@@ -780,6 +842,50 @@ mod tests {
         let mut out = vec![0u8; 1000];
         d.read_host(HostSlot(0), 0, &mut out).unwrap();
         assert_eq!(pattern::checksum(&out), pattern::expected_checksum(5, 1000));
+    }
+
+    #[test]
+    fn a_paced_device_moves_a_page_no_faster_than_its_pace() {
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let sink: CompletionSink = Arc::new(move |c| tx.lock().unwrap().send(c).unwrap());
+        let config = DeviceConfig {
+            frames: 2,
+            host_slots: 2,
+            page_bytes: 4 << 20,
+        };
+        // 4 MiB at 0.2 GB/s: at least 20.97 ms, where a memcpy takes about 1 ms.
+        let d = SimDevice::paced(config, 0.2e9, sink).unwrap();
+        assert_eq!(d.bandwidth_hint_bytes_per_s(Direction::HostToDevice), 0.2e9);
+        let began = Instant::now();
+        for i in 0..2u32 {
+            d.submit(CopyOp {
+                id: TransferId(u64::from(i)),
+                direction: Direction::HostToDevice,
+                frame: FrameId(i),
+                far: Far::Host(HostSlot(i)),
+                bytes: 4 << 20,
+            });
+        }
+        for _ in 0..2 {
+            rx.recv().unwrap().result.unwrap();
+        }
+        let took = began.elapsed().as_secs_f64();
+        // One stream: the two copies one after the other, each at the pace.
+        assert!(took >= 2.0 * (4 << 20) as f64 / 0.2e9, "{took} s");
+    }
+
+    #[test]
+    fn a_copy_pace_is_a_positive_number_of_gigabytes_per_second() {
+        assert_eq!(parse_copy_pace("2.5").unwrap(), 2.5e9);
+        assert_eq!(parse_copy_pace(" 40 ").unwrap(), 40e9);
+        for bad in ["0", "-1", "fast", "", "inf", "NaN"] {
+            let e = parse_copy_pace(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(COPY_PACE_VAR) && e.contains("GB/s"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]
