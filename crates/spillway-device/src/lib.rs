@@ -350,6 +350,11 @@ pub struct DeviceTimings {
     pub submitted_off_thread: u64,
     /// Seconds the submitter threads spent enqueueing them.
     pub submit_thread_s: f64,
+    /// Pages mapped into buffer ranges by the map-ahead thread (cuda with
+    /// `SPILLWAY_CUDA_MAP_AHEAD=1`), beside the copies rather than on an acquiring thread.
+    pub pages_mapped_ahead: u64,
+    /// Seconds of that thread's driver calls.
+    pub map_ahead_s: f64,
 }
 
 impl DeviceTimings {
@@ -366,6 +371,8 @@ impl DeviceTimings {
             completion_sink_s: self.completion_sink_s - earlier.completion_sink_s,
             submitted_off_thread: self.submitted_off_thread - earlier.submitted_off_thread,
             submit_thread_s: self.submit_thread_s - earlier.submit_thread_s,
+            pages_mapped_ahead: self.pages_mapped_ahead - earlier.pages_mapped_ahead,
+            map_ahead_s: self.map_ahead_s - earlier.map_ahead_s,
         }
     }
 }

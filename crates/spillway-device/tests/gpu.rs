@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use spillway_device::cuda::{
-    CudaDevice, STREAMS_PER_DIRECTION_DEFAULT, compute_reference, cuda_available,
+    CudaDevice, MAP_AHEAD_VAR, STREAMS_PER_DIRECTION_DEFAULT, compute_reference, cuda_available,
 };
 use spillway_device::{
     Completion, CompletionSink, CopyOp, Device, DeviceConfig, DeviceError, DevicePtr,
@@ -594,6 +594,88 @@ fn views_with(page: u64) {
         "outside every view"
     );
     d.release_range(buffer).unwrap();
+}
+
+#[test]
+fn with_mapping_ahead_a_scattered_buffer_is_mapped_before_its_acquire() {
+    let Some(_gpu) = gpu("map ahead") else {
+        return;
+    };
+    for page in [2 * MIB, 8 * MIB] {
+        // SAFETY: every test of this binary that opens a device holds the GPU lock
+        // (taken above), so no other test reads the environment while it changes.
+        unsafe { std::env::set_var(MAP_AHEAD_VAR, "1") };
+        let (d, _rx) = open(12, 1, page);
+        unsafe { std::env::remove_var(MAP_AHEAD_VAR) };
+        let seeds: Vec<u64> = (0..12).map(|f| 900 + f).collect();
+        for (f, &seed) in seeds.iter().enumerate() {
+            d.fill_pattern(FrameId(f as u32), page, seed).unwrap();
+        }
+        let expected = |frames: &[u32]| {
+            let mut all = Vec::new();
+            for &f in frames {
+                let mut p = vec![0u8; page as usize];
+                pattern::fill(seeds[f as usize], &mut p);
+                all.extend_from_slice(&p);
+            }
+            pattern::checksum(&all)
+        };
+        let buffer = BufferId(9);
+        let base = d.reserve_range(buffer, 4 * page).unwrap().expect("a range");
+        let before = d.timings();
+        let frames: Vec<FrameId> = [9u32, 2, 11, 0].into_iter().map(FrameId).collect();
+        for (i, &f) in frames.iter().enumerate() {
+            d.map_page(buffer, i as u32, f).unwrap();
+        }
+        assert!(
+            d.wait_mapped_ahead(COMPLETION_TIMEOUT),
+            "{page}: mapped ahead"
+        );
+        let t = d.timings().since(&before);
+        assert_eq!(
+            t.pages_mapped_ahead, 4,
+            "{page}: every recorded page, ahead"
+        );
+        assert!(t.map_ahead_s > 0.0);
+        assert_eq!(d.acquire_ptr(buffer, &frames).unwrap(), Some(base));
+        assert_eq!(
+            d.checksum_view(base, 4 * page).unwrap(),
+            expected(&[9, 2, 11, 0]),
+            "{page}: the range mapped ahead reads as one array"
+        );
+        let t = d.timings().since(&before);
+        assert_eq!(
+            (t.views_mapped, t.pages_remapped),
+            (1, 0),
+            "{page}: the acquire mapped nothing itself"
+        );
+        // Page 1 leaves and comes back elsewhere: only it is mapped again, ahead.
+        d.unmap_page(buffer, 1).unwrap();
+        d.map_page(buffer, 1, FrameId(5)).unwrap();
+        assert!(d.wait_mapped_ahead(COMPLETION_TIMEOUT));
+        let frames = [FrameId(9), FrameId(5), FrameId(11), FrameId(0)];
+        assert_eq!(d.acquire_ptr(buffer, &frames).unwrap(), Some(base));
+        let t = d.timings().since(&before);
+        assert_eq!((t.pages_mapped_ahead, t.pages_remapped), (5, 0), "{page}");
+        assert_eq!(
+            d.checksum_view(base, 4 * page).unwrap(),
+            expected(&[9, 5, 11, 0])
+        );
+        // Consecutive frames are shown in place and queue nothing.
+        let b2 = BufferId(10);
+        d.reserve_range(b2, 3 * page).unwrap();
+        for i in 0..3u32 {
+            d.map_page(b2, i, FrameId(6 + i)).unwrap();
+        }
+        assert!(d.wait_mapped_ahead(COMPLETION_TIMEOUT));
+        let t = d.timings().since(&before);
+        assert_eq!(
+            t.pages_mapped_ahead, 5,
+            "{page}: an extent is not mapped ahead"
+        );
+        d.release_range(buffer).unwrap();
+        d.release_range(b2).unwrap();
+    }
 }
 
 #[test]

@@ -359,6 +359,8 @@ impl PyPool {
         d.set_item("device_lock_wait_s", t.device_lock_wait.as_secs_f64())?;
         d.set_item("device_planning_s", t.device_planning.as_secs_f64())?;
         d.set_item("mapping_s", s.device.mapping_s)?;
+        d.set_item("pages_mapped_ahead", s.device.pages_mapped_ahead)?;
+        d.set_item("map_ahead_s", s.device.map_ahead_s)?;
         d.set_item("pages_remapped", s.device.pages_remapped)?;
         d.set_item("completions_late", s.device.completions_late)?;
         Ok(d)

@@ -20,6 +20,7 @@ use std::thread::{JoinHandle, ThreadId};
 use cudarc::driver::sys;
 use spillway_types::BufferId;
 
+use super::ahead::{MAP_AHEAD_VAR, MapAhead};
 use super::context::{Context, Stream};
 use super::driver::{
     check, device_attribute, device_handle, device_name, init_driver, lock, unavailable,
@@ -73,6 +74,8 @@ pub struct CudaDevice {
     /// cannot be mapped one by one).
     pub(crate) handles: Vec<sys::CUmemGenericAllocationHandle>,
     pub(crate) ranges: Arc<Ranges>,
+    /// The map-ahead thread (`SPILLWAY_CUDA_MAP_AHEAD=1`, see `ahead`), if on.
+    pub(crate) ahead: Option<Arc<MapAhead>>,
     pub(crate) frames: Frames,
     pub(crate) host: HostSlots,
     pub(crate) ctx: Arc<Context>,
@@ -229,6 +232,15 @@ impl CudaDevice {
         } else {
             Vec::new()
         };
+        let ahead = if frames.remappable() && std::env::var(MAP_AHEAD_VAR).as_deref() == Ok("1") {
+            Some(MapAhead::start(
+                ctx.clone(),
+                ranges.clone(),
+                handles.clone(),
+            )?)
+        } else {
+            None
+        };
 
         let new_lane = |queue: mpsc::Sender<Pending>| -> Result<Arc<Lane>, DeviceError> {
             let streams = (0..streams_per_direction.clamp(1, STREAMS_PER_DIRECTION_MAX))
@@ -264,6 +276,7 @@ impl CudaDevice {
             submitters: Vec::new(),
             sync: Mutex::new(sync),
             ranges,
+            ahead,
             frames,
             host,
             ctx,
@@ -316,9 +329,20 @@ impl CudaDevice {
         (t.pages_remapped, t.mapping_s)
     }
 
+    /// Waits until the map-ahead thread has mapped every buffer queued so far, at most
+    /// `timeout`; whether it has (true without the thread). For tests and tools.
+    pub fn wait_mapped_ahead(&self, timeout: std::time::Duration) -> bool {
+        self.ahead.as_ref().is_none_or(|a| a.wait_idle(timeout))
+    }
+
     /// Where the device's own time went so far (views, mappings, completions).
     pub fn timings(&self) -> DeviceTimings {
         let mut t = *lock(&self.views.counts);
+        if let Some(ahead) = &self.ahead {
+            let a = ahead.stats();
+            t.pages_mapped_ahead = a.pages;
+            t.map_ahead_s = a.seconds;
+        }
         for lane in &self.lanes {
             let l = lock(&lane.stats);
             t.completions += l.completions;
@@ -334,15 +358,15 @@ impl CudaDevice {
     /// Maps `buffer`'s pages where `map_page` said they are (those not mapped there
     /// yet) and returns its range's base address.
     pub(crate) fn map_buffer(&self, buffer: BufferId) -> Result<u64, DeviceError> {
-        let mut map = lock(&self.ranges.map);
-        let range = map.get_mut(&buffer).ok_or_else(|| DeviceError::Driver {
+        let shared = self.ranges.get(buffer).ok_or_else(|| DeviceError::Driver {
             op: "map buffer range",
             message: format!("{buffer} has no reserved range"),
         })?;
+        let mut range = lock(&shared);
         self.ctx.bind()?;
         apply(
             &self.ranges,
-            range,
+            &mut range,
             &self.handles,
             self.ctx.device,
             &self.views,
@@ -516,11 +540,11 @@ impl CudaDevice {
     /// Checks that every page of `buffer` overlapping `offset..offset+len` is mapped;
     /// returns the range's base address.
     fn mapped_span(&self, buffer: BufferId, offset: u64, len: u64) -> Result<u64, DeviceError> {
-        let map = lock(&self.ranges.map);
-        let range = map.get(&buffer).ok_or_else(|| DeviceError::Driver {
+        let shared = self.ranges.get(buffer).ok_or_else(|| DeviceError::Driver {
             op: "read buffer range",
             message: format!("{buffer} has no reserved range"),
         })?;
+        let range = lock(&shared);
         let page = self.config.page_bytes;
         let range_bytes = range.mapped.len() as u64 * page;
         check_range(offset, len, range_bytes)?;
@@ -568,9 +592,10 @@ impl CudaDevice {
     /// that a view is one array.
     pub fn checksum_view(&self, ptr: DevicePtr, len: u64) -> Result<u64, DeviceError> {
         if !self.frames.contains(ptr.0, len) {
-            let map = lock(&self.ranges.map);
+            let ranges: Vec<_> = lock(&self.ranges.map).values().cloned().collect();
             let page = self.config.page_bytes;
-            let inside = map.values().any(|r| {
+            let inside = ranges.iter().any(|r| {
+                let r = lock(r);
                 let end = r.base + r.mapped.len() as u64 * page;
                 ptr.0 >= r.base
                     && ptr.0.checked_add(len).is_some_and(|e| e <= end)
@@ -594,6 +619,10 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         // Fences first: their `done` may call back into the pool.
         self.fences.shutdown();
+        // The map-ahead thread maps frames' chunks: ended before they are freed.
+        if let Some(ahead) = &self.ahead {
+            ahead.stop();
+        }
         // Close the submitters: they enqueue every run sent to them, then end (they never
         // call into the pool, so joining them from a completion thread is safe).
         for lane in &self.lanes {

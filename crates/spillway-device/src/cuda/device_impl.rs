@@ -8,6 +8,7 @@
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
 use spillway_types::{BufferId, Direction, FrameId, HostSlot};
@@ -15,7 +16,7 @@ use spillway_types::{BufferId, Direction, FrameId, HostSlot};
 use super::device::{BANDWIDTH_HINT_BYTES_PER_S, CudaDevice};
 use super::driver::{check, lock};
 use super::lanes::{Submission, lane_index};
-use super::mapper::{consecutive, record};
+use super::mapper::{consecutive, forget, record};
 use super::ranges::BufferRange;
 use crate::{
     CopyOp, Device, DeviceConfig, DeviceError, DeviceKind, DevicePtr, DeviceTimings, check_range,
@@ -121,11 +122,12 @@ impl Device for CudaDevice {
         })?;
         map.insert(
             buffer,
-            BufferRange {
+            Arc::new(Mutex::new(BufferRange {
                 base,
                 mapped: vec![None; pages as usize],
                 desired: vec![None; pages as usize],
-            },
+                released: false,
+            })),
         );
         Ok(Some(DevicePtr(base)))
     }
@@ -133,7 +135,9 @@ impl Device for CudaDevice {
     /// Records that page `index` of the buffer is in `frame` (replacing whatever was
     /// there); the page is mapped into the buffer's range only when a view needs it
     /// ([`Device::acquire_ptr`] of a buffer whose frames are not consecutive,
-    /// [`Device::flush_mappings`]). The buffer must have a range.
+    /// [`Device::flush_mappings`]), or ahead by the map-ahead thread when it is on and
+    /// the frame breaks the buffer's extent (module `ahead`). The buffer must have a
+    /// range.
     /// A no-op with pages smaller than the allocation granularity: no buffer has a range
     /// then (`reserve_range` returned `None`), and an acquire is shown in place or page
     /// by page. (It was an error, which the pool logged once per page loaded: on the H200
@@ -144,7 +148,11 @@ impl Device for CudaDevice {
         }
         // Validates the frame id (panics on a caller bug, as everywhere).
         let _ = self.frames.ptr(frame);
-        record(&self.ranges, buffer, index, frame)
+        let breaks = record(&self.ranges, buffer, index, frame)?;
+        if breaks && let Some(ahead) = &self.ahead {
+            ahead.want(buffer);
+        }
+        Ok(())
     }
 
     /// Maps every page recorded by `map_page` that is not mapped there yet.
@@ -180,7 +188,7 @@ impl Device for CudaDevice {
             self.views.in_place();
             return Ok(Some(DevicePtr(self.frames.ptr(first))));
         }
-        if !lock(&self.ranges.map).contains_key(&buffer) {
+        if self.ranges.get(buffer).is_none() {
             return Ok(None);
         }
         self.map_buffer(buffer).map(|base| Some(DevicePtr(base)))
@@ -193,8 +201,13 @@ impl Device for CudaDevice {
     /// Lazy: the page's mapping stays until the page is mapped again (into another frame
     /// or the same one, which then costs nothing) or the range is released. A page that
     /// is not resident is never read through its range (guards exist only for resident
-    /// pages), so a stale mapping is never observed, and it is still valid memory.
-    fn unmap_page(&self, _buffer: BufferId, _index: u32) -> Result<(), DeviceError> {
+    /// pages), so a stale mapping is never observed, and it is still valid memory. Only
+    /// the record of where it is goes, so nothing maps it ahead to a frame another page
+    /// now holds.
+    fn unmap_page(&self, buffer: BufferId, index: u32) -> Result<(), DeviceError> {
+        if self.frames.remappable() {
+            forget(&self.ranges, buffer, index);
+        }
         Ok(())
     }
 
@@ -204,7 +217,7 @@ impl Device for CudaDevice {
             return Ok(());
         };
         self.ctx.bind()?;
-        self.ranges.release(range)
+        self.ranges.release(&mut lock(&range))
     }
 
     fn fill_pattern(&self, frame: FrameId, len: u64, seed: u64) -> Result<(), DeviceError> {

@@ -65,6 +65,9 @@ pub(crate) fn apply(
     device: sys::CUdevice,
     stats: &ViewStats,
 ) -> Result<u64, DeviceError> {
+    if range.released {
+        return Ok(0);
+    }
     let started = Instant::now();
     let page = ranges.page_bytes;
     let (mut lo, mut hi) = (usize::MAX, 0usize);
@@ -143,26 +146,93 @@ pub(crate) fn apply(
     result.map(|()| pages)
 }
 
-/// Records that page `index` of `buffer` is in `frame` (mapped when a view needs it).
+/// Records that page `index` of `buffer` is in `frame` (mapped when a view needs it, or
+/// ahead). Returns whether the frame breaks the buffer's extent: a neighbouring page is
+/// recorded in a frame that is not the one beside `frame`, so a view of the buffer will
+/// go through its range.
 pub(crate) fn record(
     ranges: &Ranges,
     buffer: BufferId,
     index: u32,
     frame: FrameId,
-) -> Result<(), DeviceError> {
-    let mut map = lock(&ranges.map);
-    let range = map.get_mut(&buffer).ok_or_else(|| DeviceError::Driver {
+) -> Result<bool, DeviceError> {
+    let shared = ranges.get(buffer).ok_or_else(|| DeviceError::Driver {
         op: "map_page",
         message: format!("{buffer} has no reserved range"),
     })?;
+    let mut range = lock(&shared);
     let pages = range.desired.len();
+    let i = index as usize;
     let slot = range
         .desired
-        .get_mut(index as usize)
+        .get_mut(i)
         .ok_or_else(|| DeviceError::Driver {
             op: "map_page",
             message: format!("page {index} is outside {buffer}'s range of {pages} pages"),
         })?;
     *slot = Some(frame);
-    Ok(())
+    let before = i
+        .checked_sub(1)
+        .and_then(|j| range.desired[j])
+        .is_some_and(|p| p.0.checked_add(1) != Some(frame.0));
+    let after = range
+        .desired
+        .get(i + 1)
+        .copied()
+        .flatten()
+        .is_some_and(|n| frame.0.checked_add(1) != Some(n.0));
+    Ok(before || after)
+}
+
+/// Records that page `index` of `buffer` left its frame: nothing maps it ahead to a
+/// frame that another page now holds. The mapping itself stays (lazy: never read until
+/// the page is recorded again).
+pub(crate) fn forget(ranges: &Ranges, buffer: BufferId, index: u32) {
+    if let Some(shared) = ranges.get(buffer)
+        && let Some(slot) = lock(&shared).desired.get_mut(index as usize)
+    {
+        *slot = None;
+    }
+}
+
+/// Maps the first page at or after `from` of `range` whose recorded frame is not the
+/// one mapped, and sets access on it: the map-ahead thread's step (one page at a time,
+/// so that the range's lock is held briefly). The context is current. Returns the page
+/// mapped, `None` when none needs it.
+pub(crate) fn map_one_ahead(
+    ranges: &Ranges,
+    range: &mut BufferRange,
+    from: usize,
+    handles: &[sys::CUmemGenericAllocationHandle],
+    device: sys::CUdevice,
+) -> Result<Option<usize>, DeviceError> {
+    if range.released {
+        return Ok(None);
+    }
+    let Some(i) = (from..range.desired.len())
+        .find(|&i| range.desired[i].is_some() && range.desired[i] != range.mapped[i])
+    else {
+        return Ok(None);
+    };
+    let frame = range.desired[i].expect("found above");
+    ranges.unmap(range, i)?;
+    let page = ranges.page_bytes;
+    let va = range.base + i as u64 * page;
+    // SAFETY: `va..va+page` lies in the buffer's reserved range (not released) and is
+    // unmapped (just above); the handle is a live chunk of exactly `page` bytes. By the
+    // pool's contract no kernel uses the page's range now: a page is recorded in a new
+    // frame only while its buffer is held by nobody.
+    check("cuMemMap", unsafe {
+        sys::cuMemMap(va, page as usize, 0, handles[frame.0 as usize], 0)
+    })?;
+    range.mapped[i] = Some(frame);
+    let desc = access_desc(device);
+    // SAFETY: the page was just mapped.
+    if let Err(e) = check("cuMemSetAccess", unsafe {
+        sys::cuMemSetAccess(va, page as usize, &desc, 1)
+    }) {
+        let _ = ranges.unmap(range, i);
+        return Err(e);
+    }
+    Ok(Some(i))
 }

@@ -125,6 +125,7 @@
 //! Lock order: a lane's lock, or the sync lane's lock, or the buffer ranges' lock; never
 //! two at once.
 
+mod ahead;
 mod bench;
 mod context;
 mod device;
@@ -139,6 +140,7 @@ mod mapper;
 mod ranges;
 mod streams;
 
+pub use ahead::MAP_AHEAD_VAR;
 pub use bench::{
     RawCopyBandwidth, RawCopyOptions, raw_pinned_bandwidth, raw_pinned_bandwidth_with,
 };

@@ -24,15 +24,24 @@ use crate::DeviceError;
 pub(crate) struct BufferRange {
     pub(crate) base: sys::CUdeviceptr,
     pub(crate) mapped: Vec<Option<FrameId>>,
-    /// The frame each page is in, as `map_page` last said (mapped lazily).
+    /// The frame each page is in, as `map_page` last said (mapped lazily, or ahead by
+    /// the map-ahead thread); `None` once the page left it (`unmap_page`).
     pub(crate) desired: Vec<Option<FrameId>>,
+    /// Unmapped and freed (`release_range`): nothing may map into it any more (the
+    /// map-ahead thread may still hold it).
+    pub(crate) released: bool,
 }
 
-/// Every buffer's range; unmapped and freed on drop.
+/// One buffer's range, locked on its own: the map-ahead thread maps one buffer while
+/// others record pages and show views.
+pub(crate) type SharedRange = Arc<Mutex<BufferRange>>;
+
+/// Every buffer's range; unmapped and freed on drop. Lock order: `map`, then a range's
+/// own lock (never the other way round).
 pub(crate) struct Ranges {
     pub(crate) ctx: Arc<Context>,
     pub(crate) page_bytes: u64,
-    pub(crate) map: Mutex<HashMap<BufferId, BufferRange>>,
+    pub(crate) map: Mutex<HashMap<BufferId, SharedRange>>,
 }
 
 // SAFETY: device addresses (integers) behind a mutex.
@@ -41,6 +50,11 @@ unsafe impl Send for Ranges {}
 unsafe impl Sync for Ranges {}
 
 impl Ranges {
+    /// `buffer`'s range, if it has one.
+    pub(crate) fn get(&self, buffer: BufferId) -> Option<SharedRange> {
+        lock(&self.map).get(&buffer).cloned()
+    }
+
     /// Unmaps page `index` of `range` if mapped. The context is current.
     pub(crate) fn unmap(&self, range: &mut BufferRange, index: usize) -> Result<(), DeviceError> {
         if range.mapped[index].take().is_some() {
@@ -56,10 +70,16 @@ impl Ranges {
         Ok(())
     }
 
-    pub(crate) fn release(&self, mut range: BufferRange) -> Result<(), DeviceError> {
-        for i in 0..range.mapped.len() {
-            self.unmap(&mut range, i)?;
+    /// Unmaps every page of `range` and frees its addresses (once). The context is
+    /// current.
+    pub(crate) fn release(&self, range: &mut BufferRange) -> Result<(), DeviceError> {
+        if range.released {
+            return Ok(());
         }
+        for i in 0..range.mapped.len() {
+            self.unmap(range, i)?;
+        }
+        range.released = true;
         // SAFETY: the range we reserved, now with nothing mapped in it.
         check("cuMemAddressFree", unsafe {
             sys::cuMemAddressFree(
@@ -75,9 +95,9 @@ impl Drop for Ranges {
         if self.ctx.bind().is_err() {
             return;
         }
-        let ranges: Vec<BufferRange> = lock(&self.map).drain().map(|(_, r)| r).collect();
+        let ranges: Vec<SharedRange> = lock(&self.map).drain().map(|(_, r)| r).collect();
         for r in ranges {
-            let _ = self.release(r);
+            let _ = self.release(&mut lock(&r));
         }
     }
 }
