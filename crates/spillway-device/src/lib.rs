@@ -326,7 +326,8 @@ pub trait Device: Send + Sync {
 pub struct DeviceTimings {
     /// Acquires shown at their frames' own addresses (consecutive frames: no mapping).
     pub views_in_place: u64,
-    /// Acquires shown through their buffer's range (pages mapped there first).
+    /// Acquires shown through their buffer's range (its pages mapped there first, by the
+    /// acquiring thread or ahead).
     pub views_mapped: u64,
     /// Pages mapped into a buffer range where another frame (or none) was mapped.
     pub pages_remapped: u64,

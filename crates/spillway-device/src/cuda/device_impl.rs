@@ -191,7 +191,9 @@ impl Device for CudaDevice {
         if self.ranges.get(buffer).is_none() {
             return Ok(None);
         }
-        self.map_buffer(buffer).map(|base| Some(DevicePtr(base)))
+        let base = self.map_buffer(buffer)?;
+        self.views.through_range();
+        Ok(Some(DevicePtr(base)))
     }
 
     fn timings(&self) -> DeviceTimings {

@@ -40,9 +40,13 @@ impl ViewStats {
         lock(&self.counts).views_in_place += 1;
     }
 
+    /// An acquire shown through its buffer's range (whatever it had to map first).
+    pub(crate) fn through_range(&self) {
+        lock(&self.counts).views_mapped += 1;
+    }
+
     fn mapped(&self, pages: u64, seconds: f64) {
         let mut c = lock(&self.counts);
-        c.views_mapped += 1;
         c.pages_remapped += pages;
         c.mapping_s += seconds;
     }
