@@ -10,8 +10,9 @@ training (forward + backward + AdamW step, batch --train-batch x --seq tokens):
   copy_floor the bytes Spillway moved per step (pool stats of the learned run), copied
              with pinned torch copies, both directions at once (the copy floor)
   learned    spillway.torch.offload + spillway.torch.Optimizer, policy learned
-  learned_ahead the same as learned with SPILLWAY_CUDA_MAP_AHEAD=1 (--map-ahead): pages of
-             scattered buffers mapped into their ranges by a thread beside the copies
+  learned_no_ahead the same as learned with SPILLWAY_CUDA_MAP_AHEAD=0 (--no-ahead-variant):
+             scattered buffers mapped into their ranges by the acquiring thread, not
+             ahead by the device's thread beside the copies
   on_demand  the same, policy on_demand
   fsdp2      FSDP2 fully_shard(..., offload_policy=CPUOffloadPolicy()) on one rank
   handwritten decoder layers' weights, gradients and AdamW state in pinned host memory,
@@ -689,8 +690,8 @@ def main():
     ap.add_argument("--parts", nargs="*", default=["train", "infer"], help="train, infer")
     ap.add_argument("--phases", action="store_true",
                     help="time forward and backward apart (a sync between them: a diagnostic)")
-    ap.add_argument("--map-ahead", action="store_true",
-                    help="also train learned with SPILLWAY_CUDA_MAP_AHEAD=1 (variant learned_ahead)")
+    ap.add_argument("--no-ahead-variant", action="store_true",
+                    help="also train learned with SPILLWAY_CUDA_MAP_AHEAD=0 (variant learned_no_ahead)")
     ap.add_argument("--no-discard", action="store_true",
                     help="acquire gradients and new optimizer state without discard (copy their old bytes in)")
     ap.add_argument("--profile", metavar="DIR",
@@ -730,9 +731,9 @@ def main():
     if "learned" not in args.skip and "train" in args.parts:
         guarded(tr, "learned", lambda: train_offload(args, config, weights, data, "learned",
                                                      ref if ref else None))
-    if args.map_ahead and "train" in args.parts:
-        guarded(tr, "learned_ahead", lambda: with_env(
-            "SPILLWAY_CUDA_MAP_AHEAD", "1",
+    if args.no_ahead_variant and "train" in args.parts:
+        guarded(tr, "learned_no_ahead", lambda: with_env(
+            "SPILLWAY_CUDA_MAP_AHEAD", "0",
             lambda: train_offload(args, config, weights, data, "learned", ref if ref else None)))
     if "on_demand" not in args.skip and "train" in args.parts:
         guarded(tr, "on_demand", lambda: train_offload(args, config, weights, data, "on_demand",
@@ -799,7 +800,7 @@ def main():
                       f"mapping {st.get('mapping_s', 0):.3f} s ({st.get('pages_remapped', 0):.0f} pages), "
                       f"mapped ahead {st.get('pages_mapped_ahead', 0):.0f} pages "
                       f"({st.get('map_ahead_s', 0):.3f} s)")
-    for variant in ("learned", "learned_ahead", "on_demand"):
+    for variant in ("learned", "learned_no_ahead", "on_demand"):
         if "losses_equal" in tr.get(variant, {}):
             checks = {k: tr[variant].get(k) for k in ("losses_equal", "grads_equal", "weights_equal",
                                                        "first_loss_differing")}

@@ -4,9 +4,10 @@
 Trains a small transformers Llama (random weights, bf16) through ``spillway.torch`` on the
 ``sim`` device with a GPU budget of a fraction of its weights, and counts for each phase of
 each step (forward, backward, optimizer) the acquires whose pages were not in consecutive
-frames (``View.contiguous`` false: on CUDA such a view is mapped into the buffer's range on
-the acquiring thread, about 110 µs a page on an H100; on sim its pages are gathered into a
-copy) and their pages. With ``--copy-gbps`` the sim device's copy streams are paced
+frames (``View.contiguous`` false: on CUDA such a view goes through the buffer's own range,
+where a page whose frame changed since the buffer's last such view is mapped again, 110-220
+µs a page on an H100; on sim its pages are gathered into a copy), their pages, and those a
+CUDA device would map again (the remaps). With ``--copy-gbps`` the sim device's copy streams are paced
 (``SPILLWAY_SIM_COPY_GBPS``) so that the step is copy-bound as on a GPU; then the step time
 is reported beside its copy floor (the larger direction's bytes at that pace) and its
 compute floor (the same model trained resident).
@@ -89,16 +90,26 @@ def main():
     phase = ["forward"]
     counts = {}
     acquire = st._acquire
+    # What the CUDA device would map: a fragmented view goes through its buffer's range,
+    # where each page stays mapped to the frame it was in at the buffer's last such view;
+    # a page now in another frame is a remap (the device's `pages_remapped`).
+    range_frames = {}
 
     def counted(pool_, buf, exclusive=False, discard=False):
         view = acquire(pool_, buf, exclusive, discard)
         c = counts.setdefault(phase[0], {"acquires": 0, "fragmented": 0, "pages": 0,
-                                         "fragmented_pages": 0})
+                                         "fragmented_pages": 0, "remaps": 0})
         c["acquires"] += 1
         c["pages"] += view.pages
         if not view.contiguous:
             c["fragmented"] += 1
             c["fragmented_pages"] += view.pages
+            mapped = range_frames.setdefault(buf.id, {})
+            for i in range(view.pages):
+                at = torch.from_dlpack(view.page(i)).data_ptr()
+                if mapped.get(i) != at:
+                    c["remaps"] += 1
+                    mapped[i] = at
         return view
 
     st._acquire = counted
@@ -130,17 +141,18 @@ def main():
           f"{page >> 10} KiB), policy {args.policy}, copies "
           + (f"paced at {args.copy_gbps} GB/s" if args.copy_gbps else "at memcpy speed"))
     print()
-    print("| phase | acquires a step | fragmented views | pages in them / pages acquired | share of pages |")
-    print("|---|---|---|---|---|")
+    print("| phase | acquires a step | fragmented views | pages in them / pages acquired | share of pages | remaps (CUDA model) |")
+    print("|---|---|---|---|---|---|")
     for p in PHASES:
         acq = statistics.median(s["phases"][p].get("acquires", 0) for s in measured)
         frag = statistics.median(s["phases"][p].get("fragmented", 0) for s in measured)
         fp = statistics.median(s["phases"][p].get("fragmented_pages", 0) for s in measured)
         pages = statistics.median(s["phases"][p].get("pages", 0) for s in measured)
         share = fp / pages if pages else 0.0
+        remaps = statistics.median(s["phases"][p].get("remaps", 0) for s in measured)
         rows.append({"phase": p, "acquires": acq, "fragmented": frag, "fragmented_pages": fp,
-                     "pages": pages, "share": share})
-        print(f"| {p} | {acq:.0f} | {frag:.0f} | {fp:.0f} / {pages:.0f} | {share:.2f} |")
+                     "pages": pages, "share": share, "remaps": remaps})
+        print(f"| {p} | {acq:.0f} | {frag:.0f} | {fp:.0f} / {pages:.0f} | {share:.2f} | {remaps:.0f} |")
     step_s = statistics.median(s["step_s"] for s in measured)
     compute = statistics.median(resident[1:] or resident)
     out = {"args": vars(args), "weights_bytes": weights, "gpu_budget_bytes": budget,

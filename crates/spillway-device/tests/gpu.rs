@@ -514,21 +514,32 @@ fn an_acquire_in_consecutive_frames_is_shown_in_place_else_mapped_once() {
     }
 }
 
-fn views_with(page: u64) {
-    let (d, _rx) = open(12, 1, page);
-    let seeds: Vec<u64> = (0..12).map(|f| 500 + f).collect();
+/// Fills each of `d`'s first `frames` frames with its own pattern (seeds from `seed`);
+/// returns the checksum of frames read in a given order, one after another.
+fn patterned_frames(d: &CudaDevice, frames: u32, page: u64, seed: u64) -> impl Fn(&[u32]) -> u64 {
+    let seeds: Vec<u64> = (0..u64::from(frames)).map(|f| seed + f).collect();
     for (f, &seed) in seeds.iter().enumerate() {
         d.fill_pattern(FrameId(f as u32), page, seed).unwrap();
     }
-    let expected = |frames: &[u32]| {
+    move |order: &[u32]| {
         let mut all = Vec::new();
-        for &f in frames {
+        for &f in order {
             let mut p = vec![0u8; page as usize];
             pattern::fill(seeds[f as usize], &mut p);
             all.extend_from_slice(&p);
         }
         pattern::checksum(&all)
-    };
+    }
+}
+
+fn views_with(page: u64) {
+    // Mapping ahead off: this test counts the pages the acquiring thread maps.
+    // SAFETY: every test of this binary that opens a device holds the GPU lock (taken by
+    // the caller), so no other test reads the environment while it changes.
+    unsafe { std::env::set_var(MAP_AHEAD_VAR, "0") };
+    let (d, _rx) = open(12, 1, page);
+    unsafe { std::env::remove_var(MAP_AHEAD_VAR) };
+    let expected = patterned_frames(&d, 12, page, 500);
     let buffer = BufferId(7);
     let range = d.reserve_range(buffer, 4 * page).unwrap();
     assert_eq!(range.is_some(), page.is_multiple_of(2 * MIB), "{page}");
@@ -607,19 +618,8 @@ fn with_mapping_ahead_a_scattered_buffer_is_mapped_before_its_acquire() {
         unsafe { std::env::set_var(MAP_AHEAD_VAR, "1") };
         let (d, _rx) = open(12, 1, page);
         unsafe { std::env::remove_var(MAP_AHEAD_VAR) };
-        let seeds: Vec<u64> = (0..12).map(|f| 900 + f).collect();
-        for (f, &seed) in seeds.iter().enumerate() {
-            d.fill_pattern(FrameId(f as u32), page, seed).unwrap();
-        }
-        let expected = |frames: &[u32]| {
-            let mut all = Vec::new();
-            for &f in frames {
-                let mut p = vec![0u8; page as usize];
-                pattern::fill(seeds[f as usize], &mut p);
-                all.extend_from_slice(&p);
-            }
-            pattern::checksum(&all)
-        };
+        assert!(d.mapping_ahead(), "{page}: on");
+        let expected = patterned_frames(&d, 12, page, 900);
         let buffer = BufferId(9);
         let base = d.reserve_range(buffer, 4 * page).unwrap().expect("a range");
         let before = d.timings();

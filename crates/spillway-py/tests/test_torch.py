@@ -89,10 +89,12 @@ class Net(torch.nn.Module):
         return self.head(h)
 
 
-def train(model, steps, opt_step, zero, grads_of, device="cpu"):
+def train(model, steps, opt_step, zero, grads_of, device="cpu", shapes=((32, 16), (32, 8))):
+    """`steps` of MSE training on random inputs and targets of `shapes` (seeded): the
+    losses and what `grads_of` returns after each backward."""
     torch.manual_seed(1)
-    xs = [torch.randn(32, 16).to(device) for _ in range(steps)]
-    ys = [torch.randn(32, 8).to(device) for _ in range(steps)]
+    xs = [torch.randn(*shapes[0]).to(device) for _ in range(steps)]
+    ys = [torch.randn(*shapes[1]).to(device) for _ in range(steps)]
     losses, grads = [], []
     for x, y in zip(xs, ys):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -341,24 +343,14 @@ def test_a_groups_large_parameters_are_stepped_a_part_at_a_time():
     assert [[s.name for s in p.slots] for p in g.parts] == [["a"], ["b"], ["scale"]]
     assert [p.name for p in g.parts] == ["<root>.a", "<root>.b", "<root>.rest"]
 
-    def run(model, opt_step, zero, grads_of):
-        torch.manual_seed(1)
-        losses, grads = [], []
-        for _ in range(STEPS):
-            x, y = torch.randn(8, 256), torch.randn(8, 256)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            losses.append(loss.item())
-            grads.append(grads_of())
-            opt_step()
-            zero()
-        return losses, grads
-
+    shapes = ((8, 256), (8, 256))
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
-    ref_losses, ref_grads = run(ref, ref_opt.step, ref_opt.zero_grad,
-                                lambda: {n: p.grad.clone() for n, p in ref.named_parameters()})
+    ref_losses, ref_grads = train(
+        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
+        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, shapes=shapes)
     opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
-    losses, grads = run(off, opt.step, opt.zero_grad, lambda: st.gradients(handle))
+    losses, grads = train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle),
+                          shapes=shapes)
     assert losses == ref_losses
     assert_same_gradients(grads, ref_grads)
     params = st.parameters(handle)

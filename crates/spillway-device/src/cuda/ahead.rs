@@ -1,14 +1,19 @@
-//! Mapping ahead (`SPILLWAY_CUDA_MAP_AHEAD=1`; off by default until measured on a GPU):
-//! one thread maps the pages of buffers whose frames are not consecutive into their
-//! ranges as soon as `map_page` records them, so that an acquire of such a buffer finds
-//! its view mapped instead of mapping it on the acquiring thread.
+//! Mapping ahead (on by default; `SPILLWAY_CUDA_MAP_AHEAD=0` turns it off): one thread
+//! maps the pages of buffers whose frames are not consecutive into their ranges as soon
+//! as `map_page` records them, so that an acquire of such a buffer finds its view mapped
+//! instead of mapping it on the acquiring thread.
 //!
 //! Why: a training step of `bench/torch` (Llama, 8 MiB pages, 2 GiB budget, H100,
 //! 2026-12-07) remapped about 4,900 pages a step on the acquiring thread, 0.53 s of a
 //! 1.16 s step (0.36 s in the optimizer phase alone, about 110 µs a page): a
 //! page-granular cache by next use scatters buffers, and the pool's extents keep only
 //! some of them whole. A page's mapping does not depend on its bytes, and `map_page` is
-//! called when its load is issued, so the mapping can run beside the copy.
+//! called when its load is issued, so the mapping can run beside the copy. Measured
+//! (H100, same run, `bench/torch/runs/2026-12-07-map-ahead-h100.out`): the step went from
+//! 1.406 s to 1.257 s, the acquiring threads' mapping from 0.93 s to 0.19 s a step; the
+//! thread itself mapped about 5,100 pages a step in 1.06 s (about 210 µs a page, busy
+//! through most of the optimizer phase), so fewer remaps, not only hidden ones, are
+//! what is left to win.
 //!
 //! Which buffers: a record that breaks the buffer's extent (a neighbouring page sits in
 //! a frame that is not the one beside it) queues the buffer once; the thread maps every
@@ -34,7 +39,8 @@ use super::mapper::map_one_ahead;
 use super::ranges::Ranges;
 use crate::DeviceError;
 
-/// The environment variable that turns mapping ahead on (`1`).
+/// The environment variable that turns mapping ahead off (`0`; anything else or unset:
+/// on).
 pub const MAP_AHEAD_VAR: &str = "SPILLWAY_CUDA_MAP_AHEAD";
 
 /// What the thread did: pages mapped, and the seconds its driver calls took (beside the

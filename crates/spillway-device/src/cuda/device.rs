@@ -74,7 +74,7 @@ pub struct CudaDevice {
     /// cannot be mapped one by one).
     pub(crate) handles: Vec<sys::CUmemGenericAllocationHandle>,
     pub(crate) ranges: Arc<Ranges>,
-    /// The map-ahead thread (`SPILLWAY_CUDA_MAP_AHEAD=1`, see `ahead`), if on.
+    /// The map-ahead thread (see `ahead`; `SPILLWAY_CUDA_MAP_AHEAD=0` turns it off).
     pub(crate) ahead: Option<Arc<MapAhead>>,
     pub(crate) frames: Frames,
     pub(crate) host: HostSlots,
@@ -232,7 +232,7 @@ impl CudaDevice {
         } else {
             Vec::new()
         };
-        let ahead = if frames.remappable() && std::env::var(MAP_AHEAD_VAR).as_deref() == Ok("1") {
+        let ahead = if frames.remappable() && std::env::var(MAP_AHEAD_VAR).as_deref() != Ok("0") {
             Some(MapAhead::start(
                 ctx.clone(),
                 ranges.clone(),
@@ -327,6 +327,11 @@ impl CudaDevice {
     pub fn mapping_stats(&self) -> (u64, f64) {
         let t = lock(&self.views.counts);
         (t.pages_remapped, t.mapping_s)
+    }
+
+    /// Whether pages are mapped ahead (module `ahead`).
+    pub fn mapping_ahead(&self) -> bool {
+        self.ahead.is_some()
     }
 
     /// Waits until the map-ahead thread has mapped every buffer queued so far, at most
