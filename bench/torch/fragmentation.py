@@ -27,14 +27,8 @@ import sys
 import time
 
 PHASES = ("forward", "backward", "optimizer")
-
-
-def size(s):
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for u, v in units.items():
-        if s.endswith(u):
-            return int(float(s[:-len(u)]) * v)
-    return int(s)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_torch import spillway_size as size  # noqa: E402  (beside this script)
 
 
 def main():
