@@ -59,6 +59,27 @@ pub(crate) fn consecutive(frames: &[FrameId]) -> bool {
         .all(|w| w[0].0.checked_add(1) == Some(w[1].0))
 }
 
+/// Maps `frame` at page `i` of `range` (not released), unmapping what was there; access
+/// is the caller's to set. The context is current.
+fn map_at(
+    ranges: &Ranges,
+    range: &mut BufferRange,
+    i: usize,
+    frame: FrameId,
+    handles: &[sys::CUmemGenericAllocationHandle],
+) -> Result<(), DeviceError> {
+    ranges.unmap(range, i)?;
+    let page = ranges.page_bytes;
+    let va = range.base + i as u64 * page;
+    // SAFETY: `va..va+page` lies in the buffer's reserved range and is unmapped (just
+    // above); the handle is a live chunk of exactly `page` bytes (remappable frames).
+    check("cuMemMap", unsafe {
+        sys::cuMemMap(va, page as usize, 0, handles[frame.0 as usize], 0)
+    })?;
+    range.mapped[i] = Some(frame);
+    Ok(())
+}
+
 /// Maps every page of `range` whose desired frame differs from its mapped one, then sets
 /// access once over the span of pages changed. The context is current; the caller holds
 /// the ranges' lock. Returns the pages mapped.
@@ -84,20 +105,10 @@ pub(crate) fn apply(
         if range.mapped[i] == Some(frame) {
             continue;
         }
-        if let Err(e) = ranges.unmap(range, i) {
+        if let Err(e) = map_at(ranges, range, i, frame, handles) {
             result = Err(e);
             break;
         }
-        let va = range.base + i as u64 * page;
-        // SAFETY: `va..va+page` lies in the buffer's reserved range and is unmapped (just
-        // above); the handle is a live chunk of exactly `page` bytes (remappable frames).
-        if let Err(e) = check("cuMemMap", unsafe {
-            sys::cuMemMap(va, page as usize, 0, handles[frame.0 as usize], 0)
-        }) {
-            result = Err(e);
-            break;
-        }
-        range.mapped[i] = Some(frame);
         lo = lo.min(i);
         hi = hi.max(i);
         pages += 1;
@@ -219,17 +230,11 @@ pub(crate) fn map_one_ahead(
         return Ok(None);
     };
     let frame = range.desired[i].expect("found above");
-    ranges.unmap(range, i)?;
+    // By the pool's contract no kernel uses the page's range now: a page is recorded in
+    // a new frame only while its buffer is held by nobody.
+    map_at(ranges, range, i, frame, handles)?;
     let page = ranges.page_bytes;
     let va = range.base + i as u64 * page;
-    // SAFETY: `va..va+page` lies in the buffer's reserved range (not released) and is
-    // unmapped (just above); the handle is a live chunk of exactly `page` bytes. By the
-    // pool's contract no kernel uses the page's range now: a page is recorded in a new
-    // frame only while its buffer is held by nobody.
-    check("cuMemMap", unsafe {
-        sys::cuMemMap(va, page as usize, 0, handles[frame.0 as usize], 0)
-    })?;
-    range.mapped[i] = Some(frame);
     let desc = access_desc(device);
     // SAFETY: the page was just mapped.
     if let Err(e) = check("cuMemSetAccess", unsafe {
