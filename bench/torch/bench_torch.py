@@ -13,6 +13,9 @@ training (forward + backward + AdamW step, batch --train-batch x --seq tokens):
   learned_no_ahead the same as learned with SPILLWAY_CUDA_MAP_AHEAD=0 (--no-ahead-variant):
              scattered buffers mapped into their ranges by the acquiring thread, not
              ahead by the device's thread beside the copies
+  learned_whole the same as learned with the optimizer stepping each parameter whole
+             (`Optimizer(chunked=False)`, --whole-variant): its buffers shown as one
+             array each (on cuda, remapped when scattered), not stepped page by page
   on_demand  the same, policy on_demand
   fsdp2      FSDP2 fully_shard(..., offload_policy=CPUOffloadPolicy()) on one rank
   handwritten decoder layers' weights, gradients and AdamW state in pinned host memory,
@@ -213,7 +216,7 @@ def spillway_size(s):
     return int(s)
 
 
-def train_offload(args, config, weights, data, policy, ref=None):
+def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
     import spillway.torch as st
     reset_gpu()
     m = new_model(config, weights)
@@ -221,7 +224,7 @@ def train_offload(args, config, weights, data, policy, ref=None):
     handle = st.offload(m, pool)
     handle.discard_overwritten = not args.no_discard
     reset_gpu()
-    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-4, foreach=False)
+    opt = st.Optimizer(torch.optim.AdamW, handle, chunked=chunked, lr=1e-4, foreach=False)
     times, losses, grads_equal, phases = [], [], None, {}
     s0 = None
     # With --phases: the pool's counters at each phase's end, per measured step.
@@ -692,6 +695,8 @@ def main():
                     help="time forward and backward apart (a sync between them: a diagnostic)")
     ap.add_argument("--no-ahead-variant", action="store_true",
                     help="also train learned with SPILLWAY_CUDA_MAP_AHEAD=0 (variant learned_no_ahead)")
+    ap.add_argument("--whole-variant", action="store_true",
+                    help="also train learned with the optimizer stepping parameters whole (variant learned_whole)")
     ap.add_argument("--no-discard", action="store_true",
                     help="acquire gradients and new optimizer state without discard (copy their old bytes in)")
     ap.add_argument("--profile", metavar="DIR",
@@ -735,6 +740,9 @@ def main():
         guarded(tr, "learned_no_ahead", lambda: with_env(
             "SPILLWAY_CUDA_MAP_AHEAD", "0",
             lambda: train_offload(args, config, weights, data, "learned", ref if ref else None)))
+    if args.whole_variant and "train" in args.parts:
+        guarded(tr, "learned_whole", lambda: train_offload(
+            args, config, weights, data, "learned", ref if ref else None, chunked=False))
     if "on_demand" not in args.skip and "train" in args.parts:
         guarded(tr, "on_demand", lambda: train_offload(args, config, weights, data, "on_demand",
                                                        ref if ref else None))
@@ -800,7 +808,7 @@ def main():
                       f"mapping {st.get('mapping_s', 0):.3f} s ({st.get('pages_remapped', 0):.0f} pages), "
                       f"mapped ahead {st.get('pages_mapped_ahead', 0):.0f} pages "
                       f"({st.get('map_ahead_s', 0):.3f} s)")
-    for variant in ("learned", "learned_no_ahead", "on_demand"):
+    for variant in ("learned", "learned_no_ahead", "learned_whole", "on_demand"):
         if "losses_equal" in tr.get(variant, {}):
             checks = {k: tr[variant].get(k) for k in ("losses_equal", "grads_equal", "weights_equal",
                                                        "first_loss_differing")}

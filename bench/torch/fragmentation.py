@@ -43,6 +43,9 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--copy-gbps", type=float, default=0.0,
                     help="pace the sim device's copies at this many GB/s (0: memcpy speed)")
+    ap.add_argument("--whole", action="store_true",
+                    help="the optimizer steps each parameter whole (Optimizer(chunked=False)), "
+                         "not page by page")
     ap.add_argument("--out", default="fragmentation.json")
     args = ap.parse_args()
     if args.copy_gbps > 0:
@@ -80,7 +83,7 @@ def main():
     pool = spillway.Pool(gpu_budget=budget, host_budget=weights * 6, page_size=page,
                          device="sim", policy=args.policy)
     handle = st.offload(model, pool)
-    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-4, foreach=False)
+    opt = st.Optimizer(torch.optim.AdamW, handle, chunked=not args.whole, lr=1e-4, foreach=False)
     phase = ["forward"]
     counts = {}
     acquire = st._acquire
@@ -89,13 +92,15 @@ def main():
     # a page now in another frame is a remap (the device's `pages_remapped`).
     range_frames = {}
 
-    def counted(pool_, buf, exclusive=False, discard=False):
-        view = acquire(pool_, buf, exclusive, discard)
-        c = counts.setdefault(phase[0], {"acquires": 0, "fragmented": 0, "pages": 0,
-                                         "fragmented_pages": 0, "remaps": 0})
+    def counted(pool_, buf, exclusive=False, discard=False, paged=False):
+        view = acquire(pool_, buf, exclusive, discard, paged)
+        c = counts.setdefault(phase[0], {"acquires": 0, "paged": 0, "fragmented": 0,
+                                         "pages": 0, "fragmented_pages": 0, "remaps": 0})
         c["acquires"] += 1
         c["pages"] += view.pages
-        if not view.contiguous:
+        # A paged acquire is read page by page: never shown as one array, never remapped.
+        c["paged"] += paged
+        if not view.contiguous and not paged:
             c["fragmented"] += 1
             c["fragmented_pages"] += view.pages
             mapped = range_frames.setdefault(buf.id, {})
@@ -132,21 +137,24 @@ def main():
     rows = []
     print(f"Llama hidden {args.hidden}, {args.layers} layers: {weights / 2**20:.0f} MiB of bf16 "
           f"weights, GPU budget {budget / 2**20:.0f} MiB ({budget // page} frames of "
-          f"{page >> 10} KiB), policy {args.policy}, copies "
+          f"{page >> 10} KiB), policy {args.policy}, optimizer "
+          f"{'whole' if args.whole else 'chunked'}, copies "
           + (f"paced at {args.copy_gbps} GB/s" if args.copy_gbps else "at memcpy speed"))
     print()
-    print("| phase | acquires a step | fragmented views | pages in them / pages acquired | share of pages | remaps (CUDA model) |")
-    print("|---|---|---|---|---|---|")
+    print("| phase | acquires a step | paged | fragmented views | pages in them / pages acquired | share of pages | remaps (CUDA model) |")
+    print("|---|---|---|---|---|---|---|")
     for p in PHASES:
         acq = statistics.median(s["phases"][p].get("acquires", 0) for s in measured)
+        paged = statistics.median(s["phases"][p].get("paged", 0) for s in measured)
         frag = statistics.median(s["phases"][p].get("fragmented", 0) for s in measured)
         fp = statistics.median(s["phases"][p].get("fragmented_pages", 0) for s in measured)
         pages = statistics.median(s["phases"][p].get("pages", 0) for s in measured)
         share = fp / pages if pages else 0.0
         remaps = statistics.median(s["phases"][p].get("remaps", 0) for s in measured)
-        rows.append({"phase": p, "acquires": acq, "fragmented": frag, "fragmented_pages": fp,
-                     "pages": pages, "share": share, "remaps": remaps})
-        print(f"| {p} | {acq:.0f} | {frag:.0f} | {fp:.0f} / {pages:.0f} | {share:.2f} | {remaps:.0f} |")
+        rows.append({"phase": p, "acquires": acq, "paged": paged, "fragmented": frag,
+                     "fragmented_pages": fp, "pages": pages, "share": share, "remaps": remaps})
+        print(f"| {p} | {acq:.0f} | {paged:.0f} | {frag:.0f} | {fp:.0f} / {pages:.0f} | {share:.2f} "
+              f"| {remaps:.0f} |")
     step_s = statistics.median(s["step_s"] for s in measured)
     compute = statistics.median(resident[1:] or resident)
     out = {"args": vars(args), "weights_bytes": weights, "gpu_budget_bytes": budget,

@@ -360,3 +360,120 @@ def test_a_groups_large_parameters_are_stepped_a_part_at_a_time():
     assert stats["gpu_bytes_peak"] <= 48 * page
     assert all(p.state_buf is not None and p.state_buf.nbytes == 2 * p.grad_buf.nbytes
                for p in g.parts[:2])
+
+
+def test_cuts_split_a_tensor_at_every_buffers_page_boundaries():
+    # 100 elements of 4 bytes at offset 256 of 512-byte pages: page boundaries at bytes
+    # 512, 1024 -> elements 64, 192 (past the end: none); at offset 0: element 128.
+    assert st._cuts(100, 4, (256,), 512) == [0, 64, 100]
+    assert st._cuts(100, 4, (256, 0), 512) == [0, 64, 100]
+    assert st._cuts(300, 4, (256, 0), 512) == [0, 64, 128, 192, 256, 300]
+    assert st._cuts(10, 2, (0,), 512) == [0, 10]
+
+
+OPTIMIZERS = {  # class, arguments, state tensors per parameter
+    "adamw": (torch.optim.AdamW, {"lr": 1e-2, "foreach": False}, 2),
+    "adam_amsgrad": (torch.optim.Adam, {"lr": 1e-2, "amsgrad": True, "weight_decay": 0.1,
+                                        "foreach": False}, 3),
+    "sgd_momentum": (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9, "nesterov": True,
+                                       "foreach": False}, 1),
+    "rmsprop": (torch.optim.RMSprop, {"lr": 1e-3, "momentum": 0.5, "foreach": False}, 2),
+}
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_chunked_and_whole_optimizer_steps_are_bit_identical(name, chunked):
+    """An elementwise optimizer stepped page by page (the default for it) gives the bits
+    of the same optimizer stepped on the un-offloaded model, as stepping whole does; and
+    chunked, no buffer of the optimizer phase is acquired as one array."""
+    cls, kwargs, states = OPTIMIZERS[name]
+    torch.manual_seed(0)
+    # a, b: 512 KiB = 8 pages each (own parts), scale: the rest. The optimizer holds the
+    # weights (17 pages), a part's gradients (8) and state (8 a tensor); everything is
+    # 17 pages of weights, as many of gradients and of each state tensor.
+    ref = TwoMatrices()
+    off = copy.deepcopy(ref)
+    page = 64 << 10
+    budget = (17 + 8 + 8 * states + 4) * page
+    assert budget < 17 * (2 + states) * page
+    pool = spillway.Pool(gpu_budget=budget, host_budget="64MiB", page_size=page,
+                         device="sim")
+    handle = st.offload(off, pool)
+    shapes = ((8, 256), (8, 256))
+    ref_opt = cls(ref.parameters(), **kwargs)
+    ref_losses, ref_grads = train(
+        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
+        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, shapes=shapes)
+
+    opt = st.Optimizer(cls, handle, chunked=chunked, **kwargs)
+    assert opt.chunked == chunked
+    acquired = []  # (paged, whole buffer shown as one array) of the optimizer's acquires
+    acquire = st._acquire
+
+    def counted(pool_, buf, exclusive=False, discard=False, paged=False):
+        acquired.append(paged)
+        return acquire(pool_, buf, exclusive, discard, paged)
+
+    def step():
+        st._acquire = counted
+        try:
+            opt.step()
+        finally:
+            st._acquire = acquire
+    losses, grads = train(off, STEPS, step, opt.zero_grad, lambda: st.gradients(handle),
+                          shapes=shapes)
+    assert losses == ref_losses
+    assert_same_gradients(grads, ref_grads)
+    params = st.parameters(handle)
+    for pname, p in ref.named_parameters():
+        assert torch.equal(params[pname], p.detach()), pname
+    assert acquired and all(acquired) == chunked and any(acquired) == chunked
+    (g,) = handle.groups
+    if chunked:  # a and b: 8 pages each; their weights at offsets 0 and 512 KiB
+        assert [len(p.chunks) for p in g.parts[:2]] == [8, 8]
+    stats = pool.stats()
+    assert stats["evictions_dirty"] > 0 and stats["gpu_bytes_peak"] <= budget
+
+
+def test_a_large_parameters_buffers_share_its_page_boundaries():
+    """A large parameter's gradient starts at its weights' offset within a page, and
+    each state key's copy of the gradient layout starts a whole number of pages later:
+    the page boundaries of weights, gradients and state fall at the same elements."""
+    page = 64 << 10
+
+    class Offset(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.small = torch.nn.Parameter(torch.randn(300))  # 1200 B: `big` at 1280
+            self.big = torch.nn.Parameter(torch.randn(256, 256) / 256)  # 4 pages, 5 spanned
+
+        def forward(self, x):
+            return (x @ self.big).sum() + self.small.sum()
+
+    torch.manual_seed(0)
+    ref = Offset()
+    off = copy.deepcopy(ref)
+    pool = spillway.Pool(gpu_budget=24 * page, host_budget="64MiB", page_size=page,
+                         device="sim")
+    handle = st.offload(off, pool)
+    (g,) = handle.groups
+    big_part = g.parts[0]
+    (big,) = big_part.slots
+    assert big.offset == 1280 and big.part_offset == 1280
+    opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
+    assert len(big_part.chunks) == 5  # one per page the weights span
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    x = torch.randn(4, 256)
+    for model, o in ((ref, ref_opt), (off, opt)):
+        for _ in range(2):
+            model(x).backward()
+            o.step()
+            o.zero_grad()
+    assert big_part.state_keys == ["exp_avg", "exp_avg_sq"]
+    assert big_part.state_span == 5 * page
+    assert big_part.state_offset(1, big) == 5 * page + 1280
+    assert big_part.state_buf.nbytes == 5 * page + big_part.nbytes
+    params = st.parameters(handle)
+    for pname, p in ref.named_parameters():
+        assert torch.equal(params[pname], p.detach()), pname

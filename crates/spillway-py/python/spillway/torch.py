@@ -77,14 +77,22 @@ __all__ = ["offload", "Offloaded", "Optimizer", "gradients", "PARAM_ALIGN_BYTES"
            "PART_MIN_PAGES"]
 
 
-def _acquire(pool, buf, exclusive: bool = False, discard: bool = False):
+def _acquire(pool, buf, exclusive: bool = False, discard: bool = False, paged: bool = False):
     """``pool.acquire``/``acquire_mut`` of `buf`; while the PyTorch profiler records, the
     wait shows in its trace as ``spillway.acquire`` (host time until the pages are on the
-    GPU), so a profile tells the pool's waits from the model's own time."""
+    GPU), so a profile tells the pool's waits from the model's own time. A `paged`
+    acquire is read a page at a time (:class:`_Pages`): the device need not show the
+    buffer as one array (no remapping on ``cuda``)."""
     if not getattr(torch.autograd.profiler, "_is_profiler_enabled", False):
-        return pool.acquire_mut(buf, discard=discard) if exclusive else pool.acquire(buf)
+        return _acquire_now(pool, buf, exclusive, discard, paged)
     with torch.profiler.record_function("spillway.acquire"):
-        return pool.acquire_mut(buf, discard=discard) if exclusive else pool.acquire(buf)
+        return _acquire_now(pool, buf, exclusive, discard, paged)
+
+
+def _acquire_now(pool, buf, exclusive: bool, discard: bool, paged: bool):
+    if exclusive:
+        return pool.acquire_mut(buf, discard=discard)
+    return pool.acquire(buf)
 
 
 class _Opened:
@@ -129,6 +137,66 @@ class _open:
             self.view.release()
 
 
+class _Pages:
+    """A held view read a page at a time: ``span(offset, nbytes)`` is those bytes as a
+    uint8 tensor, zero-copy, for a span inside one page (or anywhere when the view is one
+    array). Nothing is gathered and nothing needs writing back: an exclusive view's spans
+    are written in place. With `whole`, any span: a scattered view is gathered as
+    :class:`_Opened` does (and written back at the end). Releases the view at the end
+    (``with _Pages(view, page) as pages:``)."""
+
+    __slots__ = ("view", "page_bytes", "_opened", "_base", "_pages")
+
+    def __init__(self, view, page_bytes: int, whole: bool = False):
+        self.view = view
+        self.page_bytes = page_bytes
+        self._opened = _Opened(view) if whole else None
+        if self._opened is not None:
+            self._base = self._opened.base
+        else:
+            self._base = torch.from_dlpack(view) if view.contiguous else None
+        self._pages: Dict[int, torch.Tensor] = {}
+
+    def span(self, offset: int, nbytes: int) -> torch.Tensor:
+        if self._base is not None:
+            return self._base[offset:offset + nbytes]
+        index, at = divmod(offset, self.page_bytes)
+        assert at + nbytes <= self.page_bytes, (offset, nbytes, "crosses a page")
+        page = self._pages.get(index)
+        if page is None:
+            page = self._pages[index] = torch.from_dlpack(self.view.page(index))
+        return page[at:at + nbytes]
+
+    def __enter__(self) -> "_Pages":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._base = None
+        self._pages.clear()
+        try:
+            if self._opened is not None:
+                self._opened.close()
+        finally:
+            self.view.release()
+
+
+def _cuts(numel: int, element_bytes: int, offsets: Iterable[int], page_bytes: int) -> List[int]:
+    """Element indices, 0 and `numel` included, that split a tensor of `numel` elements
+    stored at each of `offsets` (bytes into buffers of `page_bytes` pages) into pieces
+    that lie inside one page of every buffer: an elementwise operation over the copies
+    can run a piece at a time on each page's own memory."""
+    cuts = {0, numel}
+    end = numel * element_bytes
+    for offset in offsets:
+        boundary = (offset // page_bytes + 1) * page_bytes
+        while boundary < offset + end:
+            at, rest = divmod(boundary - offset, element_bytes)
+            assert rest == 0, (offset, element_bytes, page_bytes)
+            cuts.add(at)
+            boundary += page_bytes
+    return sorted(cuts)
+
+
 def _same_device(a: torch.device, b: torch.device) -> bool:
     """Whether two devices are the pool's device. A CUDA tensor reports ``cuda:0`` while
     ``torch.device("cuda")`` has no index, and the two do not compare equal: the pool has
@@ -143,8 +211,8 @@ def _align(n: int) -> int:
 class _Slot:
     """One parameter's place in its group's buffers."""
 
-    __slots__ = ("name", "param", "offset", "part_offset", "nbytes", "shape", "dtype",
-                 "grad_valid")
+    __slots__ = ("name", "param", "offset", "part_offset", "nbytes", "element_bytes", "shape",
+                 "dtype", "grad_valid", "state_in_pool")
 
     def __init__(self, name: str, param: nn.Parameter, offset: int):
         self.name = name
@@ -152,10 +220,14 @@ class _Slot:
         self.offset = offset
         self.part_offset = 0
         """Where its gradient is in its part's gradient buffer."""
-        self.nbytes = param.numel() * param.element_size()
+        self.element_bytes = param.element_size()
+        self.nbytes = param.numel() * self.element_bytes
         self.shape = tuple(param.shape)
         self.dtype = param.dtype
         self.grad_valid = False
+        self.state_in_pool = False
+        """Whether its optimizer state is in its part's state buffer (it had state after
+        the first step that moved the part's state into the pool)."""
 
     def of(self, base: torch.Tensor) -> torch.Tensor:
         """The slot's tensor inside `base` (a uint8 view of the group's weights buffer)."""
@@ -171,29 +243,49 @@ class _Slot:
 
 class _Part:
     """Some of a group's parameters (one large one, or the group's small ones) with a
-    gradient buffer and, after the first optimizer step, an optimizer state buffer."""
+    gradient buffer and, after the first optimizer step, an optimizer state buffer.
 
-    __slots__ = ("name", "slots", "nbytes", "grad_buf", "state_buf", "state_layout")
+    Layout: a large parameter's gradient starts at the same offset within a page as its
+    weights (`lead`), so the two buffers' page boundaries fall at the same elements; the
+    state buffer holds one copy of the gradient buffer's layout per state key
+    (``exp_avg``, ``exp_avg_sq``, ...), each starting on a page boundary (`state_span`
+    bytes apart). So an elementwise optimizer can step a parameter page by page over all
+    its buffers at once (:class:`Optimizer`, ``chunked``), never needing a buffer as one
+    array; it costs at most a page per buffer."""
 
-    def __init__(self, name: str, slots: List[_Slot]):
+    __slots__ = ("name", "slots", "nbytes", "grad_buf", "state_buf", "state_keys",
+                 "state_span", "chunks")
+
+    def __init__(self, name: str, slots: List[_Slot], lead: int = 0):
         self.name = name
         self.slots = slots
-        offset = 0
+        offset = lead
         for s in slots:
             s.part_offset = offset
             offset = _align(offset + s.nbytes)
         self.nbytes = max(offset, 1)
         self.grad_buf = None
         self.state_buf = None
-        self.state_layout: List[tuple] = []  # (slot, key, offset, nbytes)
+        self.state_keys: List[str] = []
+        """The optimizer state's keys in the state buffer, in the order of their copies."""
+        self.state_span = 0
+        """Bytes from one key's copy of the layout to the next (whole pages)."""
+        self.chunks: List[tuple] = []
+        """``(slot, start, stop, parameter)``: the pieces a chunked optimizer steps."""
+
+    def state_offset(self, key_index: int, slot: _Slot) -> int:
+        """Where `slot`'s state of key `key_index` is in the state buffer."""
+        return key_index * self.state_span + slot.part_offset
 
 
 def _parts(group_name: str, slots: List[_Slot], page_bytes: int) -> List["_Part"]:
     """`slots` in parts: each of at least :data:`PART_MIN_PAGES` pages alone, in
-    registration order, then the rest together."""
+    registration order (its gradient at its weights' offset within a page), then the rest
+    together."""
     big = [s for s in slots if s.nbytes >= PART_MIN_PAGES * page_bytes]
     small = [s for s in slots if s.nbytes < PART_MIN_PAGES * page_bytes]
-    parts = [_Part(f"{group_name}.{s.name.rsplit('.', 1)[-1]}", [s]) for s in big]
+    parts = [_Part(f"{group_name}.{s.name.rsplit('.', 1)[-1]}", [s], s.offset % page_bytes)
+             for s in big]
     if small:
         parts.append(_Part(group_name if not big else f"{group_name}.rest", small))
     return parts
@@ -259,20 +351,27 @@ class _Group:
 
     def _store_part(self, part: _Part, slots: List[_Slot]) -> None:
         pool = self.owner.pool
+        page = pool.page_size
         if part.grad_buf is None:
             part.grad_buf = pool.alloc(f"{part.name}.grads", part.nbytes)
         # The first store since ``zero_grad`` overwrites: no slot holds a gradient to add
         # to, so the buffer's old bytes are discarded instead of copied in (a slot left
-        # unwritten keeps ``grad_valid`` false and is never read).
+        # unwritten keeps ``grad_valid`` false and is never read). Stored a page at a
+        # time: the buffer never has to be one array.
         first = self.owner.discard_overwritten and not any(s.grad_valid for s in part.slots)
-        with _open(_acquire(pool, part.grad_buf, True, discard=first)) as gbase:
+        with _Pages(_acquire(pool, part.grad_buf, True, discard=first, paged=True),
+                    page) as pages:
             for s in slots:
-                dst = s.grad_of(gbase)
-                if s.grad_valid:
-                    dst.add_(s.param.grad)
-                else:
-                    dst.copy_(s.param.grad)
-                    s.grad_valid = True
+                grad = s.param.grad.reshape(-1)
+                cuts = _cuts(grad.numel(), s.element_bytes, (s.part_offset,), page)
+                for a, b in zip(cuts, cuts[1:]):
+                    dst = pages.span(s.part_offset + a * s.element_bytes,
+                                     (b - a) * s.element_bytes).view(s.dtype)
+                    if s.grad_valid:
+                        dst.add_(grad[a:b])
+                    else:
+                        dst.copy_(grad[a:b])
+                s.grad_valid = True
                 s.param.grad = None
 
 
@@ -502,83 +601,168 @@ def parameters(handle: Offloaded) -> Dict[str, torch.Tensor]:
     return out
 
 
+ELEMENTWISE_OPTIMIZERS = tuple(
+    getattr(torch.optim, n) for n in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam",
+                                      "RMSprop") if hasattr(torch.optim, n))
+"""Optimizers whose update of each element reads only that element of the parameter,
+gradient and state (and per-parameter scalars such as the step count): stepped a piece at
+a time they give the same bits as stepped whole. :class:`Optimizer` steps them chunked."""
+
+
+def _param_shaped(v: Any, like: torch.Tensor) -> bool:
+    """Whether optimizer state `v` is a tensor shaped and typed like `like` (``exp_avg``),
+    not a scalar kept beside it (``step``)."""
+    return (isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape == like.shape
+            and v.dtype == like.dtype)
+
+
 class Optimizer:
-    """``Optimizer(torch.optim.AdamW, handle, lr=...)``: one ``optimizer_cls`` per part
-    (see :data:`PART_MIN_PAGES`) of each group of :func:`offload`, stepped group by group
-    with the group's weights acquired exclusively and, a part at a time, the part's
-    gradients and optimizer state; the state lives in the pool from the first step on.
-    ``step()`` ends with ``pool.step()``."""
+    """``Optimizer(torch.optim.AdamW, handle, lr=...)``: steps the parameters of
+    :func:`offload` group by group with the group's weights acquired exclusively and, a
+    part (see :data:`PART_MIN_PAGES`) at a time, the part's gradients and optimizer state;
+    the state lives in the pool from the first step on. ``step()`` ends with
+    ``pool.step()``.
+
+    ``chunked`` (default: whether `optimizer_cls` is one of
+    :data:`ELEMENTWISE_OPTIMIZERS`): step every parameter a piece at a time, each piece
+    inside one page of its weights, gradients and state (:class:`_Part`'s layout), so no
+    buffer of the optimizer phase has to be shown as one array (on ``cuda``: no
+    remapping, the optimizer phase's main cost when frames are scattered). The inner
+    optimizers then see each piece as a parameter of its own; their results are the same
+    bits. Otherwise one ``optimizer_cls`` per part, over the part's parameters whole."""
 
     def __init__(self, optimizer_cls: Callable[..., torch.optim.Optimizer], handle: Offloaded,
-                 **kwargs: Any):
+                 chunked: Optional[bool] = None, **kwargs: Any):
         self.handle = handle
         handle.optimizer_steps_pool = True
-        self.inner = [[optimizer_cls([s.param for s in part.slots], **kwargs)
-                       for part in g.parts] for g in handle.groups]
-
-    def _bind_state(self, part: _Part, opt: torch.optim.Optimizer, sbase) -> None:
-        for s, key, off, _n in part.state_layout:
-            opt.state[s.param][key] = s.at(sbase, off)
-
-    def _unbind_state(self, part: _Part, opt: torch.optim.Optimizer) -> None:
-        for s, key, _off, _n in part.state_layout:
-            opt.state[s.param][key] = self.handle._placeholder(s.dtype)
-
-    def _move_state_into_pool(self, part: _Part, opt: torch.optim.Optimizer) -> None:
-        """After the first step: every state tensor shaped like its parameter goes into
-        the part's state buffer."""
-        layout, offset = [], 0
-        for s in part.slots:
-            for key, v in opt.state.get(s.param, {}).items():
-                if isinstance(v, torch.Tensor) and tuple(v.shape) == s.shape and v.dtype == s.dtype \
-                        and v.numel() > 1:
-                    n = v.numel() * v.element_size()
-                    layout.append((s, key, offset, n))
-                    offset = _align(offset + n)
-        if not layout:
-            return
-        pool = self.handle.pool
-        part.state_buf = pool.alloc(f"{part.name}.state", offset)
-        # Every byte the layout names is written here: nothing to copy in.
-        with _open(_acquire(pool, part.state_buf, True,
-                                discard=self.handle.discard_overwritten)) as sbase:
-            for s, key, off, _n in layout:
-                s.at(sbase, off).copy_(opt.state[s.param][key])
-        part.state_layout = layout
-        self._unbind_state(part, opt)
-
-    def _step_part(self, part: _Part, opt: torch.optim.Optimizer) -> None:
-        pool = self.handle.pool
-        live = [s for s in part.slots if s.grad_valid]
-        if not live or part.grad_buf is None:
-            return
-        with _open(_acquire(pool, part.grad_buf)) as gbase:
-            for s in live:
-                s.param.grad = s.grad_of(gbase)
-            try:
-                if part.state_buf is None:
-                    opt.step()
-                    self._move_state_into_pool(part, opt)
+        self.chunked = optimizer_cls in ELEMENTWISE_OPTIMIZERS if chunked is None else chunked
+        page = handle.pool.page_size
+        self.inner = []
+        for g in handle.groups:
+            opts = []
+            for part in g.parts:
+                if self.chunked:
+                    part.chunks = [
+                        (s, a, b, nn.Parameter(handle._placeholder(s.dtype),
+                                               requires_grad=s.param.requires_grad))
+                        for s in part.slots
+                        for cuts in [_cuts(s.nbytes // s.element_bytes, s.element_bytes,
+                                           (s.offset, s.part_offset), page)]
+                        for a, b in zip(cuts, cuts[1:])]
+                    opts.append(optimizer_cls([c[3] for c in part.chunks], **kwargs))
                 else:
-                    with _open(_acquire(pool, part.state_buf, True)) as sbase:
-                        self._bind_state(part, opt, sbase)
-                        opt.step()
-                        self._unbind_state(part, opt)
+                    opts.append(optimizer_cls([s.param for s in part.slots], **kwargs))
+            self.inner.append(opts)
+
+    # -- the state buffer ------------------------------------------------------------
+    def _state_into_pool(self, part: _Part, opt: torch.optim.Optimizer,
+                         held: List[tuple]) -> None:
+        """After the part's first step: every state tensor shaped like what it belongs to
+        (`held`: ``(slot, start, stop, parameter)`` as stepped) goes into the part's new
+        state buffer (:class:`_Part`'s layout)."""
+        keys: List[str] = []
+        for _s, _a, _b, p in held:
+            for key, v in opt.state.get(p, {}).items():
+                if key not in keys and _param_shaped(v, p):
+                    keys.append(key)
+        if not keys:
+            return
+        pool = self.handle.pool
+        page = pool.page_size
+        part.state_keys = keys
+        part.state_span = -(-part.nbytes // page) * page
+        part.state_buf = pool.alloc(f"{part.name}.state",
+                                    (len(keys) - 1) * part.state_span + part.nbytes)
+        # Every byte the layout names is written here: nothing to copy in.
+        with _Pages(_acquire(pool, part.state_buf, True, discard=self.handle.discard_overwritten,
+                             paged=self.chunked), page, whole=not self.chunked) as pages:
+            for s, a, b, p in held:
+                state = opt.state.get(p, {})
+                s.state_in_pool = bool(state)
+                for i, key in enumerate(keys):
+                    v = state.get(key)
+                    if _param_shaped(v, p):
+                        self._state_span(pages, part, i, s, a, b).copy_(v.reshape(-1))
+        self._bind_state(part, opt, held, None)
+
+    @staticmethod
+    def _state_span(pages: _Pages, part: _Part, i: int, s: _Slot, a: int, b: int):
+        """Elements `a`..`b` of `s`'s state of key `i` (a flat tensor)."""
+        return pages.span(part.state_offset(i, s) + a * s.element_bytes,
+                          (b - a) * s.element_bytes).view(s.dtype)
+
+    def _bind_state(self, part: _Part, opt: torch.optim.Optimizer, held: List[tuple],
+                    pages: Optional[_Pages]) -> None:
+        """Points the inner optimizer's state of `held` at the state buffer (`pages`), or
+        at placeholders (``None``: the buffer is not held)."""
+        for s, a, b, p in held:
+            if not s.state_in_pool:
+                continue
+            state = opt.state[p]
+            for i, key in enumerate(part.state_keys):
+                if pages is None:
+                    state[key] = self.handle._placeholder(s.dtype)
+                else:
+                    state[key] = self._state_span(pages, part, i, s, a, b).view(p.shape)
+
+    # -- stepping --------------------------------------------------------------------
+    def _step_part(self, part: _Part, opt: torch.optim.Optimizer, weights) -> None:
+        """Steps `part`'s parameters that have gradients; `weights` is the group's
+        buffer as held: a tensor of it whole, or :class:`_Pages` when chunked."""
+        pool = self.handle.pool
+        page = pool.page_size
+        if part.grad_buf is None or not any(s.grad_valid for s in part.slots):
+            return
+        if self.chunked:
+            held = [c for c in part.chunks if c[0].grad_valid]
+        else:
+            held = [(s, 0, s.nbytes // s.element_bytes, s.param)
+                    for s in part.slots if s.grad_valid]
+        paged = self.chunked
+        with _Pages(_acquire(pool, part.grad_buf, paged=paged), page, whole=not paged) as grads:
+            states = None
+            if part.state_buf is not None:
+                states = _Pages(_acquire(pool, part.state_buf, True, paged=paged), page,
+                                whole=not paged)
+            try:
+                for s, a, b, p in held:
+                    n = (b - a) * s.element_bytes
+                    if self.chunked:
+                        p.data = weights.span(s.offset + a * s.element_bytes, n).view(s.dtype)
+                    p.grad = grads.span(s.part_offset + a * s.element_bytes,
+                                        n).view(s.dtype).view(p.shape)
+                if states is not None:
+                    self._bind_state(part, opt, held, states)
+                opt.step()
+                if states is None:
+                    self._state_into_pool(part, opt, held)
             finally:
-                for s in part.slots:
-                    s.param.grad = None
+                for s, _a, _b, p in held:
+                    p.grad = None
+                    if self.chunked:
+                        p.data = self.handle._placeholder(s.dtype)
+                if states is not None:
+                    self._bind_state(part, opt, held, None)
+                    states.__exit__()
 
     def step(self) -> None:
+        pool = self.handle.pool
         for g, opts in zip(self.handle.groups, self.inner):
             if not any(s.grad_valid for s in g.slots):
+                continue
+            if self.chunked:
+                assert g.refs == 0, f"{g.name} is held: step outside forward and backward"
+                with _Pages(_acquire(pool, g.buf, True, paged=True), pool.page_size) as w:
+                    for part, opt in zip(g.parts, opts):
+                        self._step_part(part, opt, w)
                 continue
             g.acquire(exclusive=True)
             try:
                 for part, opt in zip(g.parts, opts):
-                    self._step_part(part, opt)
+                    self._step_part(part, opt, g.base)
             finally:
                 g.release()
-        self.handle.pool.step()
+        pool.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forgets the accumulated gradients (the buffers are overwritten next time)."""
