@@ -267,7 +267,7 @@ fn run_steps(
                 }
             }
             let launching = Instant::now();
-            let wptr = g.device_ptr().context(
+            let wptr = g.device_ptr()?.context(
                 "the layer's pages are neither in consecutive frames nor mappable into a range: \
                  use a page size of at least 2 MiB",
             )?;

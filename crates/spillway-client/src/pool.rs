@@ -697,20 +697,6 @@ impl Pool {
         state.stall += waited;
         let frames = state.core.frames_of(id);
         drop(state);
-        // The buffer as one array for kernels: at its frames when they are consecutive,
-        // else through its range once its pages are mapped there.
-        let viewing = Instant::now();
-        let view = self.shared.device().acquire_ptr(buffer.id, &frames);
-        Timings::add(&self.shared.timings.view_ns, viewing.elapsed());
-        let range = match view {
-            Ok(r) => r,
-            Err(e) => {
-                let mut state = self.shared.lock();
-                state.core.release(id, self.shared.now());
-                self.shared.drive(&mut state);
-                return Err(e.into());
-            }
-        };
         Ok(Guard {
             pool: self,
             id,
@@ -718,7 +704,7 @@ impl Pool {
             frames,
             bytes: buffer.bytes,
             buffer: buffer.id,
-            range,
+            range: OnceLock::new(),
             hit,
             waited,
             streams: Vec::new(),
@@ -775,7 +761,8 @@ pub struct Guard<'p> {
     frames: Vec<FrameId>,
     bytes: u64,
     buffer: BufferId,
-    range: Option<DevicePtr>,
+    /// The buffer as one array, once [`Guard::device_ptr`] asked for it.
+    range: OnceLock<Option<DevicePtr>>,
     hit: bool,
     waited: Duration,
     /// Consumer streams the release waits for besides the compute stream (the DLPack
@@ -824,9 +811,22 @@ impl Guard<'_> {
 
     /// The buffer as one contiguous device array, valid while held: on `cuda`, at its
     /// frames' own addresses when they are consecutive (any page size), else through the
-    /// buffer's range (pages of at least the allocation granularity); `None` otherwise.
-    pub fn device_ptr(&self) -> Option<DevicePtr> {
-        self.range
+    /// buffer's range (pages of at least the allocation granularity), its pages mapped
+    /// there by the first call (on the calling thread); `None` otherwise. A holder that
+    /// reads the buffer page by page ([`Guard::page_ptr`]) never calls it, and then
+    /// nothing is mapped for it.
+    pub fn device_ptr(&self) -> Result<Option<DevicePtr>, PoolError> {
+        if let Some(range) = self.range.get() {
+            return Ok(*range);
+        }
+        let viewing = Instant::now();
+        let range = self
+            .pool
+            .shared
+            .device()
+            .acquire_ptr(self.buffer, &self.frames)?;
+        Timings::add(&self.pool.shared.timings.view_ns, viewing.elapsed());
+        Ok(*self.range.get_or_init(|| range))
     }
 
     /// Device address of page `index`.

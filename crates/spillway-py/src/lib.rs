@@ -287,23 +287,33 @@ impl PyPool {
     }
 
     /// Waits until every page of `buf` is on the GPU; returns a view (a context manager)
-    /// that holds them there, shared, until its `with` block ends.
-    fn acquire(&self, py: Python<'_>, buf: &PyBuffer) -> PyResult<view::View> {
-        view::View::acquire(py, &self.pool, &buf.buffer, view::Access::Shared)
+    /// that holds them there, shared, until its `with` block ends. With `paged=True` the
+    /// view is read page by page (`view.page(i)`): the device does not show the buffer as
+    /// one array (on `cuda`, nothing is mapped into its range), and a buffer of several
+    /// pages is `contiguous` only if it is one page.
+    #[pyo3(signature = (buf, *, paged = false))]
+    fn acquire(&self, py: Python<'_>, buf: &PyBuffer, paged: bool) -> PyResult<view::View> {
+        view::View::acquire(py, &self.pool, &buf.buffer, view::Access::Shared, paged)
     }
 
     /// As `acquire`, exclusively: the view is writable and the pages become dirty. With
     /// `discard=True` the caller overwrites every byte: pages off the GPU get frames
     /// without a copy and their bytes are undefined until written (not zeros); the old
-    /// contents are gone.
-    #[pyo3(signature = (buf, *, discard = false))]
-    fn acquire_mut(&self, py: Python<'_>, buf: &PyBuffer, discard: bool) -> PyResult<view::View> {
+    /// contents are gone. `paged` as for `acquire`.
+    #[pyo3(signature = (buf, *, discard = false, paged = false))]
+    fn acquire_mut(
+        &self,
+        py: Python<'_>,
+        buf: &PyBuffer,
+        discard: bool,
+        paged: bool,
+    ) -> PyResult<view::View> {
         let access = if discard {
             view::Access::Discard
         } else {
             view::Access::Exclusive
         };
-        view::View::acquire(py, &self.pool, &buf.buffer, access)
+        view::View::acquire(py, &self.pool, &buf.buffer, access, paged)
     }
 
     /// Marks the end of a step (one iteration of the job): the prefetcher learns per step.

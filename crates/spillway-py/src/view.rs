@@ -88,12 +88,14 @@ pub(crate) enum Access {
 }
 
 impl View {
-    /// Acquires `buffer` as `access` says with the GIL released.
+    /// Acquires `buffer` as `access` says with the GIL released; `paged`: never shown as
+    /// one array (exported page by page unless it is one page).
     pub(crate) fn acquire(
         py: Python<'_>,
         pool: &Arc<Pool>,
         buffer: &Buffer,
         access: Access,
+        paged: bool,
     ) -> PyResult<View> {
         let exclusive = access != Access::Shared;
         let guard = py
@@ -108,7 +110,14 @@ impl View {
         // the guard never escapes `Held`.
         let guard: Guard<'static> = unsafe { std::mem::transmute::<Guard<'_>, _>(guard) };
         let pages = guard.pages();
-        let base_ptr = match guard.device_ptr() {
+        // The whole buffer as one array (on `cuda` it may map pages: GIL released), unless
+        // the caller reads it page by page.
+        let whole = if paged {
+            None
+        } else {
+            py.detach(|| guard.device_ptr()).py_err(py)?
+        };
+        let base_ptr = match whole {
             Some(p) => Some(p.0),
             None if pages == 1 => Some(guard.page_ptr(0).py_err(py)?.0),
             None => None,
@@ -197,6 +206,21 @@ impl View {
             pool: self.pool.clone(),
         })
     }
+
+    /// `__dlpack__` of page `index`, or of the whole buffer for `None`, as `request` (the
+    /// call's arguments, parsed) asks; a bad argument raises only once the view is known
+    /// to be held.
+    fn dlpack(
+        &self,
+        py: Python<'_>,
+        index: Option<usize>,
+        request: PyResult<ExportRequest<'_>>,
+    ) -> PyResult<Py<PyAny>> {
+        let export = self.export(py, index)?;
+        let request = request?;
+        self.note_stream(&request)?;
+        export_dlpack(&export, py, request)
+    }
 }
 
 #[pymethods]
@@ -211,10 +235,8 @@ impl View {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let export = self.export(py, None)?;
-        let request = ExportRequest::parse(stream, max_version, dl_device, copy)?;
-        self.note_stream(&request)?;
-        export_dlpack(&export, py, request)
+        let request = ExportRequest::parse(stream, max_version, dl_device, copy);
+        self.dlpack(py, None, request)
     }
 
     /// `(device type, device id)` as DLPack numbers them: `(1, 0)` CPU, `(2, 0)` CUDA.
@@ -308,11 +330,8 @@ impl PageView {
         dl_device: Option<(u32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let view = self.view.get();
-        let export = view.export(py, Some(self.index))?;
-        let request = ExportRequest::parse(stream, max_version, dl_device, copy)?;
-        view.note_stream(&request)?;
-        export_dlpack(&export, py, request)
+        let request = ExportRequest::parse(stream, max_version, dl_device, copy);
+        self.view.get().dlpack(py, Some(self.index), request)
     }
 
     /// As `View.__dlpack_device__`.

@@ -74,6 +74,32 @@ def test_a_multi_page_buffer_is_one_tensor():
     assert p.read(b, MiB - 1, 2) == bytes([7, 9])
 
 
+def test_a_paged_view_is_read_page_by_page_only():
+    """``paged=True``: the buffer is never shown as one array, even in consecutive frames
+    (a one-page buffer is its page); its pages export as always, writable when
+    exclusive."""
+    p = make_pool()
+    b = p.alloc("multi", 2 * MiB)
+    one = p.alloc("one", MiB)
+    payload = bytes(range(256)) * (2 * MiB // 256)
+    p.write(b, 0, payload)
+    with p.acquire(b) as view:  # consecutive frames: one array when asked for one
+        assert view.contiguous
+    with p.acquire(b, paged=True) as view:
+        assert view.pages == 2 and not view.contiguous
+        with pytest.raises(BufferError, match="page"):
+            np.from_dlpack(view)
+        got = b"".join(np.from_dlpack(view.page(i)).tobytes() for i in range(view.pages))
+        assert got == payload
+    with p.acquire_mut(b, paged=True) as view:
+        np.from_dlpack(view.page(1))[:2] = [7, 9]
+    assert p.read(b, MiB, 2) == bytes([7, 9])
+    with p.acquire_mut(one, discard=True, paged=True) as view:
+        assert view.contiguous  # one page
+        np.from_dlpack(view)[:] = 3
+    assert p.read(one, MiB - 1, 1) == bytes([3])
+
+
 def test_pages_of_a_buffer_in_scattered_frames():
     p = make_pool()  # 4 frames of 1 MiB
     ones = [p.alloc(f"one{i}", MiB) for i in range(4)]

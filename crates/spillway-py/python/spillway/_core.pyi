@@ -139,14 +139,16 @@ class Pool:
     def free(self, buf: Buffer) -> None: ...
     def write(self, buf: Buffer, offset: int, data: BytesLike) -> None: ...
     def read(self, buf: Buffer, offset: int, n: int) -> bytes: ...
-    def acquire(self, buf: Buffer) -> View:
+    def acquire(self, buf: Buffer, *, paged: bool = False) -> View:
         """Shared, read-only. Raises ``PageLostError`` if a page of ``buf`` could not be
-        brought back from the remote tier (until ``buf`` is freed)."""
+        brought back from the remote tier (until ``buf`` is freed). ``paged=True``: read
+        page by page (``view.page(i)``); the device never shows the buffer as one array
+        (on ``cuda``, nothing is mapped into its range)."""
         ...
-    def acquire_mut(self, buf: Buffer, *, discard: bool = False) -> View:
+    def acquire_mut(self, buf: Buffer, *, discard: bool = False, paged: bool = False) -> View:
         """Exclusive, writable. ``discard=True``: the caller overwrites every byte, so
         pages off the GPU get frames without a copy in; their bytes are undefined until
-        written (not zeros) and the old contents are gone."""
+        written (not zeros) and the old contents are gone. ``paged`` as for ``acquire``."""
         ...
     def step(self) -> None: ...
     def stats(self) -> Dict[str, Union[int, float]]:

@@ -42,7 +42,11 @@ Design (``docs/DESIGN.md``, "SDK: Python"):
   by group with the weights held exclusively and, a part at a time, the part's
   gradients and optimizer state acquired with them; the state (``exp_avg``, ... every
   tensor shaped like its parameter) lives in the part's state buffer after the first
-  step. Frames come free a parameter at a time, not a module at a time. ``step()`` ends with ``pool.step()``.
+  step. Frames come free a parameter at a time, not a module at a time. An elementwise
+  optimizer (:data:`ELEMENTWISE_OPTIMIZERS`) is stepped *chunked*: a piece of each
+  parameter per page, over acquires read page by page (``paged=True``), so no buffer of
+  the optimizer phase is ever shown as one array (on ``cuda``: nothing remapped).
+  Gradients are stored page by page too. ``step()`` ends with ``pool.step()``.
 - **Inference**: under ``torch.no_grad()`` only the weights stream; each forward of the
   root module ends with ``pool.step()`` when no :class:`Optimizer` steps the pool.
 
@@ -68,13 +72,13 @@ PART_MIN_PAGES = 4
 """A parameter of at least this many of the pool's pages has gradient and optimizer
 state buffers of its own (a *part*); a group's smaller parameters share one part. The
 optimizer holds one part's gradients and state at a time besides its group's weights,
-so frames come free a parameter at a time (an MLP group of a 7B-class Llama is about
-1 GiB of weights, gradients and Adam state together; 0.5 GiB held this way). A part
-rounds up to whole pages: at most a quarter of a page wasted per page of a part this
-size."""
+so frames come free a parameter at a time (a module with several large parameters of
+its own holds one parameter's gradients and state at a time, not all of them). Such a
+part's gradient starts at its weights' offset within a page and rounds up to whole
+pages: at most two pages more than its bytes, half a page per page at this size."""
 
 __all__ = ["offload", "Offloaded", "Optimizer", "gradients", "PARAM_ALIGN_BYTES",
-           "PART_MIN_PAGES"]
+           "PART_MIN_PAGES", "ELEMENTWISE_OPTIMIZERS"]
 
 
 def _acquire(pool, buf, exclusive: bool = False, discard: bool = False, paged: bool = False):
@@ -91,8 +95,8 @@ def _acquire(pool, buf, exclusive: bool = False, discard: bool = False, paged: b
 
 def _acquire_now(pool, buf, exclusive: bool, discard: bool, paged: bool):
     if exclusive:
-        return pool.acquire_mut(buf, discard=discard)
-    return pool.acquire(buf)
+        return pool.acquire_mut(buf, discard=discard, paged=paged)
+    return pool.acquire(buf, paged=paged)
 
 
 class _Opened:
