@@ -26,19 +26,24 @@
 //! the same limits (a bad frame closes the connection and is counted), take the payload
 //! from the peer's inbound budget, hand the request to the [`Handler`], and encode its
 //! response; a response that cannot be encoded becomes an `Internal` error reply.
+//!
+//! Every transport keeps its own node's side of these links in a [`Local`]: who it is (its
+//! hello), its counters and in-flight budgets per peer, and whether it serves.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
-use spillway_types::NodeId;
-use spillway_types::wire::{self, ErrorCode, ErrorReply, Message, WireError};
+use spillway_types::wire::{
+    self, ErrorCode, ErrorReply, Hello, Message, PROTOCOL_VERSION, WireError,
+};
+use spillway_types::{NodeId, PoolId};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::permits_for;
 use crate::stats::PeerState;
-use crate::{Handler, NetError, Request, Response};
+use crate::{Handler, NetError, NetStats, QuicConfig, Request, Response};
 
 /// A request encoded for the wire: the frame's parts (header and body, then the payload
 /// chunks) and what the round trip needs to check the reply.
@@ -124,6 +129,57 @@ impl Link {
     /// Whether [`Link::close`] was called.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+}
+
+/// This node's side of every link a transport makes: who it is, its counters and in-flight
+/// budgets per peer, and whether it serves (one server per transport).
+#[derive(Debug)]
+pub(crate) struct Local {
+    /// This node's pool.
+    pub(crate) pool_id: PoolId,
+    /// This node.
+    pub(crate) node_id: NodeId,
+    /// Counters and in-flight budgets per peer, of all the transport's connections.
+    pub(crate) stats: Arc<NetStats>,
+    /// Permits of each peer's in-flight budgets ([`QuicConfig::peer_permits`]).
+    pub(crate) budget_permits: u32,
+    serving: AtomicBool,
+}
+
+impl Local {
+    /// Node `node_id` of `pool_id`, with the in-flight budget of `config`, not yet serving.
+    pub(crate) fn new(pool_id: PoolId, node_id: NodeId, config: &QuicConfig) -> Local {
+        let budget_permits = config.peer_permits();
+        Local {
+            pool_id,
+            node_id,
+            stats: Arc::new(NetStats::new(budget_permits)),
+            budget_permits,
+            serving: AtomicBool::new(false),
+        }
+    }
+
+    /// The hello this node says (and answers one with).
+    pub(crate) fn hello(&self) -> Hello {
+        Hello {
+            pool_id: self.pool_id,
+            node_id: self.node_id,
+            protocol_version: PROTOCOL_VERSION,
+        }
+    }
+
+    /// A fresh link to `peer`, on the peer's counters and budgets.
+    pub(crate) fn link(&self, peer: NodeId) -> Link {
+        Link::new(peer, self.stats.peer_state(peer), self.budget_permits)
+    }
+
+    /// Marks the transport as serving; fails if it already was ([`crate::Transport::serve`]).
+    pub(crate) fn start_serving(&self) -> Result<(), NetError> {
+        if self.serving.swap(true, Ordering::SeqCst) {
+            return Err(NetError::AlreadyServing);
+        }
+        Ok(())
     }
 }
 
@@ -356,17 +412,17 @@ pub(crate) async fn answer<H: Handler>(
         })
 }
 
-/// Serves one request frame received whole from `peer`: decodes it with the wire limits
-/// (a bad frame is counted and returned: the caller closes the connection), takes its
-/// payload from the peer's inbound budget, and answers it ([`answer`]). Returns the
-/// request's id and the reply frame's parts, already counted.
+/// Serves one request frame received whole from `peer` at `local`: decodes it with the
+/// wire limits (a bad frame is counted and returned: the caller closes the connection),
+/// takes its payload from the peer's inbound budget, and answers it ([`answer`]). Returns
+/// the request's id and the reply frame's parts, already counted.
 pub(crate) async fn serve_whole<H: Handler>(
     handler: &H,
+    local: &Local,
     peer: NodeId,
-    state: &PeerState,
-    budget_permits: u32,
     frame: &Bytes,
 ) -> Result<(u64, Vec<Bytes>), WireError> {
+    let state = local.stats.peer_state(peer);
     let request = match decode_whole(frame) {
         Ok(d) => d,
         Err(e) => {
@@ -374,7 +430,12 @@ pub(crate) async fn serve_whole<H: Handler>(
             return Err(e);
         }
     };
-    let permit = acquire(&state.inbound, request.payload.len() as u64, budget_permits).await;
+    let permit = acquire(
+        &state.inbound,
+        request.payload.len() as u64,
+        local.budget_permits,
+    )
+    .await;
     state.add_in(request.wire_bytes);
     let parts = answer(
         handler,

@@ -34,7 +34,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::certs::{CertIdError, NodeIdentity, SERVER_NAME};
-use crate::exchange::{self, Carrier, CarryError, Decoded, Link, Outgoing, Received};
+use crate::exchange::{self, Carrier, CarryError, Decoded, Link, Local, Outgoing, Received};
 use crate::stats::PeerState;
 use crate::tls::{certified_name, client_tls, peer_node_id, server_tls, tls_err};
 use crate::{Handler, NetError, NetStats, QuicConfig, Server, Transport};
@@ -69,11 +69,9 @@ pub const CLOSE_REFUSED: u32 = 3;
 pub struct QuicTransport {
     endpoint: quinn::Endpoint,
     client_config: quinn::ClientConfig,
-    identity: NodeIdentity,
+    local: Arc<Local>,
     config: QuicConfig,
     local_addr: SocketAddr,
-    stats: Arc<NetStats>,
-    serving: AtomicBool,
 }
 
 /// quinn's transport settings from our config; `mtu` is `Some` on loopback (fixed MTU).
@@ -190,15 +188,12 @@ impl QuicTransport {
             context: "reading the endpoint's address".to_string(),
             source,
         })?;
-        let stats = Arc::new(NetStats::new(config.peer_permits()));
         Ok(QuicTransport {
             endpoint,
             client_config,
-            identity,
+            local: Arc::new(Local::new(identity.pool_id, identity.node_id, &config)),
             config,
             local_addr,
-            stats,
-            serving: AtomicBool::new(false),
         })
     }
 
@@ -239,13 +234,13 @@ impl QuicTransport {
             .await
             .map_err(|_| timed_out())?
             .map_err(|e| connect_err(format!("TLS handshake: {e}")))?;
-        let unidentified = self.stats.unidentified_state().clone();
+        let unidentified = self.local.stats.unidentified_state().clone();
         let exchange = async {
             let (mut send, mut recv) = conn
                 .open_bi()
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
-            let head = wire::encode_frame(0, &Message::Hello(self.hello()))
+            let head = wire::encode_frame(0, &Message::Hello(self.local.hello()))
                 .expect("a hello always encodes");
             let sent = write_frame(&mut send, vec![Bytes::from(head)])
                 .await
@@ -280,12 +275,12 @@ impl QuicTransport {
                 return Err(NetError::BadFrame { peer: None, source });
             }
         };
-        if hello.pool_id != self.identity.pool_id {
+        if hello.pool_id != self.local.pool_id {
             conn.close(VarInt::from_u32(CLOSE_REFUSED), b"pool mismatch");
             return Err(NetError::PoolMismatch {
                 addr,
                 peer: hello.node_id,
-                expected: self.identity.pool_id,
+                expected: self.local.pool_id,
                 found: hello.pool_id,
             });
         }
@@ -304,18 +299,10 @@ impl QuicTransport {
                 certified: certified.ok(),
             });
         }
-        let state = self.stats.peer_state(hello.node_id);
+        let state = self.local.stats.peer_state(hello.node_id);
         state.add_out(sent);
         state.add_in(reply.wire_bytes);
         Ok((conn, hello))
-    }
-
-    fn hello(&self) -> Hello {
-        Hello {
-            pool_id: self.identity.pool_id,
-            node_id: self.identity.node_id,
-            protocol_version: PROTOCOL_VERSION,
-        }
     }
 
     fn hello_timeout(&self) -> Duration {
@@ -457,11 +444,11 @@ impl Transport for QuicTransport {
     type Connection = QuicConnection;
 
     fn node_id(&self) -> NodeId {
-        self.identity.node_id
+        self.local.node_id
     }
 
     fn pool_id(&self) -> spillway_types::PoolId {
-        self.identity.pool_id
+        self.local.pool_id
     }
 
     fn local_addr(&self) -> SocketAddr {
@@ -505,27 +492,19 @@ impl Transport for QuicTransport {
             inner: Arc::new(ConnInner {
                 lanes,
                 next_lane: AtomicUsize::new(0),
-                link: Link::new(
-                    peer,
-                    self.stats.peer_state(peer),
-                    self.config.peer_permits(),
-                ),
+                link: self.local.link(peer),
             }),
         })
     }
 
     fn serve<H: Handler>(&self, handler: Arc<H>) -> Result<Server, NetError> {
-        if self.serving.swap(true, Ordering::SeqCst) {
-            return Err(NetError::AlreadyServing);
-        }
+        self.local.start_serving()?;
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let ctx = Arc::new(ServeCtx {
             handler,
-            hello: self.hello(),
-            stats: self.stats.clone(),
+            local: self.local.clone(),
             hello_timeout: self.hello_timeout(),
-            budget_permits: self.config.peer_permits(),
             connections: AtomicUsize::new(0),
             connections_max: self.config.connections_max,
             cancel: cancel.clone(),
@@ -536,7 +515,7 @@ impl Transport for QuicTransport {
     }
 
     fn stats(&self) -> &Arc<NetStats> {
-        &self.stats
+        &self.local.stats
     }
 
     async fn close(&self) {
@@ -547,10 +526,8 @@ impl Transport for QuicTransport {
 /// What every task of a server shares.
 struct ServeCtx<H> {
     handler: Arc<H>,
-    hello: Hello,
-    stats: Arc<NetStats>,
+    local: Arc<Local>,
     hello_timeout: Duration,
-    budget_permits: u32,
     connections: AtomicUsize,
     connections_max: usize,
     cancel: CancellationToken,
@@ -601,12 +578,12 @@ async fn serve_connection<H: Handler>(incoming: quinn::Incoming, slot: Connectio
     let (conn, peer) = match identified {
         Ok(Ok(v)) => v,
         Ok(Err(Refused::Other(reason))) => {
-            ctx.stats.handshake_refused();
+            ctx.local.stats.handshake_refused();
             tracing::info!(%remote, %reason, "refused a connection");
             return;
         }
         Ok(Err(Refused::Identity { certified, claimed })) => {
-            ctx.stats.handshake_refused();
+            ctx.local.stats.handshake_refused();
             tracing::warn!(
                 %remote,
                 cert_node = %certified_name(&certified),
@@ -616,13 +593,13 @@ async fn serve_connection<H: Handler>(incoming: quinn::Incoming, slot: Connectio
             return;
         }
         Err(_) => {
-            ctx.stats.handshake_refused();
+            ctx.local.stats.handshake_refused();
             tracing::info!(%remote, "refused a connection: no hello in time");
             return;
         }
     };
-    ctx.stats.connection_accepted();
-    let state = ctx.stats.peer_state(peer);
+    ctx.local.stats.connection_accepted();
+    let state = ctx.local.stats.peer_state(peer);
     loop {
         let (send, recv) = tokio::select! {
             _ = cancel.cancelled() => {
@@ -684,7 +661,7 @@ async fn accept_hello<H: Handler>(
         .accept_bi()
         .await
         .map_err(|e| format!("waiting for the hello: {e}"))?;
-    let unidentified = ctx.stats.unidentified_state();
+    let unidentified = ctx.local.stats.unidentified_state();
     let head = match read_head(&mut recv).await {
         Ok(head) => head,
         Err(ReadFail::Stream(reason)) => {
@@ -707,10 +684,10 @@ async fn accept_hello<H: Handler>(
         }
     };
     let certified = peer_node_id(&conn);
-    let refusal = if hello.pool_id != ctx.hello.pool_id {
+    let refusal = if hello.pool_id != ctx.local.pool_id {
         Some(ErrorReply::new(
             ErrorCode::PoolMismatch,
-            format!("this is {}, you are {}", ctx.hello.pool_id, hello.pool_id),
+            format!("this is {}, you are {}", ctx.local.pool_id, hello.pool_id),
         ))
     } else if hello.protocol_version != PROTOCOL_VERSION {
         Some(ErrorReply::new(
@@ -734,7 +711,7 @@ async fn accept_hello<H: Handler>(
     };
     let reply = match &refusal {
         Some(e) => Message::Error(e.clone()),
-        None => Message::HelloReply(ctx.hello),
+        None => Message::HelloReply(ctx.local.hello()),
     };
     let frame = wire::encode_frame(head.header.request_id, &reply).expect("a hello reply encodes");
     let sent = write_frame(&mut send, vec![Bytes::from(frame)]).await;
@@ -753,7 +730,7 @@ async fn accept_hello<H: Handler>(
         });
     }
     let sent = sent.map_err(|e| format!("answering the hello: {e}"))?;
-    let state = ctx.stats.peer_state(hello.node_id);
+    let state = ctx.local.stats.peer_state(hello.node_id);
     state.add_in(head.wire_bytes);
     state.add_out(sent);
     Ok((conn, hello.node_id))
@@ -787,7 +764,7 @@ async fn serve_stream<H: Handler>(
     let permit = exchange::acquire(
         &state.inbound,
         head.header.payload_bytes,
-        ctx.budget_permits,
+        ctx.local.budget_permits,
     )
     .await;
     let payload = match read_rest(&mut recv, &head).await {

@@ -22,17 +22,17 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use spillway_types::wire::{self, Hello, Message, PROTOCOL_VERSION, WireError};
+use spillway_types::wire::{self, Message, WireError};
 use spillway_types::{NodeId, PoolId};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::exchange::{self, Carrier, CarryError, Link, Outgoing, Received};
+use crate::exchange::{self, Carrier, CarryError, Link, Local, Outgoing, Received};
 use crate::{Handler, NetError, NetStats, QuicConfig, Server, Transport};
 
 type ServeFuture = Pin<Box<dyn Future<Output = Result<Bytes, WireError>> + Send>>;
@@ -41,9 +41,7 @@ type ServeFuture = Pin<Box<dyn Future<Output = Result<Bytes, WireError>> + Send>
 type Service = Arc<dyn Fn(NodeId, Bytes) -> ServeFuture + Send + Sync>;
 
 struct SimNode {
-    pool_id: PoolId,
-    node_id: NodeId,
-    stats: Arc<NetStats>,
+    local: Arc<Local>,
     service: Option<(Service, CancellationToken)>,
     down: bool,
 }
@@ -165,13 +163,11 @@ impl SimNetwork {
     pub fn transport(&self, pool_id: PoolId, node_id: NodeId, config: &QuicConfig) -> SimTransport {
         let port = 10_000 + self.next_port.fetch_add(1, Ordering::Relaxed) as u16;
         let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
-        let stats = Arc::new(NetStats::new(config.peer_permits()));
+        let local = Arc::new(Local::new(pool_id, node_id, config));
         self.lock().insert(
             addr,
             SimNode {
-                pool_id,
-                node_id,
-                stats: stats.clone(),
+                local: local.clone(),
                 service: None,
                 down: false,
             },
@@ -179,11 +175,7 @@ impl SimNetwork {
         SimTransport {
             network: self.clone(),
             addr,
-            pool_id,
-            node_id,
-            stats,
-            budget_permits: config.peer_permits(),
-            serving: AtomicBool::new(false),
+            local,
         }
     }
 
@@ -208,9 +200,7 @@ impl SimNetwork {
         match &node.service {
             Some((service, cancel)) if !cancel.is_cancelled() => Ok(Target {
                 service: service.clone(),
-                pool_id: node.pool_id,
-                node_id: node.node_id,
-                stats: node.stats.clone(),
+                local: node.local.clone(),
             }),
             _ => Err(Unreachable::NotServing),
         }
@@ -231,9 +221,7 @@ enum Unreachable {
 /// A node reached through the network.
 struct Target {
     service: Service,
-    pool_id: PoolId,
-    node_id: NodeId,
-    stats: Arc<NetStats>,
+    local: Arc<Local>,
 }
 
 /// One simulated node's transport.
@@ -241,21 +229,12 @@ struct Target {
 pub struct SimTransport {
     network: SimNetwork,
     addr: SocketAddr,
-    pool_id: PoolId,
-    node_id: NodeId,
-    stats: Arc<NetStats>,
-    budget_permits: u32,
-    serving: AtomicBool,
+    local: Arc<Local>,
 }
 
-/// A hello frame, encoded and decoded as over the wire so that its checks run too.
-fn hello_frame(pool_id: PoolId, node_id: NodeId) -> Result<Bytes, WireError> {
-    let hello = Message::Hello(Hello {
-        pool_id,
-        node_id,
-        protocol_version: PROTOCOL_VERSION,
-    });
-    let frame = Bytes::from(wire::encode_frame(0, &hello)?);
+/// `node`'s hello frame, encoded and decoded as over the wire so that its checks run too.
+fn hello_frame(node: &Local) -> Result<Bytes, WireError> {
+    let frame = Bytes::from(wire::encode_frame(0, &Message::Hello(node.hello()))?);
     exchange::decode_whole(&frame)?;
     Ok(frame)
 }
@@ -264,11 +243,11 @@ impl Transport for SimTransport {
     type Connection = SimConnection;
 
     fn node_id(&self) -> NodeId {
-        self.node_id
+        self.local.node_id
     }
 
     fn pool_id(&self) -> PoolId {
-        self.pool_id
+        self.local.pool_id
     }
 
     fn local_addr(&self) -> SocketAddr {
@@ -280,49 +259,44 @@ impl Transport for SimTransport {
             addr,
             reason: e.to_string(),
         })?;
-        if target.pool_id != self.pool_id {
+        if target.local.pool_id != self.local.pool_id {
             // What mutual TLS does to a certificate of another CA: both sides refuse.
-            target.stats.handshake_refused();
+            target.local.stats.handshake_refused();
             return Err(NetError::Connect {
                 addr,
                 reason: "TLS handshake: peer certificate not signed by the pool's CA".to_string(),
             });
         }
         // The hello exchange, as frames, so that its encoding and checks run too.
-        let hellos = hello_frame(self.pool_id, self.node_id)
-            .and_then(|ours| Ok((ours, hello_frame(target.pool_id, target.node_id)?)));
+        let hellos =
+            hello_frame(&self.local).and_then(|ours| Ok((ours, hello_frame(&target.local)?)));
         let (ours, theirs) = hellos.map_err(|source| NetError::BadFrame { peer: None, source })?;
-        target.stats.connection_accepted();
-        let server_side = target.stats.peer_state(self.node_id);
+        target.local.stats.connection_accepted();
+        let server_side = target.local.stats.peer_state(self.local.node_id);
         server_side.add_in(ours.len() as u64);
         server_side.add_out(theirs.len() as u64);
-        let state = self.stats.peer_state(target.node_id);
-        state.add_out(ours.len() as u64);
-        state.add_in(theirs.len() as u64);
+        let link = self.local.link(target.local.node_id);
+        link.state.add_out(ours.len() as u64);
+        link.state.add_in(theirs.len() as u64);
         Ok(SimConnection {
             inner: Arc::new(SimConnInner {
                 network: self.network.clone(),
                 addr,
-                me: self.node_id,
-                link: Link::new(target.node_id, state, self.budget_permits),
+                me: self.local.node_id,
+                link,
             }),
         })
     }
 
     fn serve<H: Handler>(&self, handler: Arc<H>) -> Result<Server, NetError> {
-        if self.serving.swap(true, Ordering::SeqCst) {
-            return Err(NetError::AlreadyServing);
-        }
+        self.local.start_serving()?;
         let cancel = CancellationToken::new();
-        let stats = self.stats.clone();
-        let budget_permits = self.budget_permits;
+        let local = self.local.clone();
         let service: Service = Arc::new(move |peer: NodeId, frame: Bytes| {
             let handler = handler.clone();
-            let stats = stats.clone();
+            let local = local.clone();
             Box::pin(async move {
-                let state = stats.peer_state(peer);
-                let (_, parts) =
-                    exchange::serve_whole(&*handler, peer, &state, budget_permits, &frame).await?;
+                let (_, parts) = exchange::serve_whole(&*handler, &local, peer, &frame).await?;
                 Ok(exchange::concat(&parts))
             }) as ServeFuture
         });
@@ -333,7 +307,7 @@ impl Transport for SimTransport {
     }
 
     fn stats(&self) -> &Arc<NetStats> {
-        &self.stats
+        &self.local.stats
     }
 }
 

@@ -145,13 +145,19 @@ async fn assert_refused(pool: &Pool, identity: NodeIdentity) -> NetError {
     )
     .await
     .unwrap_err();
+    assert_one_refusal_counted(&server).await;
+    err
+}
+
+/// Waits until `server` counted one refused handshake, and checks that it accepted no
+/// connection and counted no peer.
+async fn assert_one_refusal_counted(server: &QuicTransport) {
     wait_for("the server to count the refusal", WAIT, || {
         server.stats().handshakes_refused() == 1
     })
     .await;
     assert_eq!(server.stats().connections_accepted(), 0);
     assert!(server.stats().peers().is_empty());
-    err
 }
 
 /// Node 9, trusting the pool's CA (so it would accept the server) but presenting
@@ -248,12 +254,7 @@ async fn a_hello_naming_another_node_than_the_certificate_is_refused_and_counted
         }
         other => panic!("{other}"),
     }
-    wait_for("the server to count the refusal", WAIT, || {
-        server.stats().handshakes_refused() == 1
-    })
-    .await;
-    assert_eq!(server.stats().connections_accepted(), 0);
-    assert!(server.stats().peers().is_empty());
+    assert_one_refusal_counted(&server).await;
 
     // The same certificate with its own node id in the hello is accepted.
     let honest = pool.transport(2);

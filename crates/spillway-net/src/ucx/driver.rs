@@ -347,25 +347,37 @@ impl Driver {
             };
             let p = self.probes.remove(i);
             posted = true;
-            match self.worker.recv_probed(p.id, probed, p.max_bytes) {
-                Ok(op) => {
-                    self.recvs.insert(
-                        p.id,
-                        PendingRecv {
-                            op,
-                            done: RecvDone::Owned(p.done),
-                            from: p.from,
-                            peer_lost: None,
-                            max_bytes: p.max_bytes,
-                        },
-                    );
-                }
-                Err(e) => {
-                    let _ = p.done.send(Err(e));
-                }
-            }
+            let op = self.worker.recv_probed(p.id, probed, p.max_bytes);
+            self.track_recv(p.id, op, RecvDone::Owned(p.done), p.from, p.max_bytes);
         }
         posted
+    }
+
+    /// Tracks receive `id` until it completes, or fails it at once if it could not be
+    /// posted.
+    fn track_recv(
+        &mut self,
+        id: u64,
+        posted: Result<RecvOp, UcxError>,
+        done: RecvDone,
+        from: Option<u64>,
+        max_bytes: usize,
+    ) {
+        match posted {
+            Ok(op) => {
+                self.recvs.insert(
+                    id,
+                    PendingRecv {
+                        op,
+                        done,
+                        from,
+                        peer_lost: None,
+                        max_bytes,
+                    },
+                );
+            }
+            Err(e) => done.fail(e),
+        }
     }
 
     fn handle(&mut self, command: Command) {
@@ -423,23 +435,9 @@ impl Driver {
                     let _ = done.send(Err(UcxError::WorkerStopped));
                     return;
                 };
-                match self.worker.recv(memh, id, tag, tag_mask, slot) {
-                    Ok(op) => {
-                        self.recvs.insert(
-                            id,
-                            PendingRecv {
-                                op,
-                                done: RecvDone::Slot(done),
-                                from,
-                                peer_lost: None,
-                                max_bytes: self.region.slot_bytes(),
-                            },
-                        );
-                    }
-                    Err(e) => {
-                        let _ = done.send(Err(e));
-                    }
-                }
+                let op = self.worker.recv(memh, id, tag, tag_mask, slot);
+                let max_bytes = self.region.slot_bytes();
+                self.track_recv(id, op, RecvDone::Slot(done), from, max_bytes);
             }
             Command::RecvOwned {
                 id,

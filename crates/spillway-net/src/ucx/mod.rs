@@ -342,17 +342,16 @@ impl Worker {
             .region
             .take_slot()
             .ok_or(UcxError::WorkerStopped)?;
-        let id = self.shared.next_id();
-        let (done, rx) = oneshot::channel();
-        self.shared.command(Command::Recv {
-            id,
-            tag,
-            tag_mask,
-            from: from.map(|e| e.inner.id),
-            slot,
-            done,
-        })?;
-        let (slot, sender_tag) = self.wait_receive(id, rx).await?;
+        let (slot, sender_tag) = self
+            .receive(|id, done| Command::Recv {
+                id,
+                tag,
+                tag_mask,
+                from: from.map(|e| e.inner.id),
+                slot,
+                done,
+            })
+            .await?;
         Ok(Received {
             sender_tag,
             slot,
@@ -373,26 +372,28 @@ impl Worker {
         from: Option<&Endpoint>,
         max_bytes: usize,
     ) -> Result<(Bytes, u64), UcxError> {
-        let id = self.shared.next_id();
-        let (done, rx) = oneshot::channel();
-        self.shared.command(Command::RecvOwned {
-            id,
-            tag,
-            tag_mask,
-            from: from.map(|e| e.inner.id),
-            max_bytes,
-            done,
-        })?;
-        let (buf, sender_tag) = self.wait_receive(id, rx).await?;
+        let (buf, sender_tag) = self
+            .receive(|id, done| Command::RecvOwned {
+                id,
+                tag,
+                tag_mask,
+                from: from.map(|e| e.inner.id),
+                max_bytes,
+                done,
+            })
+            .await?;
         Ok((Bytes::from(buf), sender_tag))
     }
 
-    /// Waits for receive `id`'s outcome; dropping the future cancels the receive.
-    async fn wait_receive<T>(
+    /// Posts the receive that `command` makes of a fresh id and the channel for its outcome,
+    /// and waits for that outcome; dropping the future cancels the receive.
+    async fn receive<T>(
         &self,
-        id: u64,
-        rx: oneshot::Receiver<Result<T, UcxError>>,
+        command: impl FnOnce(u64, oneshot::Sender<Result<T, UcxError>>) -> Command,
     ) -> Result<T, UcxError> {
+        let id = self.shared.next_id();
+        let (done, rx) = oneshot::channel();
+        self.shared.command(command(id, done))?;
         let mut guard = CancelOnDrop {
             shared: &self.shared,
             id,

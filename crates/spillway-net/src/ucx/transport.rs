@@ -43,7 +43,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -57,8 +57,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{Endpoint, UcxError, UcxWorkerConfig, Worker};
-use crate::exchange::{self, Carrier, CarryError, Link, Outgoing, Received};
-use crate::stats::PeerState;
+use crate::exchange::{self, Carrier, CarryError, Link, Local, Outgoing, Received};
 use crate::{Handler, NetError, NetStats, QuicConfig, Server, Transport};
 
 const TAG_REQUEST: u64 = 1 << 62;
@@ -84,12 +83,8 @@ pub struct UcxTransport {
     listener: Mutex<Option<TcpListener>>,
     /// Whether connections may come over the TCP side channel (see the module docs).
     side_channel: bool,
-    pool_id: PoolId,
-    node_id: NodeId,
-    stats: Arc<NetStats>,
-    budget_permits: u32,
+    local: Arc<Local>,
     hello_timeout: Duration,
-    serving: AtomicBool,
     next_conn: AtomicU32,
     /// Where connections introduced over another channel are served (set by `serve`).
     introduced: OnceLock<Arc<dyn ServeIntroduced>>,
@@ -98,7 +93,7 @@ pub struct UcxTransport {
 impl std::fmt::Debug for UcxTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UcxTransport")
-            .field("node_id", &self.node_id)
+            .field("node_id", &self.local.node_id)
             .field("addr", &self.addr)
             .finish()
     }
@@ -169,12 +164,8 @@ impl UcxTransport {
             addr,
             listener: Mutex::new(listener),
             side_channel,
-            pool_id,
-            node_id,
-            stats: Arc::new(NetStats::new(config.peer_permits())),
-            budget_permits: config.peer_permits(),
+            local: Arc::new(Local::new(pool_id, node_id, config)),
             hello_timeout: Duration::from_millis(config.hello_timeout_ms),
-            serving: AtomicBool::new(false),
             next_conn: AtomicU32::new(1),
             introduced: OnceLock::new(),
         }
@@ -245,7 +236,7 @@ impl UcxTransport {
                 ep,
                 server_conn,
                 my_conn: offer.conn,
-                link: Link::new(peer, self.stats.peer_state(peer), self.budget_permits),
+                link: self.local.link(peer),
                 _side: None,
             }),
         })
@@ -314,7 +305,7 @@ impl ServeIntroduced for Serving {
     }
 
     fn start(&self, peer: NodeId, ep: Endpoint, my_conn: u32, client_conn: u32) {
-        self.ctx.stats.connection_accepted();
+        self.ctx.local.stats.connection_accepted();
         let conn = ServedConn {
             peer,
             ep,
@@ -417,11 +408,11 @@ impl Transport for UcxTransport {
     type Connection = UcxConnection;
 
     fn node_id(&self) -> NodeId {
-        self.node_id
+        self.local.node_id
     }
 
     fn pool_id(&self) -> PoolId {
-        self.pool_id
+        self.local.pool_id
     }
 
     fn local_addr(&self) -> SocketAddr {
@@ -442,14 +433,14 @@ impl Transport for UcxTransport {
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
             let _ = side.set_nodelay(true);
-            let hello = Hello {
-                pool_id: self.pool_id,
-                node_id: self.node_id,
-                protocol_version: PROTOCOL_VERSION,
-            };
-            write_side_hello(&mut side, hello, my_conn, self.worker.address())
-                .await
-                .map_err(|e| connect_err(e.to_string()))?;
+            write_side_hello(
+                &mut side,
+                self.local.hello(),
+                my_conn,
+                self.worker.address(),
+            )
+            .await
+            .map_err(|e| connect_err(e.to_string()))?;
             let theirs = read_side_hello(&mut side)
                 .await
                 .map_err(|e| connect_err(e.to_string()))?;
@@ -461,11 +452,11 @@ impl Transport for UcxTransport {
                 addr,
                 timeout_ms: self.hello_timeout.as_millis() as u64,
             })??;
-        if theirs.hello.pool_id != self.pool_id {
+        if theirs.hello.pool_id != self.local.pool_id {
             return Err(NetError::PoolMismatch {
                 addr,
                 peer: theirs.hello.node_id,
-                expected: self.pool_id,
+                expected: self.local.pool_id,
                 found: theirs.hello.pool_id,
             });
         }
@@ -487,25 +478,20 @@ impl Transport for UcxTransport {
                 ep,
                 server_conn: theirs.conn,
                 my_conn,
-                link: Link::new(peer, self.stats.peer_state(peer), self.budget_permits),
+                link: self.local.link(peer),
                 _side: Some(side),
             }),
         })
     }
 
     fn serve<H: Handler>(&self, handler: Arc<H>) -> Result<Server, NetError> {
-        if self.serving.swap(true, Ordering::SeqCst) {
-            return Err(NetError::AlreadyServing);
-        }
+        self.local.start_serving()?;
         let listener = self.listener.lock().ok().and_then(|mut l| l.take());
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let ctx = Arc::new(ServeCtx {
             worker: self.worker.clone(),
-            pool_id: self.pool_id,
-            node_id: self.node_id,
-            stats: self.stats.clone(),
-            budget_permits: self.budget_permits,
+            local: self.local.clone(),
             hello_timeout: self.hello_timeout,
             next_conn: AtomicU32::new(1),
             conns: Mutex::new(HashMap::new()),
@@ -530,16 +516,13 @@ impl Transport for UcxTransport {
     }
 
     fn stats(&self) -> &Arc<NetStats> {
-        &self.stats
+        &self.local.stats
     }
 }
 
 struct ServeCtx {
     worker: Worker,
-    pool_id: PoolId,
-    node_id: NodeId,
-    stats: Arc<NetStats>,
-    budget_permits: u32,
+    local: Arc<Local>,
     hello_timeout: Duration,
     next_conn: AtomicU32,
     /// The connections served, by the id their requests are tagged with.
@@ -591,14 +574,16 @@ async fn serve_connection(
     let theirs = match tokio::time::timeout(ctx.hello_timeout, read_side_hello(&mut side)).await {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
-            ctx.stats.unidentified_state().reject();
+            ctx.local.stats.unidentified_state().reject();
             tracing::debug!(%from, error = %e, "UCX side channel: bad hello");
             return;
         }
         Err(_) => return,
     };
-    if theirs.hello.pool_id != ctx.pool_id || theirs.hello.protocol_version != PROTOCOL_VERSION {
-        ctx.stats.handshake_refused();
+    if theirs.hello.pool_id != ctx.local.pool_id
+        || theirs.hello.protocol_version != PROTOCOL_VERSION
+    {
+        ctx.local.stats.handshake_refused();
         return;
     }
     let my_conn = ctx.conn_id();
@@ -620,19 +605,14 @@ async fn serve_connection(
         cancel: conn_cancel.clone(),
     };
     serve_requests(conn, &ctx, &tasks);
-    let hello = Hello {
-        pool_id: ctx.pool_id,
-        node_id: ctx.node_id,
-        protocol_version: PROTOCOL_VERSION,
-    };
-    if write_side_hello(&mut side, hello, my_conn, ctx.worker.address())
+    if write_side_hello(&mut side, ctx.local.hello(), my_conn, ctx.worker.address())
         .await
         .is_err()
     {
         conn_cancel.cancel();
         return;
     }
-    ctx.stats.connection_accepted();
+    ctx.local.stats.connection_accepted();
     // The side channel's end (EOF or error) closes the connection.
     let lifeline = async move {
         let mut byte = [0u8; 1];
@@ -700,7 +680,7 @@ async fn receive_requests<H: Handler>(
             Err(UcxError::MessageTooLarge { slot_bytes }) => {
                 // Its sender is not known: the request is lost and its sender waits
                 // until its connection ends.
-                ctx.stats.unidentified_state().reject();
+                ctx.local.stats.unidentified_state().reject();
                 tracing::warn!(
                     slot_bytes,
                     "a UCX request larger than a receive slot was dropped"
@@ -715,48 +695,42 @@ async fn receive_requests<H: Handler>(
         let (frame, sender_tag) = got;
         let conn_id = ((sender_tag & TAG_CONN_MASK) >> 32) as u32;
         let Some(conn) = lock(&ctx.conns).get(&conn_id).cloned() else {
-            ctx.stats.unidentified_state().reject();
+            ctx.local.stats.unidentified_state().reject();
             continue;
         };
         tasks.spawn(serve_request(
             frame,
-            conn.peer,
-            conn.ep.clone(),
-            conn.client_conn,
-            ctx.stats.peer_state(conn.peer),
-            ctx.budget_permits,
+            conn,
+            ctx.local.clone(),
             handler.clone(),
-            conn.cancel.clone(),
         ));
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Serves one request `frame` that came on `conn`, and sends the reply; a bad frame or a
+/// reply that cannot be sent ends the connection.
 async fn serve_request<H: Handler>(
     frame: Bytes,
-    peer: NodeId,
-    ep: Endpoint,
-    client_conn: u32,
-    state: Arc<PeerState>,
-    budget_permits: u32,
+    conn: ServedConn,
+    local: Arc<Local>,
     handler: Arc<H>,
-    conn_cancel: CancellationToken,
 ) {
-    let (request_id, parts) =
-        match exchange::serve_whole(&*handler, peer, &state, budget_permits, &frame).await {
-            Ok(answered) => answered,
-            Err(e) => {
-                tracing::debug!(%peer, error = %e, "bad frame over UCX; closing the connection");
-                conn_cancel.cancel();
-                return;
-            }
-        };
-    if let Err(e) = ep
-        .send_parts(tag(TAG_REPLY, client_conn, request_id), parts)
+    let peer = conn.peer;
+    let (request_id, parts) = match exchange::serve_whole(&*handler, &local, peer, &frame).await {
+        Ok(answered) => answered,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "bad frame over UCX; closing the connection");
+            conn.cancel.cancel();
+            return;
+        }
+    };
+    if let Err(e) = conn
+        .ep
+        .send_parts(tag(TAG_REPLY, conn.client_conn, request_id), parts)
         .await
     {
         tracing::debug!(%peer, error = %e, "UCX reply not sent; the connection ends");
-        conn_cancel.cancel();
+        conn.cancel.cancel();
     }
 }
 
