@@ -262,6 +262,23 @@ mod tests {
             out.iter().map(Result::is_ok).collect()
         }
 
+        /// The placement of `extent` on `peer` at its current epoch, with `reservation`.
+        fn place(
+            &self,
+            extent: Extent,
+            peer: NodeId,
+            reservation: Option<ReservationId>,
+        ) -> Update {
+            Update::Place {
+                extent,
+                holder: peer,
+                epoch: self.state.member(peer).unwrap().epoch,
+                version: self.version,
+                reservation,
+                replica: 0,
+            }
+        }
+
         /// One spill as `RemoteService::spill` does it.
         fn spill(&mut self, buffer: u64, first: u32, count: u32, peer: NodeId, fails: bool) {
             let spend_limit = self.now_ms + MARGIN_MS;
@@ -319,14 +336,7 @@ mod tests {
             }
             let updates = extents
                 .iter()
-                .map(|(extent, s)| Update::Place {
-                    extent: *extent,
-                    holder: peer,
-                    epoch: self.state.member(peer).unwrap().epoch,
-                    version: self.version,
-                    reservation: s.map(|s| s.id),
-                    replica: 0,
-                })
+                .map(|(extent, s)| self.place(*extent, peer, s.map(|s| s.id)))
                 .collect();
             let out = self.commit(updates);
             let mut retry = Vec::new();
@@ -339,14 +349,7 @@ mod tests {
                 {
                     retry.push(Update::Release { id: s.id });
                 }
-                retry.push(Update::Place {
-                    extent: *extent,
-                    holder: peer,
-                    epoch: self.state.member(peer).unwrap().epoch,
-                    version: self.version,
-                    reservation: None,
-                    replica: 0,
-                });
+                retry.push(self.place(*extent, peer, None));
             }
             if !retry.is_empty() {
                 self.commit(retry);

@@ -320,6 +320,28 @@ pub(crate) struct Placements {
     pub(crate) updates: Vec<Update>,
 }
 
+impl Placements {
+    /// The first placement of `retry` (indexes into `extents`) that `outcomes`, of their
+    /// second proposal, refused again: the error the spill or repair ends with.
+    pub(crate) fn refused_again(
+        &self,
+        retry: &[usize],
+        outcomes: &[Outcome],
+    ) -> Result<(), RemoteError> {
+        for (k, o) in outcomes.iter().enumerate() {
+            if let Outcome::Rejected { reason } = o {
+                let r = self.extents[retry[k]];
+                return Err(RemoteError::PlacementRefused {
+                    peer: r.holder,
+                    extent: r.extent,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Page copies to delete, per peer.
 pub(crate) type Deletes = BTreeMap<NodeId, Vec<PageId>>;
 

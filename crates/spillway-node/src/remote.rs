@@ -436,17 +436,7 @@ impl RemoteService {
         }
         self.release(releases).await;
         let again = meta.propose(updates).await?;
-        for (k, o) in again.iter().enumerate() {
-            if let crate::meta::Outcome::Rejected { reason } = o {
-                let r = placements.extents[retry[k]];
-                return Err(RemoteError::PlacementRefused {
-                    peer: r.holder,
-                    extent: r.extent,
-                    reason: reason.clone(),
-                });
-            }
-        }
-        Ok(())
+        placements.refused_again(&retry, &again)
     }
 
     /// Where `pages` of `client` are: the brain's record, else the replicated directory.

@@ -342,10 +342,7 @@ async fn malformed_raft_frames_are_refused_and_counted_and_the_node_keeps_servin
     let mut frame = wire::encode_frame(1, &wire::Message::RaftMessage(blob)).unwrap();
     frame.extend_from_slice(&data);
     for lane in conn.lanes() {
-        let (mut send, _recv) = lane.open_bi().await.unwrap();
-        let _ = send.write_all(&frame).await;
-        let _ = send.finish();
-        within("the node to close the lane", lane.closed()).await;
+        send_until_closed(lane, &frame).await;
     }
     wait_for("the bad frames to be counted", WAIT, || {
         (n1.counters().frames_rejected > before.frames_rejected).then_some(())
@@ -363,10 +360,7 @@ async fn malformed_raft_frames_are_refused_and_counted_and_the_node_keeps_servin
         payload_bytes: wire::RAFT_PAYLOAD_BYTES_MAX + 1,
     };
     let rejected = n1.counters().frames_rejected;
-    let (mut send, _recv) = conn.quinn().open_bi().await.unwrap();
-    let _ = send.write_all(&header.encode()).await;
-    let _ = send.finish();
-    within("the node to close the lane", conn.quinn().closed()).await;
+    send_until_closed(conn.quinn(), &header.encode()).await;
     wait_for("the oversized frame to be counted", WAIT, || {
         (n1.counters().frames_rejected > rejected).then_some(())
     })
@@ -412,6 +406,14 @@ async fn malformed_raft_frames_are_refused_and_counted_and_the_node_keeps_servin
     let pages = vec![(page_id(1, 0), page_bytes(3, PAGE))];
     within("spill", n1.remote().spill(1, pages)).await.unwrap();
     shutdown_all(nodes).await;
+}
+
+/// Writes `bytes` on a new stream of `lane` and waits for the node to close the lane.
+async fn send_until_closed(lane: &quinn::Connection, bytes: &[u8]) {
+    let (mut send, _recv) = lane.open_bi().await.unwrap();
+    let _ = send.write_all(bytes).await;
+    let _ = send.finish();
+    within("the node to close the lane", lane.closed()).await;
 }
 
 async fn http_get(addr: SocketAddr, request: &str) -> String {

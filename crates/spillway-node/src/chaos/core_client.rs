@@ -108,12 +108,7 @@ impl CoreClient {
                 ^ (index as u64) << 24
                 ^ version,
         );
-        let mut out = Vec::with_capacity(len + 8);
-        while out.len() < len {
-            out.extend_from_slice(&rng.next_u64().to_le_bytes());
-        }
-        out.truncate(len);
-        Bytes::from(out)
+        super::random_bytes(&mut rng, len)
     }
 }
 

@@ -347,17 +347,7 @@ fn place(
     }
     release(w, node, generation, releases)?;
     let again = w.propose(node, generation, updates)?;
-    for (k, o) in again.iter().enumerate() {
-        if let crate::meta::Outcome::Rejected { reason } = o {
-            let r = placements.extents[retry[k]];
-            return Err(OpError::Remote(RemoteError::PlacementRefused {
-                peer: r.holder,
-                extent: r.extent,
-                reason: reason.clone(),
-            }));
-        }
-    }
-    Ok(())
+    Ok(placements.refused_again(&retry, &again)?)
 }
 
 /// Where `pages` of `client` are: the brain's record, else `node`'s applied directory.

@@ -56,7 +56,9 @@ mod world;
 use std::path::Path;
 use std::time::Instant;
 
+use bytes::Bytes;
 use serde::Serialize;
+use spillway_meta::rng::SimRng;
 
 pub use faults::{Fault, FaultMix, ScheduledFault};
 
@@ -286,4 +288,14 @@ pub fn shrink(
 fn host_store(budget_bytes: u64, page_bytes: u64) -> HostStore {
     let size = spillway_types::PageSize::new(page_bytes).expect("the simulation's page size");
     HostStore::new(budget_bytes, size)
+}
+
+/// `len` bytes drawn from `rng`: the simulated clients' page contents.
+fn random_bytes(rng: &mut SimRng, len: usize) -> Bytes {
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        out.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    out.truncate(len);
+    Bytes::from(out)
 }

@@ -115,12 +115,7 @@ impl Client {
         } else {
             rng.between(256, 4096)
         } as usize;
-        let mut out = Vec::with_capacity(len + 8);
-        while out.len() < len {
-            out.extend_from_slice(&rng.next_u64().to_le_bytes());
-        }
-        out.truncate(len);
-        Bytes::from(out)
+        super::random_bytes(&mut rng, len)
     }
 
     fn at(&self, at: Where) -> Vec<PageId> {
@@ -274,8 +269,14 @@ impl World {
         if self.nested || client != CLIENT || self.work_rng.below(3) != 0 {
             return Ok(());
         }
+        self.nested_op(|w| w.op_on_batch(id, generation, jobs))
+    }
+
+    /// Runs `op` as an operation inside another of its node: no deeper nesting while it
+    /// runs (`World::nested`).
+    fn nested_op<T>(&mut self, op: impl FnOnce(&mut World) -> T) -> T {
         self.nested = true;
-        let out = self.op_on_batch(id, generation, jobs);
+        let out = op(self);
         self.nested = false;
         out
     }
@@ -322,11 +323,8 @@ impl World {
         if self.nested || self.work_rng.below(6) != 0 {
             return Ok(());
         }
-        self.nested = true;
         self.log(format!("{id} runs a repair batch during a spill"));
-        let out = driver::repair_once(self, id, generation);
-        self.nested = false;
-        let copies = out?;
+        let copies = self.nested_op(|w| driver::repair_once(w, id, generation))?;
         if copies > 0 {
             self.counts.pages_repaired += copies;
             self.log(format!("{id} repaired {copies} copies"));

@@ -263,11 +263,7 @@ pub(super) fn run(node: MetaNode, inputs: Receiver<Input>, mut ctx: ThreadCtx) {
                 Ok(Applied::Membership { .. }) => {}
                 Err(ProposalFailed::Lost) => {
                     // Never applied: propose again, first in line.
-                    for w in waiters.into_iter().rev() {
-                        ctx.queued
-                            .fetch_add(w.updates.len() as u64, Ordering::Relaxed);
-                        queue.push_front(w);
-                    }
+                    requeue_front(&mut queue, &ctx, waiters);
                 }
                 Err(other) => {
                     for w in waiters {
@@ -347,13 +343,7 @@ fn take_input(node: &mut MetaNode, input: Input, queue: &mut VecDeque<Pending>, 
                 .fetch_add(p.updates.len() as u64, Ordering::Relaxed);
             queue.push_back(p);
         }
-        Input::Requeue(ps) => {
-            for p in ps.into_iter().rev() {
-                ctx.queued
-                    .fetch_add(p.updates.len() as u64, Ordering::Relaxed);
-                queue.push_front(p);
-            }
-        }
+        Input::Requeue(ps) => requeue_front(queue, ctx, ps),
         Input::Unreachable(peer) => node.report_unreachable(peer),
         Input::Snapshot(peer, ok) => node.report_snapshot(peer, ok),
         Input::Query(f) => f(Ok(node.state())),
@@ -535,6 +525,16 @@ fn sync_capacity(
     });
 }
 
+/// Puts `taken` back at the front of `queue`, first in line in their order, counted in
+/// `ctx.queued`.
+fn requeue_front(queue: &mut VecDeque<Pending>, ctx: &ThreadCtx, taken: Vec<Pending>) {
+    for p in taken.into_iter().rev() {
+        ctx.queued
+            .fetch_add(p.updates.len() as u64, Ordering::Relaxed);
+        queue.push_front(p);
+    }
+}
+
 /// Takes pendings from the front of `queue` up to one batch's worth of updates.
 fn take_batch(queue: &mut VecDeque<Pending>, ctx: &ThreadCtx) -> (Batch, Vec<Pending>) {
     let stamp = now_ms();
@@ -583,11 +583,7 @@ fn flush(
                         | ProposeError::NotLeader { .. },
                     ) => {
                         // Try again next round (or once a leader is known).
-                        for p in taken.into_iter().rev() {
-                            ctx.queued
-                                .fetch_add(p.updates.len() as u64, Ordering::Relaxed);
-                            queue.push_front(p);
-                        }
+                        requeue_front(queue, ctx, taken);
                         return;
                     }
                     Err(e) => {
