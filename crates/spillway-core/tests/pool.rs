@@ -535,15 +535,21 @@ fn training_step(c: &mut PoolCore, w: &[BufferId], g: BufferId, ms: &mut u64) ->
     overwrite_hit
 }
 
+/// [`training_pool`] after `steps` of [`training_step`], with the milliseconds they took.
+fn trained_pool(steps: usize) -> (PoolCore, Vec<BufferId>, BufferId, u64) {
+    let (mut c, w, g) = training_pool();
+    let mut ms = 0;
+    for _ in 0..steps {
+        training_step(&mut c, &w, g, &mut ms);
+    }
+    (c, w, g, ms)
+}
+
 #[test]
 fn a_learned_pool_reserves_frames_without_a_copy_for_a_buffer_its_next_access_overwrites() {
     // Four frames for 8 pages of weights and gradients: every buffer leaves the GPU
     // between its uses, so each access but the overwrite needs its pages brought back.
-    let (mut c, w, g) = training_pool();
-    let mut ms = 0;
-    for _ in 0..2 {
-        training_step(&mut c, &w, g, &mut ms);
-    }
+    let (mut c, w, g, mut ms) = trained_pool(2);
     let before = c.stats();
     for _ in 0..3 {
         assert!(
@@ -574,11 +580,7 @@ fn a_learned_pool_reserves_frames_without_a_copy_for_a_buffer_its_next_access_ov
 
 #[test]
 fn a_frame_reserved_for_an_overwrite_that_does_not_come_is_given_up_and_the_page_loaded() {
-    let (mut c, w, g) = training_pool();
-    let mut ms = 0;
-    for _ in 0..3 {
-        training_step(&mut c, &w, g, &mut ms);
-    }
+    let (mut c, w, g, mut ms) = trained_pool(3);
     // The next step reads the gradients where the last ones overwrote them.
     for &b in &w[..2] {
         use_once(&mut c, b, false, &mut ms);

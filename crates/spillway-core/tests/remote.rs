@@ -83,14 +83,19 @@ fn alloc_is_bounded_by_host_plus_remote_less_headroom() {
     assert!(e.to_string().contains("full"), "{e}");
 }
 
+/// Writes each of `bufs` once (an exclusive acquire), then lets every op finish.
+fn write_each_then_settle(m: &mut Model, bufs: &[BufferId]) {
+    for &b in bufs {
+        m.use_once(b, AccessMode::Exclusive);
+    }
+    m.settle();
+}
+
 #[test]
 fn freeing_buffers_drops_their_remote_copies() {
     let mut m = Model::new(2, 4, 16, Policy::Clock);
     let bufs = m.one_page_buffers(8);
-    for &b in &bufs {
-        m.use_once(b, AccessMode::Exclusive);
-    }
-    m.settle();
+    write_each_then_settle(&mut m, &bufs);
     assert!(!m.remote.is_empty(), "some pages went to the remote tier");
     for &b in &bufs {
         m.free(b);
@@ -113,10 +118,7 @@ fn a_discard_acquire_fetches_nothing_and_drops_the_stale_remote_copy() {
     // 1 GPU frame, 2 host slots: of 4 one-page buffers written once, some live only in
     // the remote tier.
     let (mut m, bufs) = one_frame_two_slots(4);
-    for &b in &bufs {
-        m.use_once(b, AccessMode::Exclusive);
-    }
-    m.settle();
+    write_each_then_settle(&mut m, &bufs);
     let remote_only = *bufs
         .iter()
         .find(|&&b| {
@@ -177,12 +179,7 @@ fn an_acquire_that_needs_a_spill() -> (Model, AcquireId, Duration) {
         m.use_once(b, AccessMode::Exclusive);
         while m.finish_gpu() {}
     }
-    let start = m.t();
-    let (h, _) = m
-        .core
-        .begin_acquire(bufs[3], AccessMode::Exclusive, start)
-        .unwrap();
-    m.collect();
+    let (h, start) = m.begin_acquire(bufs[3], AccessMode::Exclusive);
     while m.finish_gpu() {}
     (m, h, start)
 }
@@ -258,12 +255,7 @@ fn a_page_that_cannot_be_fetched_loses_its_buffer_not_the_pool() {
     }
     assert!(m.remote.contains_key(&page(bufs[0], 0)));
     // Buffer 0's page comes back from the remote tier: the tier fails the fetch.
-    let now = m.t();
-    let (h, _) = m
-        .core
-        .begin_acquire(bufs[0], AccessMode::Shared, now)
-        .unwrap();
-    m.collect();
+    let (h, _) = m.begin_acquire(bufs[0], AccessMode::Shared);
     let fetch = loop {
         if let Some(i) = m
             .net

@@ -119,6 +119,18 @@ fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Writes a page of [`random_bytes`] (seed `seed + s`) into each host slot `s` of
+/// `0..slots`; returns the pages.
+fn random_host_pages(d: &CudaDevice, slots: u32, page: u64, seed: u64) -> Vec<Vec<u8>> {
+    let data: Vec<Vec<u8>> = (0..slots)
+        .map(|s| random_bytes(seed + u64::from(s), page as usize))
+        .collect();
+    for (s, bytes) in data.iter().enumerate() {
+        d.write_host(HostSlot(s as u32), 0, bytes).unwrap();
+    }
+    data
+}
+
 fn copy(id: u64, direction: Direction, frame: u32, slot: u32, bytes: u64) -> CopyOp {
     CopyOp {
         id: TransferId(id),
@@ -685,12 +697,7 @@ fn neighbouring_pages_go_as_one_copy_and_complete_one_by_one() {
     };
     for page in [256 * KIB, 2 * MIB] {
         let (d, rx) = open(16, 16, page);
-        let data: Vec<Vec<u8>> = (0..16)
-            .map(|s| random_bytes(900 + s, page as usize))
-            .collect();
-        for (s, bytes) in data.iter().enumerate() {
-            d.write_host(HostSlot(s as u32), 0, bytes).unwrap();
-        }
+        let data = random_host_pages(&d, 16, page, 900);
         // Frames 4..12 from slots 2..10 (one run, the last page short), then two pages
         // that are nobody's neighbours.
         let mut ops: Vec<CopyOp> = (0..8u32)
@@ -754,12 +761,7 @@ fn batches_enqueued_partly_off_the_callers_thread_complete_once_in_order() {
     let page = 256 * KIB;
     let n = 32u32;
     let (d, rx) = open(2 * n, 2 * n, page);
-    let data: Vec<Vec<u8>> = (0..n)
-        .map(|s| random_bytes(4_000 + u64::from(s), page as usize))
-        .collect();
-    for (s, bytes) in data.iter().enumerate() {
-        d.write_host(HostSlot(s as u32), 0, bytes).unwrap();
-    }
+    let data = random_host_pages(&d, n, page, 4_000);
     for f in 0..n {
         d.fill_pattern(FrameId(n + f), page, 500 + u64::from(f))
             .unwrap();

@@ -101,7 +101,7 @@
 use std::time::Duration;
 
 use spillway_types::config::{ConfigError, Policy, PoolConfig};
-use spillway_types::{BufferId, CopyOp, FrameId, PageId, TransferId, limits};
+use spillway_types::{BufferId, CopyOp, Direction, FrameId, PageId, TransferId, limits};
 
 use crate::error::CoreError;
 use crate::eviction::{Clock, EvictionPolicy, NextUse};
@@ -313,12 +313,8 @@ impl PoolCore {
             slots_in_use: self.host.total() - self.host.free(),
             slots_total: self.host.total(),
             buffers: self.pages.iter().filter(|(_, b)| !b.freed).count() as u64,
-            h2d_bytes_per_s: self
-                .copies
-                .bytes_per_s(spillway_types::Direction::HostToDevice),
-            d2h_bytes_per_s: self
-                .copies
-                .bytes_per_s(spillway_types::Direction::DeviceToHost),
+            h2d_bytes_per_s: self.copies.bytes_per_s(Direction::HostToDevice),
+            d2h_bytes_per_s: self.copies.bytes_per_s(Direction::DeviceToHost),
             remote_pages: self.remote.pages(),
             remote_pages_total: self.remote.pages_max(),
             remote_bytes_per_s: self.remote.bytes_per_s(),
@@ -780,12 +776,8 @@ impl PoolCore {
             self.cfg.lookahead_accesses_max,
             &self.pages,
             plan::Rate {
-                bytes_per_s: self
-                    .copies
-                    .bytes_per_s(spillway_types::Direction::HostToDevice),
-                peer_bytes_per_s: self
-                    .copies
-                    .bytes_per_s(spillway_types::Direction::PeerToDevice),
+                bytes_per_s: self.copies.bytes_per_s(Direction::HostToDevice),
+                peer_bytes_per_s: self.copies.bytes_per_s(Direction::PeerToDevice),
             },
             remote_bw,
         );

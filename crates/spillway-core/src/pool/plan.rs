@@ -529,16 +529,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn one_rule_plans_both_tiers_within_the_horizon() {
-        // Two buffers of two pages (the second page of 10 bytes), never written: absent
-        // from the GPU and from the host tier (no remote tier: none would be `Zero`).
+    /// Page `index` of `buffer`.
+    fn page(buffer: BufferId, index: u32) -> PageId {
+        PageId { buffer, index }
+    }
+
+    /// Two buffers `a` and `b` of two pages (the second page of 10 bytes), never written:
+    /// absent from the GPU and from the host tier (no remote tier: none would be `Zero`);
+    /// `a` is predicted next, `b` 9 accesses on (past the first MIN_LOOKAHEAD_ACCESSES) in
+    /// 50 ms.
+    fn two_buffers_of_two_pages() -> (PageTable, BufferId, BufferId, [Upcoming; 2]) {
         let mut pages = PageTable::new(100);
         let a = pages.insert(110, vec![Page::new(None), Page::new(None)]);
         let b = pages.insert(110, vec![Page::new(None), Page::new(None)]);
-        // `a` next, `b` 9 accesses on (past the first MIN_LOOKAHEAD_ACCESSES) in 50 ms.
         let ups = [upcoming(a.0, 0, 0), upcoming(b.0, 9, 50)];
-        let page = |buffer, index| PageId { buffer, index };
+        (pages, a, b, ups)
+    }
+
+    #[test]
+    fn one_rule_plans_both_tiers_within_the_horizon() {
+        let (mut pages, a, b, ups) = two_buffers_of_two_pages();
         for (tier, lead) in [(Tier::Gpu, LEAD_FACTOR), (Tier::Host, REMOTE_LEAD_FACTOR)] {
             let mut plan = TierPlan::new(tier, lead);
             // At 1 kB/s the 110 bytes queued for `a` take 110 ms: `b` is within the horizon.
@@ -572,11 +582,7 @@ mod tests {
 
     #[test]
     fn a_page_with_a_copy_on_the_peer_counts_at_the_peers_rate() {
-        let mut pages = PageTable::new(100);
-        let a = pages.insert(110, vec![Page::new(None), Page::new(None)]);
-        let b = pages.insert(110, vec![Page::new(None), Page::new(None)]);
-        let ups = [upcoming(a.0, 0, 0), upcoming(b.0, 9, 50)];
-        let page = |buffer, index| PageId { buffer, index };
+        let (mut pages, a, _, ups) = two_buffers_of_two_pages();
         let rate = Rate {
             bytes_per_s: 1e3,
             peer_bytes_per_s: 1e6,
@@ -721,12 +727,7 @@ mod tests {
         let cap = SPECULATION_WASTE_RATIO * 500.0;
         assert!(waste <= cap && 2.0 * waste > cap);
         // A guess already loading counts against the cap: the next one does not fit.
-        pages
-            .page_mut(PageId {
-                buffer: guesses[0],
-                index: 0,
-            })
-            .gpu = Gpu::Loading {
+        pages.page_mut(page(guesses[0], 0)).gpu = Gpu::Loading {
             frame: spillway_types::FrameId(0),
             prefetch: true,
         };

@@ -299,6 +299,14 @@ impl Model {
         self.collect();
     }
 
+    /// Begins an acquire of `b` now, without waiting for it; returns it and when it began.
+    pub fn begin_acquire(&mut self, b: BufferId, mode: AccessMode) -> (AcquireId, Duration) {
+        let now = self.t();
+        let (h, _) = self.core.begin_acquire(b, mode, now).unwrap();
+        self.collect();
+        (h, now)
+    }
+
     /// Acquires `b` and waits for it, finishing copies; checks every page is the newest.
     pub fn acquire(&mut self, b: BufferId, mode: AccessMode) -> (AcquireId, bool) {
         self.try_acquire(b, mode).unwrap()
