@@ -639,6 +639,22 @@ fn with_mapping_ahead_a_scattered_buffer_is_mapped_before_its_acquire() {
         for (i, &f) in frames.iter().enumerate() {
             d.map_page(buffer, i as u32, f).unwrap();
         }
+        assert!(d.wait_mapped_ahead(COMPLETION_TIMEOUT));
+        let t = d.timings().since(&before);
+        assert_eq!(
+            t.pages_mapped_ahead, 0,
+            "{page}: a buffer nobody has viewed whole (read page by page) is not mapped"
+        );
+        // The first whole view maps on the acquiring thread, and marks the buffer.
+        assert_eq!(d.acquire_ptr(buffer, &frames).unwrap(), Some(base));
+        let t = d.timings().since(&before);
+        assert_eq!((t.views_mapped, t.pages_remapped), (1, 4), "{page}");
+        // Its pages leave and come back scattered elsewhere: mapped ahead now.
+        let frames: Vec<FrameId> = [3u32, 10, 1, 7].into_iter().map(FrameId).collect();
+        for (i, &f) in frames.iter().enumerate() {
+            d.unmap_page(buffer, i as u32).unwrap();
+            d.map_page(buffer, i as u32, f).unwrap();
+        }
         assert!(
             d.wait_mapped_ahead(COMPLETION_TIMEOUT),
             "{page}: mapped ahead"
@@ -652,26 +668,26 @@ fn with_mapping_ahead_a_scattered_buffer_is_mapped_before_its_acquire() {
         assert_eq!(d.acquire_ptr(buffer, &frames).unwrap(), Some(base));
         assert_eq!(
             d.checksum_view(base, 4 * page).unwrap(),
-            expected(&[9, 2, 11, 0]),
+            expected(&[3, 10, 1, 7]),
             "{page}: the range mapped ahead reads as one array"
         );
         let t = d.timings().since(&before);
         assert_eq!(
             (t.views_mapped, t.pages_remapped),
-            (1, 0),
-            "{page}: the acquire mapped nothing itself"
+            (2, 4),
+            "{page}: the second acquire mapped nothing itself"
         );
         // Page 1 leaves and comes back elsewhere: only it is mapped again, ahead.
         d.unmap_page(buffer, 1).unwrap();
         d.map_page(buffer, 1, FrameId(5)).unwrap();
         assert!(d.wait_mapped_ahead(COMPLETION_TIMEOUT));
-        let frames = [FrameId(9), FrameId(5), FrameId(11), FrameId(0)];
+        let frames = [FrameId(3), FrameId(5), FrameId(1), FrameId(7)];
         assert_eq!(d.acquire_ptr(buffer, &frames).unwrap(), Some(base));
         let t = d.timings().since(&before);
-        assert_eq!((t.pages_mapped_ahead, t.pages_remapped), (5, 0), "{page}");
+        assert_eq!((t.pages_mapped_ahead, t.pages_remapped), (5, 4), "{page}");
         assert_eq!(
             d.checksum_view(base, 4 * page).unwrap(),
-            expected(&[9, 5, 11, 0])
+            expected(&[3, 5, 1, 7])
         );
         // Consecutive frames are shown in place and queue nothing.
         let b2 = BufferId(10);

@@ -15,8 +15,10 @@
 //! through most of the optimizer phase), so fewer remaps, not only hidden ones, are
 //! what is left to win.
 //!
-//! Which buffers: a record that breaks the buffer's extent (a neighbouring page sits in
-//! a frame that is not the one beside it) queues the buffer once; the thread maps every
+//! Which buffers: a record that breaks the extent (a neighbouring page sits in a frame
+//! that is not the one beside it) of a buffer a holder has viewed whole before queues
+//! the buffer once (a buffer only ever read page by page, as `spillway.torch` reads
+//! gradients and optimizer state, is never mapped); the thread maps every
 //! recorded page of it not mapped there yet, one page at a time under the range's own
 //! lock (so `map_page` of another page of the buffer waits at most one page's mapping).
 //! A page that left its frame is forgotten (`unmap_page`), so nothing is mapped to a

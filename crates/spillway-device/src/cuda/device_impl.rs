@@ -127,6 +127,7 @@ impl Device for CudaDevice {
                 mapped: vec![None; pages as usize],
                 desired: vec![None; pages as usize],
                 released: false,
+                viewed_whole: false,
             })),
         );
         Ok(Some(DevicePtr(base)))
@@ -188,9 +189,11 @@ impl Device for CudaDevice {
             self.views.in_place();
             return Ok(Some(DevicePtr(self.frames.ptr(first))));
         }
-        if self.ranges.get(buffer).is_none() {
+        let Some(range) = self.ranges.get(buffer) else {
             return Ok(None);
-        }
+        };
+        // Wanted as one array: from now on its pages are mapped ahead when they scatter.
+        lock(&range).viewed_whole = true;
         let base = self.map_buffer(buffer)?;
         self.views.through_range();
         Ok(Some(DevicePtr(base)))

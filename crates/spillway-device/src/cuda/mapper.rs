@@ -162,9 +162,9 @@ pub(crate) fn apply(
 }
 
 /// Records that page `index` of `buffer` is in `frame` (mapped when a view needs it, or
-/// ahead). Returns whether the frame breaks the buffer's extent: a neighbouring page is
-/// recorded in a frame that is not the one beside `frame`, so a view of the buffer will
-/// go through its range.
+/// ahead). Returns whether to map the buffer ahead: a holder has viewed it whole before
+/// and the frame breaks its extent (a neighbouring page is recorded in a frame that is
+/// not the one beside `frame`, so the next whole view will go through its range).
 pub(crate) fn record(
     ranges: &Ranges,
     buffer: BufferId,
@@ -196,7 +196,7 @@ pub(crate) fn record(
         .copied()
         .flatten()
         .is_some_and(|n| frame.0.checked_add(1) != Some(n.0));
-    Ok(before || after)
+    Ok(range.viewed_whole && (before || after))
 }
 
 /// Records that page `index` of `buffer` left its frame: nothing maps it ahead to a

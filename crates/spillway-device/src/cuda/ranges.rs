@@ -30,6 +30,10 @@ pub(crate) struct BufferRange {
     /// Unmapped and freed (`release_range`): nothing may map into it any more (the
     /// map-ahead thread may still hold it).
     pub(crate) released: bool,
+    /// A holder has asked for the buffer as one array through this range
+    /// (`acquire_ptr`): only then are its pages mapped ahead. A buffer only ever read
+    /// page by page (the SDK's paged acquires) is never mapped.
+    pub(crate) viewed_whole: bool,
 }
 
 /// One buffer's range, locked on its own: the map-ahead thread maps one buffer while
