@@ -137,7 +137,7 @@ pub struct NetStats {
     pub delivered_bytes: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum EventKind {
     Tick {
         node: NodeId,
@@ -561,6 +561,13 @@ impl SimCluster {
         self.queue.push(Reverse(Event { at_us, seq, kind }));
     }
 
+    /// Whether node `id` runs in life `generation` (events of an earlier life are void).
+    fn is_running(&self, id: NodeId, generation: u64) -> bool {
+        self.nodes
+            .get(&id)
+            .is_some_and(|n| n.generation == generation && n.host.is_some())
+    }
+
     /// Processes the next event; false if there is none.
     pub fn step_event(&mut self) -> bool {
         let Some(Reverse(ev)) = self.queue.pop() else {
@@ -570,11 +577,7 @@ impl SimCluster {
         self.now_us = ev.at_us;
         match ev.kind {
             EventKind::Tick { node, generation } => {
-                let current = self
-                    .nodes
-                    .get(&node)
-                    .is_some_and(|n| n.generation == generation && n.host.is_some());
-                if current {
+                if self.is_running(node, generation) {
                     let now_ms = self.clock_ms(node);
                     self.drive(node, move |n| {
                         n.observe_clock_ms(now_ms);
@@ -591,11 +594,7 @@ impl SimCluster {
                 bytes,
                 snapshot,
             } => {
-                let alive = self
-                    .nodes
-                    .get(&to)
-                    .is_some_and(|n| n.generation == generation && n.host.is_some());
-                if !alive || self.cut.contains(&(from, to)) {
+                if !self.is_running(to, generation) || self.cut.contains(&(from, to)) {
                     self.stats.dropped += 1;
                     if snapshot {
                         self.drive(from, move |n| n.report_snapshot(to, false));
@@ -685,32 +684,20 @@ impl SimCluster {
             .between(self.config.latency_us_min, self.config.latency_us_max)
             + self.disk_delay_us.get(&from).copied().unwrap_or(0);
         let snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
-        let bytes = wire::encode_message(&msg);
+        let deliver = EventKind::Deliver {
+            from,
+            to,
+            generation,
+            bytes: wire::encode_message(&msg),
+            snapshot,
+        };
         if self.rng.chance(self.config.duplicate_rate) {
             let again = self
                 .rng
                 .between(self.config.latency_us_min, self.config.latency_us_max);
-            self.schedule(
-                self.now_us + again,
-                EventKind::Deliver {
-                    from,
-                    to,
-                    generation,
-                    bytes: bytes.clone(),
-                    snapshot,
-                },
-            );
+            self.schedule(self.now_us + again, deliver.clone());
         }
-        self.schedule(
-            self.now_us + latency,
-            EventKind::Deliver {
-                from,
-                to,
-                generation,
-                bytes,
-                snapshot,
-            },
-        );
+        self.schedule(self.now_us + latency, deliver);
         true
     }
 
@@ -750,11 +737,7 @@ impl SimCluster {
 
     /// Runs for `ms` of simulated time.
     pub fn run_for_ms(&mut self, ms: u64) {
-        let end = self.now_us + ms * 1000;
-        while self.queue.peek().is_some_and(|Reverse(e)| e.at_us <= end) {
-            self.step_event();
-        }
-        self.now_us = end;
+        self.run_until_us(self.now_us + ms * 1000);
     }
 
     /// Runs until `done` holds (checked after every event) or `max_ms` of simulated time
@@ -832,11 +815,7 @@ impl SimCluster {
         self.run_until(max_ms, |c| {
             c.completions.iter().any(|(_, x)| x.ticket == ticket)
         })?;
-        let pos = self
-            .completions
-            .iter()
-            .position(|(_, x)| x.ticket == ticket)?;
-        Some(self.completions.remove(pos).1)
+        self.take_completion(ticket).map(|(_, c)| c)
     }
 
     /// Proposes `batch` until it applies (retrying while there is no leader, when a

@@ -2,26 +2,15 @@
 //! membership changes, capacity and fencing. Each test prints its seed when it fails;
 //! rerun with `SPILLWAY_SEED=<seed>` to replay it.
 
-use spillway_meta::sim::{SimCluster, SimConfig, seed_from_env};
+mod common;
+
+use common::{MAX_MS, cluster};
+use spillway_meta::sim::{SimCluster, seed_from_env};
 use spillway_meta::{
     Applied, Batch, Epoch, Extent, MemberState, MembershipChange, NodeId, Rejection, ReservationId,
     Update,
 };
 use spillway_types::{BufferId, PageId};
-
-const MAX_MS: u64 = 30_000;
-
-fn cluster(seed: u64, tune: impl FnOnce(&mut SimConfig)) -> (SimCluster, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = SimConfig::new(seed);
-    // Tests fsync nothing: the file system is real, durability is not what they check,
-    // and 2 cores of fsync would dominate the run time. Restart tests still reopen
-    // raft-engine from its files.
-    config.sync_writes = false;
-    tune(&mut config);
-    let c = SimCluster::new(config, dir.path()).unwrap();
-    (c, dir)
-}
 
 /// A batch placing `count` one-page extents of `buffer` at `holder`, epoch 1.
 fn placements(now_ms: u64, buffer: u64, count: u32, holder: u64) -> Batch {
@@ -218,6 +207,13 @@ fn a_node_far_behind_is_sent_a_snapshot() {
     c.check_consistency().unwrap();
 }
 
+/// Starts node `id` empty and commits its addition as a learner.
+fn add_learner(c: &mut SimCluster, id: NodeId) -> Applied {
+    c.add_node(id).unwrap();
+    let info = c.member_info(id);
+    c.commit_membership(&MembershipChange::AddLearner { member: info }, MAX_MS)
+}
+
 #[test]
 fn nodes_join_leave_and_replace() {
     let (mut c, _dir) = cluster(seed_from_env(5), |cfg| {
@@ -228,9 +224,7 @@ fn nodes_join_leave_and_replace() {
     let early = commit_many(&mut c, 100, 40, 5);
 
     // Join: node 4 starts empty, is added as a learner, catches up, becomes a voter.
-    c.add_node(NodeId(4)).unwrap();
-    let info = c.member_info(NodeId(4));
-    let applied = c.commit_membership(&MembershipChange::AddLearner { member: info }, MAX_MS);
+    let applied = add_learner(&mut c, NodeId(4));
     assert!(
         matches!(&applied, Applied::Membership { learners, .. } if learners.contains(&NodeId(4)))
     );
@@ -255,9 +249,7 @@ fn nodes_join_leave_and_replace() {
         .into_iter()
         .find(|&n| n != c.leader().unwrap() && n != NodeId(4))
         .unwrap();
-    c.add_node(NodeId(5)).unwrap();
-    let info = c.member_info(NodeId(5));
-    c.commit_membership(&MembershipChange::AddLearner { member: info }, MAX_MS);
+    add_learner(&mut c, NodeId(5));
     assert!(c.wait_converged(MAX_MS));
     c.commit_membership(
         &MembershipChange::Replace {
@@ -337,31 +329,18 @@ fn reservations_over_capacity_are_rejected() {
     assert_eq!(outcomes[2], Ok(()));
     // Node 2 is now fully committed: a placement without a reservation is refused, one
     // paid by a reservation is accepted.
+    let place = |buffer, pages, reservation| Update::Place {
+        extent: Extent::new(BufferId(buffer), 0, pages),
+        holder: NodeId(2),
+        epoch: Epoch(1),
+        version: 1,
+        reservation,
+        replica: 0,
+    };
     let mut b = Batch::new(now + 1);
-    b.push(Update::Place {
-        extent: Extent::new(BufferId(1), 0, 1),
-        holder: NodeId(2),
-        epoch: Epoch(1),
-        version: 1,
-        reservation: None,
-        replica: 0,
-    })
-    .push(Update::Place {
-        extent: Extent::new(BufferId(1), 0, 6),
-        holder: NodeId(2),
-        epoch: Epoch(1),
-        version: 1,
-        reservation: Some(ReservationId(1)),
-        replica: 0,
-    })
-    .push(Update::Place {
-        extent: Extent::new(BufferId(2), 0, 5),
-        holder: NodeId(2),
-        epoch: Epoch(1),
-        version: 1,
-        reservation: Some(ReservationId(3)),
-        replica: 0,
-    });
+    b.push(place(1, 1, None))
+        .push(place(1, 6, Some(ReservationId(1))))
+        .push(place(2, 5, Some(ReservationId(3))));
     let Applied::Batch { outcomes } = c.commit(&b, MAX_MS) else {
         panic!("not a batch")
     };
@@ -396,18 +375,14 @@ fn stale_epoch_holder_records_are_rejected() {
     c.wait_for_leader(MAX_MS);
     let placed = commit_many(&mut c, 100, 1, 8);
     // Node 2 is declared down, then up again: a new epoch.
-    let mut b = Batch::new(c.now_ms());
-    b.push(Update::SetMemberState {
-        node: NodeId(2),
-        state: MemberState::Down,
-    });
-    all_ok(&c.commit(&b, MAX_MS));
-    let mut b = Batch::new(c.now_ms());
-    b.push(Update::SetMemberState {
-        node: NodeId(2),
-        state: MemberState::Up,
-    });
-    all_ok(&c.commit(&b, MAX_MS));
+    for state in [MemberState::Down, MemberState::Up] {
+        let mut b = Batch::new(c.now_ms());
+        b.push(Update::SetMemberState {
+            node: NodeId(2),
+            state,
+        });
+        all_ok(&c.commit(&b, MAX_MS));
+    }
     let l = c.leader().unwrap();
     let guard = c.node(l);
     let s = guard.state();

@@ -3,21 +3,17 @@
 //! records dead, and a healthy pool declares nobody down. Each test prints its seed when
 //! it fails; rerun with `SPILLWAY_SEED=<seed>` to replay it.
 
+mod common;
+
+use common::MAX_MS;
 use spillway_meta::limits::DOWN_AFTER_TICKS_DEFAULT;
-use spillway_meta::sim::{SimCluster, SimConfig, seed_from_env};
+use spillway_meta::sim::{SimCluster, seed_from_env};
 use spillway_meta::{Batch, Epoch, Extent, MemberState, NodeId, Update};
 use spillway_types::{BufferId, PageId};
 
-const MAX_MS: u64 = 30_000;
-
+/// A cluster of `voters` voters (see [`common::cluster`]).
 fn cluster(seed: u64, voters: u64) -> (SimCluster, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = SimConfig::new(seed);
-    // As in tests/cluster.rs: durability is not what these check.
-    config.sync_writes = false;
-    config.voters = voters;
-    let c = SimCluster::new(config, dir.path()).unwrap();
-    (c, dir)
+    common::cluster(seed, |config| config.voters = voters)
 }
 
 /// The detection timeout at the simulation's tick, in ms.
@@ -54,6 +50,16 @@ fn page0() -> PageId {
         buffer: BufferId(1),
         index: 0,
     }
+}
+
+/// Runs until every running node has `member` up again at epoch 2; panics after `MAX_MS`.
+fn wait_back_up(c: &mut SimCluster, member: NodeId) {
+    c.run_until(MAX_MS, |c| {
+        c.live_nodes()
+            .iter()
+            .all(|&n| member_state(c, n, member) == (MemberState::Up, Epoch(2)))
+    })
+    .unwrap_or_else(|| panic!("seed {}: {member} never came back up", c.seed()));
 }
 
 /// A follower of the current leader, other than `not`.
@@ -112,12 +118,7 @@ fn a_killed_node_is_declared_down_within_the_timeout_and_comes_back_at_a_new_epo
 
     // It restarts: it catches up, finds itself down and proposes itself up, at epoch 2.
     c.restart(dead).unwrap();
-    c.run_until(MAX_MS, |c| {
-        c.live_nodes()
-            .iter()
-            .all(|&n| member_state(c, n, dead) == (MemberState::Up, Epoch(2)))
-    })
-    .unwrap_or_else(|| panic!("seed {seed}: {dead} never came back up"));
+    wait_back_up(&mut c, dead);
     let n = c.node(dead);
     let s = n.state();
     let holders = s.holders_of(page0());
@@ -153,12 +154,7 @@ fn a_cut_off_node_is_declared_down_and_brings_itself_back_when_the_partition_hea
     // The cut-off node itself does not know yet.
     assert_eq!(member_state(&c, cut, cut), (MemberState::Up, Epoch(1)));
     c.heal();
-    c.run_until(MAX_MS, |c| {
-        c.live_nodes()
-            .iter()
-            .all(|&n| member_state(c, n, cut) == (MemberState::Up, Epoch(2)))
-    })
-    .unwrap_or_else(|| panic!("seed {seed}: {cut} never came back up"));
+    wait_back_up(&mut c, cut);
     assert!(c.node(cut).status().counters.member_state_proposals >= 1);
     c.check_consistency().unwrap();
 }

@@ -3,7 +3,7 @@ use spillway_types::BufferId;
 
 use super::*;
 
-const PAGE: u64 = 1 << 20;
+pub(super) const PAGE: u64 = 1 << 20;
 
 fn state(capacities: &[u64]) -> MetaState {
     MetaState::initial(&InitialCluster {
@@ -32,7 +32,29 @@ fn place(buffer: u64, first: u32, count: u32, node: u64, epoch: u64, version: u6
     }
 }
 
-fn apply(s: &mut MetaState, now_ms: u64, updates: Vec<Update>) -> Vec<Result<(), Rejection>> {
+/// `update` (a placement) paid by reservation `id`.
+fn paid(mut update: Update, id: u64) -> Update {
+    let Update::Place { reservation, .. } = &mut update else {
+        panic!("not a placement: {update:?}");
+    };
+    *reservation = Some(ReservationId(id));
+    update
+}
+
+/// An update setting `node`'s member state.
+pub(super) fn set(node: u64, state: MemberState) -> Update {
+    Update::SetMemberState {
+        node: NodeId(node),
+        state,
+    }
+}
+
+/// Applies `updates` as one batch at `now_ms` and checks the invariants after it.
+pub(super) fn apply(
+    s: &mut MetaState,
+    now_ms: u64,
+    updates: Vec<Update>,
+) -> Vec<Result<(), Rejection>> {
     let out = s.apply_batch(&Batch { now_ms, updates });
     s.check_invariants().unwrap();
     out
@@ -94,14 +116,7 @@ fn reservations_pay_for_placements_and_expire() {
         out[0],
         Err(Rejection::InsufficientCapacity { .. })
     ));
-    let with = Update::Place {
-        extent: Extent::new(BufferId(1), 0, 2),
-        holder: NodeId(1),
-        epoch: Epoch(1),
-        version: 1,
-        reservation: Some(ReservationId(1)),
-        replica: 0,
-    };
+    let with = paid(place(1, 0, 2, 1, 1, 1), 1);
     assert_eq!(apply(&mut s, 12, vec![with]), vec![Ok(())]);
     assert_eq!(s.reservation(ReservationId(1)).unwrap().bytes, PAGE);
     // The rest lapses with the clock.
@@ -126,14 +141,7 @@ fn a_reservation_pays_for_pages_already_at_the_holder_and_frees_what_they_did_no
         bytes,
         expires_at_ms: 1_000_000,
     };
-    let with = |id, version| Update::Place {
-        extent: Extent::new(BufferId(1), 0, 3),
-        holder: NodeId(1),
-        epoch: Epoch(1),
-        version,
-        reservation: Some(ReservationId(id)),
-        replica: 0,
-    };
+    let with = |id, version| paid(place(1, 0, 3, 1, 1, version), id);
     assert_eq!(
         apply(&mut s, 1, vec![reserve(1, 3 * PAGE), with(1, 1)]),
         vec![Ok(()), Ok(())]
@@ -172,26 +180,12 @@ fn stale_epochs_and_versions_are_refused() {
         })
     ));
     // Node 2 goes down and comes back: a new epoch, its old records are gone.
-    apply(
-        &mut s,
-        3,
-        vec![Update::SetMemberState {
-            node: NodeId(2),
-            state: MemberState::Down,
-        }],
-    );
+    apply(&mut s, 3, vec![set(2, MemberState::Down)]);
     assert!(matches!(
         apply(&mut s, 4, vec![place(1, 8, 1, 2, 1, 1)])[0],
         Err(Rejection::NodeNotUp { .. })
     ));
-    apply(
-        &mut s,
-        5,
-        vec![Update::SetMemberState {
-            node: NodeId(2),
-            state: MemberState::Up,
-        }],
-    );
+    apply(&mut s, 5, vec![set(2, MemberState::Up)]);
     assert_eq!(s.member(NodeId(2)).unwrap().epoch, Epoch(2));
     assert!(
         s.holder_of(PageId {

@@ -4,12 +4,11 @@ use spillway_types::BufferId;
 
 use super::super::{SNAPSHOT_FORMAT, SnapshotData, SnapshotError};
 use super::*;
-use crate::command::{Batch, InitialCluster, MemberInfo, Update};
+use crate::command::{InitialCluster, MemberInfo, Update};
 use crate::ids::{Epoch, NodeId};
 use crate::limits::REPLICAS_MAX;
 use crate::state::Rejection;
-
-const PAGE: u64 = 1 << 20;
+use crate::state::tests::{PAGE, apply, set};
 
 fn state(nodes: u64) -> MetaState {
     let mut initial = InitialCluster::for_tests(nodes, 64 * PAGE, PAGE);
@@ -53,17 +52,13 @@ fn at(first: u32, count: u32, node: u64, replica: u8) -> Update {
     })
 }
 
-fn set(node: u64, state: MemberState) -> Update {
-    Update::SetMemberState {
-        node: NodeId(node),
-        state,
-    }
-}
-
-fn apply(s: &mut MetaState, now_ms: u64, updates: Vec<Update>) -> Vec<Result<(), Rejection>> {
-    let out = s.apply_batch(&Batch { now_ms, updates });
-    s.check_invariants().unwrap();
-    out
+/// Node `node` goes down and comes back up at `now_ms`: a new epoch, its records dead.
+fn come_back(s: &mut MetaState, now_ms: u64, node: u64) {
+    apply(
+        s,
+        now_ms,
+        vec![set(node, MemberState::Down), set(node, MemberState::Up)],
+    );
 }
 
 fn page(index: u32) -> PageId {
@@ -166,11 +161,7 @@ fn the_copies_of_a_page_are_on_distinct_nodes() {
     assert_eq!(used(&s, 1), 8 * PAGE);
     // Once node 1 came back (its old records are dead), it may hold the pages again in
     // another slot: the dead copy does not count.
-    apply(
-        &mut s,
-        4,
-        vec![set(1, MemberState::Down), set(1, MemberState::Up)],
-    );
+    come_back(&mut s, 4, 1);
     assert_eq!(used(&s, 1), 0);
     let again = place(P {
         buffer: 1,
@@ -260,11 +251,7 @@ fn liveness_follows_state_and_epoch() {
     });
     assert_eq!(apply(&mut s, 5, vec![second]), vec![Ok(())]);
     assert_eq!(used(&s, 1), 3 * PAGE);
-    apply(
-        &mut s,
-        6,
-        vec![set(1, MemberState::Down), set(1, MemberState::Up)],
-    );
+    come_back(&mut s, 6, 1);
     assert_eq!(s.member(NodeId(1)).unwrap().epoch, Epoch(3));
     assert_eq!(used(&s, 1), 0);
     assert_eq!(s.extent_count(), 2);
@@ -390,11 +377,7 @@ fn snapshots_keep_slots_and_dead_records_and_refuse_bad_ones() {
         1,
         vec![at(0, 8, 1, 0), at(0, 8, 2, 1), at(0, 8, 3, 3)],
     );
-    apply(
-        &mut s,
-        2,
-        vec![set(3, MemberState::Down), set(3, MemberState::Up)],
-    );
+    come_back(&mut s, 2, 3);
     s.set_applied_index(9);
     let back = MetaState::decode_snapshot(&s.encode_snapshot(), 9).unwrap();
     assert_eq!(back, s);
