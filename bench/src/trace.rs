@@ -572,20 +572,10 @@ fn check_line(line: u64, raw: RawLine) -> Result<CheckedLine, TraceError> {
     if let Some(field) = raw.duplicate {
         return Err(TraceError::DuplicateField { line, field });
     }
-    let step = non_negative_integer(line, "step", required(line, "step", raw.step)?)?;
-    let buffer = bounded_string(
-        line,
-        "buffer",
-        required(line, "buffer", raw.buffer)?,
-        BUFFER_NAME_BYTES_MAX,
-    )?;
-    let bytes = non_negative_integer(line, "bytes", required(line, "bytes", raw.bytes)?)?;
-    let phase = bounded_string(
-        line,
-        "phase",
-        required(line, "phase", raw.phase)?,
-        PHASE_BYTES_MAX,
-    )?;
+    let step = non_negative_integer(line, "step", raw.step)?;
+    let buffer = bounded_string(line, "buffer", raw.buffer, BUFFER_NAME_BYTES_MAX)?;
+    let bytes = non_negative_integer(line, "bytes", raw.bytes)?;
+    let phase = bounded_string(line, "phase", raw.phase, PHASE_BYTES_MAX)?;
     let compute_us = match raw.compute_us {
         None | Some(Value::Null) => None,
         Some(Value::Number(n)) => {
@@ -622,7 +612,13 @@ fn required(line: u64, field: &'static str, value: Option<Value>) -> Result<Valu
     value.ok_or(TraceError::MissingField { line, field })
 }
 
-fn non_negative_integer(line: u64, field: &'static str, value: Value) -> Result<u64, TraceError> {
+/// Required field `field` of line `line`, a non-negative integer.
+fn non_negative_integer(
+    line: u64,
+    field: &'static str,
+    value: Option<Value>,
+) -> Result<u64, TraceError> {
+    let value = required(line, field, value)?;
     let Value::Number(n) = value else {
         return Err(TraceError::WrongType {
             line,
@@ -650,12 +646,14 @@ fn non_negative_integer(line: u64, field: &'static str, value: Value) -> Result<
     }
 }
 
+/// Required field `field` of line `line`, a string of at most `limit_bytes`.
 fn bounded_string(
     line: u64,
     field: &'static str,
-    value: Value,
+    value: Option<Value>,
     limit_bytes: usize,
 ) -> Result<String, TraceError> {
+    let value = required(line, field, value)?;
     let Value::String(s) = value else {
         return Err(TraceError::WrongType {
             line,

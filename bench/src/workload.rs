@@ -637,6 +637,13 @@ pub(crate) mod tests {
         }
     }
 
+    /// Each step's hit rate and its demand loads, in step order.
+    fn hit_rates_and_demand_loads(r: &RunReport) -> (Vec<f64>, Vec<u64>) {
+        let rates = r.steps.iter().map(StepReport::hit_rate).collect();
+        let demand = r.steps.iter().map(|s| s.demand_loads).collect();
+        (rates, demand)
+    }
+
     /// A remote tier in memory whose fetches of buffer `lost` fail as every holder gone.
     fn losing_tier(lost: u64) -> spillway_client::RemoteFactory {
         use spillway_client::remote::{MemRemote, RemoteError, RemoteOpKind};
@@ -754,12 +761,11 @@ pub(crate) mod tests {
         cfg.gpu_budget_bytes = 12 * (384 << 10) / 3;
         cfg.diverge_steps = vec![3];
         let r = run_training(cfg, |_| {}).unwrap();
-        let rates: Vec<f64> = r.steps.iter().map(StepReport::hit_rate).collect();
+        let (rates, demand) = hit_rates_and_demand_loads(&r);
         assert!(rates[0] < 0.9, "nothing to learn from in step 1: {rates:?}");
         // Prediction: from step 2 every load but the diverging step's is a prefetch.
         // Timing: on a loaded machine a prefetch can still land a little late (one
         // acquire of 48 seen at load), so the hit rates allow two misses per step.
-        let demand: Vec<u64> = r.steps.iter().map(|s| s.demand_loads).collect();
         assert!(demand[0] > 0, "step 1 loads on demand: {demand:?}");
         assert!(
             demand[1] == 0 && demand[3] == 0 && demand[4] == 0,
@@ -795,8 +801,7 @@ pub(crate) mod tests {
             .build()
             .unwrap();
         let r = run_training_in(cfg, pool, |_| {}).unwrap();
-        let demand: Vec<u64> = r.steps.iter().map(|s| s.demand_loads).collect();
-        let rates: Vec<f64> = r.steps.iter().map(StepReport::hit_rate).collect();
+        let (rates, demand) = hit_rates_and_demand_loads(&r);
         assert!(
             r.steps.iter().all(|s| s.remote_bytes_in > 0),
             "the remote tier is used"

@@ -46,6 +46,21 @@ fn launch_here(dir: &Path, port: u16, job_key: &str, extra: &[&str], job: &str) 
     launch(dir, port, &args, job)
 }
 
+/// [`launch`] of `--dry-run` (the plan only: nothing started or written) with `extra`
+/// after.
+fn dry_run(dir: &Path, port: u16, extra: &[&str]) -> Command {
+    let mut args = vec!["--dry-run"];
+    args.extend_from_slice(extra);
+    launch(dir, port, &args, "true")
+}
+
+/// Asserts that launch failed with exit code 1 (an error of its own, not a job's status);
+/// its stderr.
+fn launch_error(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Starts `c` with its stdout and stderr piped (for [`wait_output`]).
 fn spawn_piped(mut c: Command) -> Child {
     c.stdout(Stdio::piped())
@@ -95,15 +110,17 @@ fn node_pid(run: &Path) -> u32 {
 #[test]
 fn dry_run_prints_the_slurm_plan() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = launch(tmp.path(), 18100, &["--dry-run"], "true")
-        .env("SLURM_JOB_NODELIST", "gpu[01-04,07]")
-        .env("SLURM_NNODES", "5")
-        .env("SLURM_NODEID", "3")
-        .env("SLURM_LOCALID", "1")
-        .env("SLURM_PROCID", "7")
-        .env("SLURM_STEP_TASKS_PER_NODE", "2(x5)")
-        .env("SLURM_JOB_ID", "77")
-        .env("SLURM_STEP_ID", "1")
+    let out = dry_run(tmp.path(), 18100, &[])
+        .envs([
+            ("SLURM_JOB_NODELIST", "gpu[01-04,07]"),
+            ("SLURM_NNODES", "5"),
+            ("SLURM_NODEID", "3"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_PROCID", "7"),
+            ("SLURM_STEP_TASKS_PER_NODE", "2(x5)"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "1"),
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -123,17 +140,18 @@ fn dry_run_prints_the_slurm_plan() {
 #[test]
 fn inconsistent_environment_is_refused_with_the_variable() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = launch(tmp.path(), 18110, &["--dry-run"], "true")
-        .env("MASTER_ADDR", "10.0.0.1")
-        .env("MASTER_PORT", "29500")
-        .env("WORLD_SIZE", "7")
-        .env("RANK", "1")
-        .env("LOCAL_RANK", "1")
-        .env("LOCAL_WORLD_SIZE", "2")
+    let out = dry_run(tmp.path(), 18110, &[])
+        .envs([
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("WORLD_SIZE", "7"),
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = launch_error(&out);
     assert!(
         err.contains("WORLD_SIZE=7 is not a multiple of LOCAL_WORLD_SIZE=2"),
         "{err}"
@@ -228,18 +246,11 @@ fn two_ranks_share_one_node_that_outlives_the_first() {
 fn host_budget_is_a_share_of_the_host_or_refused_above_it() {
     let tmp = tempfile::tempdir().unwrap();
     let plan = |budget: &str| {
-        launch(
-            tmp.path(),
-            18150,
-            &["--dry-run", "--host-budget", budget],
-            "true",
-        )
-        .output()
-        .unwrap()
+        dry_run(tmp.path(), 18150, &["--host-budget", budget])
+            .output()
+            .unwrap()
     };
-    let out = plan("15TiB");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = launch_error(&plan("15TiB"));
     assert!(
         err.contains("--host-budget asks for 16492674416640 bytes"),
         "{err}"
@@ -260,11 +271,10 @@ fn host_budget_is_a_share_of_the_host_or_refused_above_it() {
 fn a_pinned_host_budget_above_memlock_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let plan = |pinned: &str| {
-        let mut c = launch(
+        let mut c = dry_run(
             tmp.path(),
             18160,
-            &["--dry-run", "--host-budget", "64MiB", "--pinned", pinned],
-            "true",
+            &["--host-budget", "64MiB", "--pinned", pinned],
         );
         // RLIMIT_MEMLOCK of 8 MiB for launch alone (lowering a limit needs no privilege).
         // SAFETY: setrlimit is a plain system call, safe between fork and exec.
@@ -280,9 +290,7 @@ fn a_pinned_host_budget_above_memlock_is_refused() {
         }
         c.output().unwrap()
     };
-    let out = plan("on");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = launch_error(&plan("on"));
     assert!(
         err.contains("--host-budget 67108864 bytes would be page-locked"),
         "{err}"
@@ -429,8 +437,7 @@ fn a_bad_join_token_fails_the_launch_with_the_reason() {
     )
     .output()
     .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = launch_error(&out);
     assert!(err.contains("node 2 exited"), "{err}");
     assert!(
         err.contains("joining the pool through 127.0.0.1:18182"),
@@ -452,21 +459,9 @@ fn a_one_host_job_runs_the_demo_client_on_the_nodes_host_memory() {
         tmp.path().join("demo.d").display(),
         json.display()
     );
-    let out = launch(
-        tmp.path(),
-        18190,
-        &[
-            "--hosts",
-            "127.0.0.1",
-            "--host-index",
-            "0",
-            "--job-key",
-            "one",
-        ],
-        &job,
-    )
-    .output()
-    .unwrap();
+    let out = launch_here(tmp.path(), 18190, "one", &[], &job)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     let d: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
