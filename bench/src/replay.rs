@@ -350,7 +350,7 @@ pub fn replay_with(
             } else {
                 pool.acquire(&b.handle)?
             };
-            s.record(&g);
+            s.record(&g)?;
             // One guard at a time: what it holds is what the trace holds now.
             held_peak = held_peak.max(g.pages() as u64 * page);
             if !g.hit() {

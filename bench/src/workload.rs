@@ -211,11 +211,16 @@ impl StepReport {
         (self.wall_s - self.verify_s - self.run_delay_s).max(0.0)
     }
 
-    /// Counts an acquire: whether it hit and how long it waited.
-    pub fn record(&mut self, g: &Guard<'_>) {
+    /// Counts an acquire: whether it hit and how long it waited; then shows its buffer as
+    /// one array, as a job's kernels read it (on `cuda` a scattered buffer is mapped into
+    /// its range by this first [`Guard::device_ptr`]; the acquire itself maps nothing), so
+    /// that the step pays what a job's step pays.
+    pub fn record(&mut self, g: &Guard<'_>) -> Result<()> {
+        g.device_ptr()?;
         self.acquires += 1;
         self.hits += u64::from(g.hit());
         self.stall_s += g.waited().as_secs_f64();
+        Ok(())
     }
 
     /// Checks every page of `g` against the pattern of `seed` (see [`write_pattern`]),
@@ -491,7 +496,7 @@ impl Training {
         for &i in &order {
             let w = &self.weights[i];
             if let Some(g) = lost_or(self.pool.acquire(w), w, skip, &mut self.lost)? {
-                c.record(&g);
+                c.record(&g)?;
                 c.verify(&g, weight_seed(i))?;
                 sink ^= compute_pages(&g, passes)?;
             }
@@ -499,7 +504,7 @@ impl Training {
             let Some(mut g) = lost_or(self.pool.acquire_mut(a), a, skip, &mut self.lost)? else {
                 continue;
             };
-            c.record(&g);
+            c.record(&g)?;
             let seed = act_seed(step, i);
             for k in 0..g.pages() {
                 g.fill_pattern(k, pattern::page_seed(seed, k as u64))?;
@@ -509,7 +514,7 @@ impl Training {
         for &i in order.iter().rev() {
             let w = &self.weights[i];
             if let Some(g) = lost_or(self.pool.acquire(w), w, skip, &mut self.lost)? {
-                c.record(&g);
+                c.record(&g)?;
                 c.verify(&g, weight_seed(i))?;
                 sink ^= compute_pages(&g, passes)?;
             }
@@ -517,7 +522,7 @@ impl Training {
             let Some(g) = lost_or(self.pool.acquire(a), a, skip, &mut self.lost)? else {
                 continue;
             };
-            c.record(&g);
+            c.record(&g)?;
             let written = self.act_written[i].context("activation read before it was written")?;
             c.verify(&g, act_seed(written, i))?;
             sink ^= compute_pages(&g, passes)?;
