@@ -106,11 +106,13 @@ def train(model, steps, opt_step, zero, grads_of, device="cpu", shapes=((32, 16)
     return losses, grads
 
 
-def train_reference(ref, device="cpu"):
-    """Trains `ref` as it is (AdamW): its losses and gradients per step."""
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+def train_reference(ref, device="cpu", cls=torch.optim.AdamW, kwargs=None,
+                    shapes=((32, 16), (32, 8))):
+    """Trains `ref` as it is (`cls`, AdamW by default): its losses and gradients per step."""
+    ref_opt = cls(ref.parameters(), **(kwargs or {"lr": 1e-2, "foreach": False}))
     return train(ref, STEPS, ref_opt.step, ref_opt.zero_grad,
-                 lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, device=device)
+                 lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, device=device,
+                 shapes=shapes)
 
 
 def train_offloaded(off, handle, device="cpu"):
@@ -124,6 +126,17 @@ def assert_same_gradients(grads, ref_grads):
         assert g.keys() == rg.keys()
         for name in rg:
             assert torch.equal(g[name], rg[name]), name
+
+
+def assert_same_training(handle, ref, run, ref_run):
+    """The offloaded run's losses and gradients (`run`) and its weights after it are the
+    reference's, bit for bit."""
+    (losses, grads), (ref_losses, ref_grads) = run, ref_run
+    assert losses == ref_losses
+    assert_same_gradients(grads, ref_grads)
+    params = st.parameters(handle)
+    for name, p in ref.named_parameters():
+        assert torch.equal(params[name], p.detach()), name
 
 
 @pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "checkpointed"])
@@ -344,18 +357,11 @@ def test_a_groups_large_parameters_are_stepped_a_part_at_a_time():
     assert [p.name for p in g.parts] == ["<root>.a", "<root>.b", "<root>.rest"]
 
     shapes = ((8, 256), (8, 256))
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
-    ref_losses, ref_grads = train(
-        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
-        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, shapes=shapes)
+    ref_run = train_reference(ref, shapes=shapes)
     opt = st.Optimizer(torch.optim.AdamW, handle, lr=1e-2, foreach=False)
-    losses, grads = train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle),
-                          shapes=shapes)
-    assert losses == ref_losses
-    assert_same_gradients(grads, ref_grads)
-    params = st.parameters(handle)
-    for name, p in ref.named_parameters():
-        assert torch.equal(params[name], p.detach()), name
+    run = train(off, STEPS, opt.step, opt.zero_grad, lambda: st.gradients(handle),
+                shapes=shapes)
+    assert_same_training(handle, ref, run, ref_run)
     stats = pool.stats()
     assert stats["gpu_bytes_peak"] <= 48 * page
     assert all(p.state_buf is not None and p.state_buf.nbytes == 2 * p.grad_buf.nbytes
@@ -401,10 +407,7 @@ def test_chunked_and_whole_optimizer_steps_are_bit_identical(name, chunked):
                          device="sim")
     handle = st.offload(off, pool)
     shapes = ((8, 256), (8, 256))
-    ref_opt = cls(ref.parameters(), **kwargs)
-    ref_losses, ref_grads = train(
-        ref, STEPS, ref_opt.step, ref_opt.zero_grad,
-        lambda: {n: p.grad.clone() for n, p in ref.named_parameters()}, shapes=shapes)
+    ref_run = train_reference(ref, cls=cls, kwargs=kwargs, shapes=shapes)
 
     opt = st.Optimizer(cls, handle, chunked=chunked, **kwargs)
     assert opt.chunked == chunked
@@ -421,13 +424,8 @@ def test_chunked_and_whole_optimizer_steps_are_bit_identical(name, chunked):
             opt.step()
         finally:
             st._acquire = acquire
-    losses, grads = train(off, STEPS, step, opt.zero_grad, lambda: st.gradients(handle),
-                          shapes=shapes)
-    assert losses == ref_losses
-    assert_same_gradients(grads, ref_grads)
-    params = st.parameters(handle)
-    for pname, p in ref.named_parameters():
-        assert torch.equal(params[pname], p.detach()), pname
+    run = train(off, STEPS, step, opt.zero_grad, lambda: st.gradients(handle), shapes=shapes)
+    assert_same_training(handle, ref, run, ref_run)
     assert acquired and all(acquired) == chunked and any(acquired) == chunked
     (g,) = handle.groups
     if chunked:  # a and b: 8 pages each; their weights at offsets 0 and 512 KiB
