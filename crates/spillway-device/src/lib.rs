@@ -255,7 +255,8 @@ pub trait Device: Send + Sync {
     }
     /// Where a kernel sees an acquired buffer as one array, valid while the acquire is
     /// held; `frames` are the buffer's pages in order, as the acquire holds them. The pool
-    /// calls it before handing out a guard. A backend whose frames lie in one address
+    /// calls it at a guard's first `device_ptr` (an acquire the caller reads page by page
+    /// never calls it, so never maps). A backend whose frames lie in one address
     /// range returns the first frame's address when `frames` are consecutive (no mapping
     /// at all); else the buffer's range ([`Device::reserve_range`]) once the pages are
     /// mapped there; `None` when it has neither (the caller works page by page).

@@ -383,7 +383,11 @@ OPTIMIZERS = {  # class, arguments, state tensors per parameter
                                         "foreach": False}, 3),
     "sgd_momentum": (torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9, "nesterov": True,
                                        "foreach": False}, 1),
-    "rmsprop": (torch.optim.RMSprop, {"lr": 1e-3, "momentum": 0.5, "foreach": False}, 2),
+    "rmsprop": (torch.optim.RMSprop, {"lr": 1e-3, "momentum": 0.5, "centered": True,
+                                      "foreach": False}, 3),
+    "nadam": (torch.optim.NAdam, {"lr": 1e-2, "weight_decay": 0.1, "foreach": False}, 2),
+    "radam": (torch.optim.RAdam, {"lr": 1e-2, "foreach": False}, 2),
+    "adamax": (torch.optim.Adamax, {"lr": 1e-2, "foreach": False}, 2),
 }
 
 
@@ -475,3 +479,59 @@ def test_a_large_parameters_buffers_share_its_page_boundaries():
     params = st.parameters(handle)
     for pname, p in ref.named_parameters():
         assert torch.equal(params[pname], p.detach()), pname
+
+
+class Gated(torch.nn.Module):
+    """A 0-d parameter (its Adam state is 0-d too) and one used only from the second
+    step, beside a matrix: all small, one part."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 64) / 8)
+        self.scale = torch.nn.Parameter(torch.tensor(1.5))
+        self.late = torch.nn.Parameter(torch.randn(64) / 8)
+        self.use_late = False
+
+    def forward(self, x):
+        y = (x @ self.w) * self.scale
+        return y + self.late if self.use_late else y
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole"])
+def test_state_of_a_scalar_and_of_a_late_parameter_is_kept(chunked):
+    """Whole, the 0-d parameter's state is 0-d and stays with the inner optimizer
+    (nothing of it in the state buffer); chunked, its piece is a one-element vector whose
+    state is pooled like any other. The parameter with no gradient in the part's first step has its state
+    moved into the buffer at its own first step. Bit-identical to the model without
+    offload either way."""
+    torch.manual_seed(0)
+    ref = Gated()
+    off = copy.deepcopy(ref)
+    pool = spillway.Pool(gpu_budget="512KiB", host_budget="16MiB", page_size="64KiB",
+                         device="sim")
+    handle = st.offload(off, pool)
+    runs = []
+    for model, opt in ((ref, torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)),
+                       (off, st.Optimizer(torch.optim.AdamW, handle, chunked=chunked,
+                                          lr=1e-2, foreach=False))):
+        def zero(model=model, opt=opt):
+            opt.zero_grad()
+            model.use_late = True  # from the second step on
+        runs.append(train(model, STEPS, opt.step, zero, lambda: None, shapes=((4, 64), (4, 64))))
+    assert runs[0][0] == runs[1][0]
+    params = st.parameters(handle)
+    for name, p in ref.named_parameters():
+        assert torch.equal(params[name], p.detach()), name
+    (g,) = handle.groups
+    (part,) = g.parts
+    both = [(0, "exp_avg"), (1, "exp_avg_sq")]
+    scale = both if chunked else []
+    assert {sl.name: sl.pooled for sl in part.slots} == {"w": both, "scale": scale, "late": both}
+
+
+def test_an_optimizer_that_makes_its_state_when_constructed_is_refused():
+    pool = spillway.Pool(gpu_budget="512KiB", host_budget="16MiB", page_size="64KiB",
+                         device="sim")
+    handle = st.offload(Gated(), pool)
+    with pytest.raises(TypeError, match="Adagrad makes its state when it is constructed"):
+        st.Optimizer(torch.optim.Adagrad, handle, lr=1e-2)

@@ -170,7 +170,7 @@ impl MapAhead {
                         }
                         Ok(None) => break,
                         Err(e) => {
-                            // The acquire maps what is left (and reports a failure).
+                            // The whole view (`acquire_ptr`) maps what is left and reports a failure.
                             tracing::warn!(%buffer, error = %e, "cuda: mapping ahead failed");
                             break;
                         }

@@ -115,7 +115,7 @@ pub(crate) fn apply(
     }
     if pages > 0 {
         // Every page of `lo..=hi` is mapped: the changed ones just now, and the others
-        // because they are desired (an acquire maps its whole buffer) or mapped before.
+        // because they are desired (a whole view maps its whole buffer) or mapped before.
         let all_mapped = range.mapped[lo..=hi].iter().all(Option::is_some);
         let desc = access_desc(device);
         let access = if all_mapped {

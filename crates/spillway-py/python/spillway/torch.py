@@ -154,12 +154,16 @@ class _Pages:
     def __init__(self, view, page_bytes: int, whole: bool = False):
         self.view = view
         self.page_bytes = page_bytes
-        self._opened = _Opened(view) if whole else None
-        if self._opened is not None:
-            self._base = self._opened.base
-        else:
-            self._base = torch.from_dlpack(view) if view.contiguous else None
         self._pages: Dict[int, torch.Tensor] = {}
+        try:
+            self._opened = _Opened(view) if whole else None
+            if self._opened is not None:
+                self._base = self._opened.base
+            else:
+                self._base = torch.from_dlpack(view) if view.contiguous else None
+        except BaseException:
+            view.release()
+            raise
 
     def span(self, offset: int, nbytes: int) -> torch.Tensor:
         if self._base is not None:
@@ -216,7 +220,7 @@ class _Slot:
     """One parameter's place in its group's buffers."""
 
     __slots__ = ("name", "param", "offset", "part_offset", "nbytes", "element_bytes", "shape",
-                 "dtype", "grad_valid", "state_in_pool")
+                 "dtype", "grad_valid", "pooled")
 
     def __init__(self, name: str, param: nn.Parameter, offset: int):
         self.name = name
@@ -229,9 +233,10 @@ class _Slot:
         self.shape = tuple(param.shape)
         self.dtype = param.dtype
         self.grad_valid = False
-        self.state_in_pool = False
-        """Whether its optimizer state is in its part's state buffer (it had state after
-        the first step that moved the part's state into the pool)."""
+        self.pooled: Optional[List[tuple]] = None
+        """``(key index, key)`` of its optimizer state kept in its part's state buffer,
+        once its first step made state (``None`` before); state of other shapes (a 0-d
+        parameter's, a scalar beside it) stays with the inner optimizer."""
 
     def of(self, base: torch.Tensor) -> torch.Tensor:
         """The slot's tensor inside `base` (a uint8 view of the group's weights buffer)."""
@@ -656,6 +661,12 @@ class Optimizer:
                     opts.append(optimizer_cls([c[3] for c in part.chunks], **kwargs))
                 else:
                     opts.append(optimizer_cls([s.param for s in part.slots], **kwargs))
+                if opts[-1].state:
+                    raise TypeError(
+                        f"{optimizer_cls.__name__} makes its state when it is constructed "
+                        "(torch.optim.Adagrad does), from the parameters' values, which live "
+                        "in the pool and are not there then: use an optimizer that makes its "
+                        "state at its first step (Adam, AdamW, SGD, RMSprop, ...)")
             self.inner.append(opts)
 
     # -- the state buffer ------------------------------------------------------------
@@ -663,7 +674,8 @@ class Optimizer:
                          held: List[tuple]) -> None:
         """After the part's first step: every state tensor shaped like what it belongs to
         (`held`: ``(slot, start, stop, parameter)`` as stepped) goes into the part's new
-        state buffer (:class:`_Part`'s layout)."""
+        state buffer (:class:`_Part`'s layout); the buffer is the part's only once every
+        copy is done."""
         keys: List[str] = []
         for _s, _a, _b, p in held:
             for key, v in opt.state.get(p, {}).items():
@@ -673,21 +685,40 @@ class Optimizer:
             return
         pool = self.handle.pool
         page = pool.page_size
-        part.state_keys = keys
-        part.state_span = -(-part.nbytes // page) * page
-        part.state_buf = pool.alloc(f"{part.name}.state",
-                                    (len(keys) - 1) * part.state_span + part.nbytes)
-        # Every byte the layout names is written here: nothing to copy in.
-        with _Pages(_acquire(pool, part.state_buf, True, discard=self.handle.discard_overwritten,
-                             paged=self.chunked), page, whole=not self.chunked) as pages:
-            for s, a, b, p in held:
-                state = opt.state.get(p, {})
-                s.state_in_pool = bool(state)
-                for i, key in enumerate(keys):
-                    v = state.get(key)
-                    if _param_shaped(v, p):
-                        self._state_span(pages, part, i, s, a, b).copy_(v.reshape(-1))
-        self._bind_state(part, opt, held, None)
+        span = -(-part.nbytes // page) * page
+        buf = pool.alloc(f"{part.name}.state", (len(keys) - 1) * span + part.nbytes)
+        part.state_keys, part.state_span = keys, span
+        try:
+            # Every byte the layout names is written here: nothing to copy in.
+            with _Pages(_acquire(pool, buf, True, discard=self.handle.discard_overwritten,
+                                 paged=self.chunked), page, whole=not self.chunked) as pages:
+                self._pool_new_state(part, opt, held, pages)
+        except BaseException:
+            part.state_keys, part.state_span = [], 0
+            pool.free(buf)
+            raise
+        part.state_buf = buf
+
+    def _pool_new_state(self, part: _Part, opt: torch.optim.Optimizer, held: List[tuple],
+                        pages: _Pages) -> None:
+        """Copies the state that this step made for slots with none in the pool yet (their
+        first step) into the state buffer (`pages`, held exclusively); from then on it is
+        kept there. The slots are marked only after every copy."""
+        new: Dict[int, tuple] = {}
+        for s, a, b, p in held:
+            if s.pooled is not None:
+                continue
+            state = opt.state.get(p, {})
+            if not state:
+                continue
+            keys = [(i, key) for i, key in enumerate(part.state_keys)
+                    if _param_shaped(state.get(key), p)]
+            for i, key in keys:
+                self._state_span(pages, part, i, s, a, b).copy_(state[key].reshape(-1))
+            new[id(s)] = (s, keys)
+        for s, keys in new.values():
+            s.pooled = keys
+        self._bind_state(part, opt, [h for h in held if id(h[0]) in new], None)
 
     @staticmethod
     def _state_span(pages: _Pages, part: _Part, i: int, s: _Slot, a: int, b: int):
@@ -700,10 +731,10 @@ class Optimizer:
         """Points the inner optimizer's state of `held` at the state buffer (`pages`), or
         at placeholders (``None``: the buffer is not held)."""
         for s, a, b, p in held:
-            if not s.state_in_pool:
+            if not s.pooled:
                 continue
             state = opt.state[p]
-            for i, key in enumerate(part.state_keys):
+            for i, key in s.pooled:
                 if pages is None:
                     state[key] = self.handle._placeholder(s.dtype)
                 else:
@@ -725,10 +756,10 @@ class Optimizer:
         paged = self.chunked
         with _Pages(_acquire(pool, part.grad_buf, paged=paged), page, whole=not paged) as grads:
             states = None
-            if part.state_buf is not None:
-                states = _Pages(_acquire(pool, part.state_buf, True, paged=paged), page,
-                                whole=not paged)
             try:
+                if part.state_buf is not None:
+                    states = _Pages(_acquire(pool, part.state_buf, True, paged=paged), page,
+                                    whole=not paged)
                 for s, a, b, p in held:
                     n = (b - a) * s.element_bytes
                     if self.chunked:
@@ -740,6 +771,9 @@ class Optimizer:
                 opt.step()
                 if states is None:
                     self._state_into_pool(part, opt, held)
+                elif any(h[0].pooled is None for h in held):
+                    # A slot's first step after the part's (no gradient until now).
+                    self._pool_new_state(part, opt, held, states)
             finally:
                 for s, _a, _b, p in held:
                     p.grad = None
