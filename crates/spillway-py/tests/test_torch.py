@@ -501,9 +501,9 @@ class Gated(torch.nn.Module):
 def test_state_of_a_scalar_and_of_a_late_parameter_is_kept(chunked):
     """Whole, the 0-d parameter's state is 0-d and stays with the inner optimizer
     (nothing of it in the state buffer); chunked, its piece is a one-element vector whose
-    state is pooled like any other. The parameter with no gradient in the part's first step has its state
-    moved into the buffer at its own first step. Bit-identical to the model without
-    offload either way."""
+    state is pooled like any other. The parameter with no gradient in the part's first
+    step has its state moved into the buffer at its own first step. Bit-identical to the
+    model without offload either way."""
     torch.manual_seed(0)
     ref = Gated()
     off = copy.deepcopy(ref)

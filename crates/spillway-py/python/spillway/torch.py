@@ -692,18 +692,22 @@ class Optimizer:
             # Every byte the layout names is written here: nothing to copy in.
             with _Pages(_acquire(pool, buf, True, discard=self.handle.discard_overwritten,
                                  paged=self.chunked), page, whole=not self.chunked) as pages:
-                self._pool_new_state(part, opt, held, pages)
+                new = self._copy_new_state(part, opt, held, pages)
         except BaseException:
             part.state_keys, part.state_span = [], 0
             pool.free(buf)
             raise
+        for s, slot_keys in new:
+            s.pooled = slot_keys
         part.state_buf = buf
+        self._bind_state(part, opt, held, None)
 
-    def _pool_new_state(self, part: _Part, opt: torch.optim.Optimizer, held: List[tuple],
-                        pages: _Pages) -> None:
+    def _copy_new_state(self, part: _Part, opt: torch.optim.Optimizer, held: List[tuple],
+                        pages: _Pages) -> List[tuple]:
         """Copies the state that this step made for slots with none in the pool yet (their
-        first step) into the state buffer (`pages`, held exclusively); from then on it is
-        kept there. The slots are marked only after every copy."""
+        first step) into the state buffer (`pages`, held exclusively). Returns ``(slot,
+        pooled keys)`` of those slots: the caller marks them once the copies are kept, and
+        from then on their state lives there."""
         new: Dict[int, tuple] = {}
         for s, a, b, p in held:
             if s.pooled is not None:
@@ -716,9 +720,7 @@ class Optimizer:
             for i, key in keys:
                 self._state_span(pages, part, i, s, a, b).copy_(state[key].reshape(-1))
             new[id(s)] = (s, keys)
-        for s, keys in new.values():
-            s.pooled = keys
-        self._bind_state(part, opt, [h for h in held if id(h[0]) in new], None)
+        return list(new.values())
 
     @staticmethod
     def _state_span(pages: _Pages, part: _Part, i: int, s: _Slot, a: int, b: int):
@@ -772,8 +774,10 @@ class Optimizer:
                 if states is None:
                     self._state_into_pool(part, opt, held)
                 elif any(h[0].pooled is None for h in held):
-                    # A slot's first step after the part's (no gradient until now).
-                    self._pool_new_state(part, opt, held, states)
+                    # A slot's first step after the part's (no gradient until now); the
+                    # `finally` below unbinds it with the others.
+                    for s, slot_keys in self._copy_new_state(part, opt, held, states):
+                        s.pooled = slot_keys
             finally:
                 for s, _a, _b, p in held:
                     p.grad = None
