@@ -13,6 +13,9 @@ training (forward + backward + AdamW step, batch --train-batch x --seq tokens):
   learned_no_ahead the same as learned with SPILLWAY_CUDA_MAP_AHEAD=0 (--no-ahead-variant):
              scattered buffers mapped into their ranges by the acquiring thread, not
              ahead by the device's thread beside the copies
+  learned_one_by_one the same as learned with SPILLWAY_CUDA_COMPLETION_BURSTS=0
+             (--one-by-one-variant): each finished copy told to the pool on its own
+             (its lock and a pass of its pump each), not in bursts
   learned_whole the same as learned with the optimizer stepping each parameter whole
              (`Optimizer(chunked=False)`, --whole-variant): its buffers shown as one
              array each (on cuda, remapped when scattered), not stepped page by page
@@ -38,6 +41,7 @@ Prints a table and writes JSON (--out). Timing: median of the steps after the fi
 """
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -58,11 +62,14 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def sync_time(fn):
+def sync_time(fn, phase=None):
+    """`fn()` timed between two synchronisations; `phase` names the range in a profile
+    (`phase:NAME`, which timeline.py splits the GPU's time by)."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
+    with torch.profiler.record_function(f"phase:{phase}") if phase else contextlib.nullcontext():
+        out = fn()
+        torch.cuda.synchronize()
     return time.perf_counter() - t0, out
 
 
@@ -82,10 +89,10 @@ def timed_forward_backward(args, m, x, phases, mark=None):
         return sync_time(lambda: forward_backward(m, x))
     if mark:
         mark("start")
-    dtf, loss = sync_time(lambda: m(input_ids=x, labels=x).loss)
+    dtf, loss = sync_time(lambda: m(input_ids=x, labels=x).loss, "forward")
     if mark:
         mark("forward")
-    dtb, _ = sync_time(lambda: loss.backward())
+    dtb, _ = sync_time(lambda: loss.backward(), "backward")
     if mark:
         mark("backward")
     phases.setdefault("forward", []).append(dtf)
@@ -246,7 +253,7 @@ def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
                 got = st.gradients(handle)
                 grads_equal = all(torch.equal(got[n].cpu(), g) for n, g in ref["grads"].items())
                 del got
-            dt2, _ = sync_time(lambda: (opt.step(), opt.zero_grad()))
+            dt2, _ = sync_time(lambda: (opt.step(), opt.zero_grad()), "optimizer")
         phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
         if marks:
@@ -482,7 +489,7 @@ def train_handwritten(args, config, weights, data, ref_losses=None):
         with profiled(args, "handwritten", i == len(data) - 1):
             dt, loss = timed_forward_backward(args, m, x, phases)
             losses.append(loss.item())
-            dt2, _ = sync_time(step)
+            dt2, _ = sync_time(step, "optimizer")
         phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
     out = {"step_s": median_after_first(times), "times": times, "losses": losses,
@@ -695,6 +702,8 @@ def main():
                     help="time forward and backward apart (a sync between them: a diagnostic)")
     ap.add_argument("--no-ahead-variant", action="store_true",
                     help="also train learned with SPILLWAY_CUDA_MAP_AHEAD=0 (variant learned_no_ahead)")
+    ap.add_argument("--one-by-one-variant", action="store_true",
+                    help="also train learned with SPILLWAY_CUDA_COMPLETION_BURSTS=0 (variant learned_one_by_one)")
     ap.add_argument("--whole-variant", action="store_true",
                     help="also train learned with the optimizer stepping parameters whole (variant learned_whole)")
     ap.add_argument("--no-discard", action="store_true",
@@ -739,6 +748,10 @@ def main():
     if args.no_ahead_variant and "train" in args.parts:
         guarded(tr, "learned_no_ahead", lambda: with_env(
             "SPILLWAY_CUDA_MAP_AHEAD", "0",
+            lambda: train_offload(args, config, weights, data, "learned", ref if ref else None)))
+    if args.one_by_one_variant and "train" in args.parts:
+        guarded(tr, "learned_one_by_one", lambda: with_env(
+            "SPILLWAY_CUDA_COMPLETION_BURSTS", "0",
             lambda: train_offload(args, config, weights, data, "learned", ref if ref else None)))
     if args.whole_variant and "train" in args.parts:
         guarded(tr, "learned_whole", lambda: train_offload(
@@ -808,7 +821,7 @@ def main():
                       f"mapping {st.get('mapping_s', 0):.3f} s ({st.get('pages_remapped', 0):.0f} pages), "
                       f"mapped ahead {st.get('pages_mapped_ahead', 0):.0f} pages "
                       f"({st.get('map_ahead_s', 0):.3f} s)")
-    for variant in ("learned", "learned_no_ahead", "learned_whole", "on_demand"):
+    for variant in ("learned", "learned_no_ahead", "learned_one_by_one", "learned_whole", "on_demand"):
         if "losses_equal" in tr.get(variant, {}):
             checks = {k: tr[variant].get(k) for k in ("losses_equal", "grads_equal", "weights_equal",
                                                        "first_loss_differing")}
@@ -826,6 +839,8 @@ def main():
         print(f"{'variant':<12} " + " ".join(f"{k[:-2]:>13}" for k in keys))
         for name, t in PROFILED.items():
             print(f"{name:<12} " + " ".join(f"{t.get(k, 0):>13.3f}" for k in keys))
+            for phase, tp in t.get("phases", {}).items():
+                print(f"  {phase:<10} " + " ".join(f"{tp.get(k, 0):>13.3f}" for k in keys))
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1, default=str)
 

@@ -27,6 +27,10 @@ import sys
 import time
 
 PHASES = ("forward", "backward", "optimizer")
+# The pool's counters reported per phase (their change over the phase).
+POOL_COUNTERS = ("h2d_bytes", "d2h_bytes", "stalls", "stall_s", "demand_loads",
+                 "prefetch_loads", "prefetch_wasted_pages", "reserved_pages",
+                 "reserved_pages_missed", "evictions_dirty")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_torch import spillway_size as size  # noqa: E402  (beside this script)
 
@@ -118,18 +122,27 @@ def main():
             counts.clear()
             s0 = pool.stats()
             t0 = time.perf_counter()
-            phase[0] = "forward"
+            marks = {}
+
+            def enter(name):
+                marks[name] = pool.stats()
+                phase[0] = name
+            enter("forward")
             loss = model(x, labels=x).loss
-            phase[0] = "backward"
+            enter("backward")
             loss.backward()
-            phase[0] = "optimizer"
+            enter("optimizer")
             opt.step()
             opt.zero_grad()
             dt = time.perf_counter() - t0
             s1 = pool.stats()
             moved = {k: s1[k] - s0[k] for k in ("h2d_bytes", "d2h_bytes", "stall_s")}
-            steps.append({"step": i, "step_s": dt, **moved,
-                          "phases": {p: dict(counts.get(p, {})) for p in PHASES}})
+            ends = [marks["backward"], marks["optimizer"], s1]
+            phases = {}
+            for p, start, end in zip(PHASES, (marks[q] for q in PHASES), ends):
+                phases[p] = dict(counts.get(p, {}))
+                phases[p]["pool"] = {k: end[k] - start[k] for k in POOL_COUNTERS}
+            steps.append({"step": i, "step_s": dt, **moved, "phases": phases})
     finally:
         st._acquire = acquire
 
@@ -155,6 +168,15 @@ def main():
                      "fragmented_pages": fp, "pages": pages, "share": share, "remaps": remaps})
         print(f"| {p} | {acq:.0f} | {paged:.0f} | {frag:.0f} | {fp:.0f} / {pages:.0f} | {share:.2f} "
               f"| {remaps:.0f} |")
+    print()
+    print("| phase | " + " | ".join(POOL_COUNTERS) + " |")
+    print("|---|" + "---|" * len(POOL_COUNTERS))
+    for row, p in zip(rows, PHASES):
+        row["pool"] = {k: statistics.median(s["phases"][p]["pool"][k] for s in measured)
+                       for k in POOL_COUNTERS}
+        cells = [f"{v / 1e6:.1f} MB" if k.endswith("_bytes") else
+                 f"{v:.3f}" if k.endswith("_s") else f"{v:.0f}" for k, v in row["pool"].items()]
+        print(f"| {p} | " + " | ".join(cells) + " |")
     step_s = statistics.median(s["step_s"] for s in measured)
     compute = statistics.median(resident[1:] or resident)
     out = {"args": vars(args), "weights_bytes": weights, "gpu_budget_bytes": budget,

@@ -57,16 +57,38 @@ def load(path):
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
+def clipped(intervals, start, end):
+    return [[max(a, start), min(b, end)] for a, b in intervals if a < end and b > start]
+
+
 def summarise(path):
     """Seconds of each kind of GPU activity in the trace's GPU window, and the host's
-    seconds inside the SDK's `spillway.acquire` annotations (the pool's waits)."""
+    seconds inside the SDK's `spillway.acquire` annotations (the pool's waits); with
+    `phases`, the same for each phase the benchmark annotated (`phase:NAME` ranges on
+    the host, a synchronisation at each phase's end, so a phase's GPU work lies in its
+    range)."""
     events = [e for e in load(path) if e.get("ph") == "X" and "dur" in e]
+    out = window(events)
+    phases = [e for e in events if str(e.get("name", "")).startswith("phase:")
+              and e.get("cat") in ("user_annotation", "cpu_op")]
+    if phases:
+        out["phases"] = {e["name"][len("phase:"):]: window(events, e["ts"], e["ts"] + e["dur"])
+                         for e in phases}
+    return out
+
+
+def window(events, lo=None, hi=None):
+    """`summarise` over the events' GPU activity between `lo` and `hi` (microseconds;
+    `None`: all of it)."""
     busy = {k: merged([(e["ts"], e["ts"] + e["dur"]) for e in events if f(e)])
             for k, f in KINDS.items()}
+    if lo is not None:
+        busy = {k: clipped(v, lo, hi) for k, v in busy.items()}
+        events = [e for e in events if lo <= e["ts"] < hi]
     gpu = merged([iv for v in busy.values() for iv in v])
     if not gpu:
         return {"error": "no GPU activity in the trace"}
-    start, end = gpu[0][0], gpu[-1][1]
+    start, end = (gpu[0][0], gpu[-1][1]) if lo is None else (lo, hi)
     us = 1e-6
     copies = merged(busy["h2d"] + busy["d2h"])
     out = {
@@ -95,6 +117,12 @@ def main():
         s = summarise(path)
         print(path)
         for k, v in s.items():
+            if k == "phases":
+                for name, p in v.items():
+                    print(f"  phase {name}")
+                    for k2, v2 in p.items():
+                        print(f"    {k2:<18} {v2:.4f}" if isinstance(v2, float) else f"    {k2:<18} {v2}")
+                continue
             print(f"  {k:<18} {v:.4f}" if isinstance(v, float) else f"  {k:<18} {v}")
 
 

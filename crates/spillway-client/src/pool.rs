@@ -186,6 +186,11 @@ pub(crate) struct Shared {
     /// The pool borrows a peer GPU's memory ([`Pool::borrow`]): `drive` keeps the core's
     /// peer frames in step with the lease (nothing to do otherwise).
     pub(crate) borrowing: std::sync::atomic::AtomicBool,
+    /// Completions that another follows right after ([`Completion::follows`]), kept off
+    /// the pool's lock until that one comes: a burst of completions takes the lock and
+    /// runs the core's pump once, not once each (the device's threads held the lock a
+    /// quarter of a training step on an H100, one completion at a time).
+    parked: Mutex<Vec<Completion>>,
 }
 
 impl Shared {
@@ -310,19 +315,31 @@ impl Shared {
     }
 
     fn on_completion(&self, c: Completion) {
+        if c.follows {
+            // Handled with the completion that follows it (the device promises one).
+            self.parked
+                .lock()
+                .expect("parked completions poisoned")
+                .push(c);
+            return;
+        }
         let mut state = self.lock_on_device_thread();
         let started = Instant::now();
         let now = self.now();
-        let result = c.result.map_err(|e| {
-            tracing::error!(error = %e, "device copy failed");
-            DeviceFault::new(e)
+        let mut done =
+            std::mem::take(&mut *self.parked.lock().expect("parked completions poisoned"));
+        done.push(c);
+        let done = done.into_iter().map(|c| {
+            let result = c.result.map_err(|e| {
+                tracing::error!(error = %e, "device copy failed");
+                DeviceFault::new(e)
+            });
+            (c.id, result)
         });
-        state.core.handle_transfer_done(c.id, result, now);
-        // The copies this completion lets the core start wait for the last completion of
-        // the same driver copy, so they go to the device together (and may share a copy).
-        if !c.follows {
-            self.drive(&mut state);
-        }
+        // One pass of the pump for the burst; the copies it starts go to the device
+        // together (neighbouring pages may share a driver copy).
+        state.core.handle_transfers_done(done, now);
+        self.drive(&mut state);
         drop(state);
         Timings::add(&self.timings.device_planning_ns, started.elapsed());
         self.cond.notify_all();
@@ -426,6 +443,7 @@ impl Pool {
             epoch: Instant::now(),
             timings: Timings::default(),
             borrowing: std::sync::atomic::AtomicBool::new(false),
+            parked: Mutex::new(Vec::new()),
         });
         let weak: Weak<Shared> = Arc::downgrade(&shared);
         let sink: CompletionSink = Arc::new(move |c| {

@@ -140,9 +140,10 @@ pub struct Completion {
     pub id: TransferId,
     /// Whether the bytes arrived.
     pub result: Result<(), DeviceError>,
-    /// Another completion of the same driver copy (a run of neighbouring pages) comes
-    /// right after this one: the sink may leave starting new work to the last, so the
-    /// copies it starts can be submitted together.
+    /// Another completion comes right after this one, from the same thread: of the same
+    /// driver copy (a run of neighbouring pages), or of a later copy that has already
+    /// finished. The sink may leave handling it and starting new work to the last, so
+    /// that a burst takes its locks once and the copies it starts are submitted together.
     pub follows: bool,
 }
 

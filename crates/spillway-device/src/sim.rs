@@ -540,8 +540,19 @@ struct Job {
     _peer: Option<Arc<Memory>>,
 }
 
+/// Copies an unpaced stream makes before reporting the first of them, when they are
+/// queued already: the completions then come as one burst ([`Completion::follows`]), as
+/// the CUDA device's completion thread reports copies it finds finished together.
+const COMPLETION_BURST_MAX: usize = 8;
+
 fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<Job>, sink: &CompletionSink) {
-    while let Ok(Job { op, far, .. }) = rx.recv() {
+    // The copies done and not reported yet, of the burst under way.
+    let mut done: Vec<Completion> = Vec::new();
+    while let Some(Job { op, far, .. }) = rx.try_recv().ok().or_else(|| {
+        // Nothing queued: the burst ends, and the stream waits for the next copy.
+        report(sink, &mut done);
+        rx.recv().ok()
+    }) {
         let began = Instant::now();
 
         let result = check_range(0, op.bytes, memory.config.page_bytes)
@@ -569,11 +580,25 @@ fn copy_stream(memory: &Memory, rx: &mpsc::Receiver<Job>, sink: &CompletionSink)
                 std::thread::sleep(rest);
             }
         }
-        sink(Completion {
+        done.push(Completion {
             id: op.id,
             result,
             follows: false,
         });
+        // A paced stream is an engine busy for each copy's time: it reports each at once.
+        if memory.pace_bytes_per_s.is_some() || done.len() >= COMPLETION_BURST_MAX {
+            report(sink, &mut done);
+        }
+    }
+    report(sink, &mut done);
+}
+
+/// Reports the completions of a burst, each but the last saying that another follows.
+fn report(sink: &CompletionSink, done: &mut Vec<Completion>) {
+    let n = done.len();
+    for (k, mut c) in done.drain(..).enumerate() {
+        c.follows = k + 1 < n;
+        sink(c);
     }
 }
 

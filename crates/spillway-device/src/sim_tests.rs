@@ -266,3 +266,25 @@ fn compute_depends_on_every_word() {
     a[4000] ^= 0x10;
     assert_ne!(compute_passes(&a, 2), base);
 }
+
+#[test]
+fn a_completion_that_says_another_follows_is_followed() {
+    // Copies queued together may be reported as one burst: each completion but the
+    // burst's last says another follows, and the last of all says none does.
+    let (d, rx) = device(8, 8);
+    let ops: Vec<CopyOp> = (0..8)
+        .map(|i| CopyOp {
+            id: TransferId(u64::from(i)),
+            direction: Direction::HostToDevice,
+            frame: FrameId(i),
+            far: Far::Host(HostSlot(i)),
+            bytes: 64 << 10,
+        })
+        .collect();
+    d.submit_batch(&ops);
+    let got: Vec<Completion> = (0..8).map(|_| rx.recv().unwrap()).collect();
+    let ids: Vec<u64> = got.iter().map(|c| c.id.0).collect();
+    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "in order, each once");
+    assert!(!got[7].follows, "the last completion says none follows");
+    assert!(got.iter().all(|c| c.result.is_ok()));
+}

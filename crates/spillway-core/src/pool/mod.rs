@@ -30,7 +30,8 @@
 //!    them), [`PoolCore::poll_mapping`] (device mapping changes, before the copies that
 //!    need them), [`PoolCore::poll_transfer`] (copies to start), [`PoolCore::poll_remote`]
 //!    (remote ops), and [`PoolCore::take_discards`] (remote copies to drop).
-//! 3. **Events in**: [`PoolCore::handle_transfer_done`] when a copy finished,
+//! 3. **Events in**: [`PoolCore::handle_transfer_done`] when a copy finished (or
+//!    [`PoolCore::handle_transfers_done`] for several that finished together),
 //!    [`PoolCore::handle_remote_done`] when a remote op finished,
 //!    [`PoolCore::handle_zero_fill_failed`] if a zero fill failed; then step 2 again.
 //! 4. **Time**: [`PoolCore::poll_timeout`] says when the core next needs a call if nothing

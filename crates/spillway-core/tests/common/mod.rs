@@ -53,6 +53,11 @@ pub struct Model {
     /// Copies and remote ops the model may still finish: a livelock (ops that never let
     /// an acquire become ready) fails the test instead of hanging it.
     pub budget: u64,
+    /// Acquires and `run_ops` finish GPU copies in bursts of up to [`Model::BURST`], one
+    /// `handle_transfers_done` call each.
+    pub bursts: bool,
+    /// The most copies finished in one burst so far.
+    pub largest_burst: usize,
 }
 
 impl Model {
@@ -79,6 +84,8 @@ impl Model {
             lost: HashSet::new(),
             now: 0,
             budget: 200_000,
+            bursts: false,
+            largest_burst: 0,
         }
     }
 
@@ -146,6 +153,35 @@ impl Model {
         let Some(tr) = self.gpu.pop_front() else {
             return false;
         };
+        let result = self.copy_bytes(&tr);
+        let now = self.t();
+        self.core.handle_transfer_done(tr.id, result, now);
+        self.collect();
+        true
+    }
+
+    /// Copies finished at once when the model finishes them in bursts.
+    pub const BURST: usize = 4;
+
+    /// Finishes the `n` oldest GPU copies (those in flight, if fewer) and tells the core
+    /// in one call, as a driver thread that found them all done; how many it finished.
+    pub fn finish_gpu_burst(&mut self, n: usize) -> usize {
+        self.collect();
+        let burst: Vec<CopyOp> = (0..n).map_while(|_| self.gpu.pop_front()).collect();
+        let done: Vec<_> = burst
+            .iter()
+            .map(|tr| (tr.id, self.copy_bytes(tr)))
+            .collect();
+        let now = self.t();
+        self.core.handle_transfers_done(done, now);
+        self.collect();
+        self.largest_burst = self.largest_burst.max(burst.len());
+        burst.len()
+    }
+
+    /// Moves the bytes of copy `tr` between the model's frames, slots and peer frames
+    /// (checking each reads its own page); what its completion says.
+    fn copy_bytes(&mut self, tr: &CopyOp) -> Result<(), DeviceFault> {
         let page = self.mapped[&tr.frame];
         if let Far::Peer(f) = tr.far {
             assert!(
@@ -159,11 +195,7 @@ impl Model {
         if self.peer_fails && matches!(tr.far, Far::Peer(_)) {
             // A frame a failed load was copying into holds garbage.
             self.frames.remove(&tr.frame);
-            let now = self.t();
-            let gone = DeviceFault::new("the peer GPU is gone");
-            self.core.handle_transfer_done(tr.id, Err(gone), now);
-            self.collect();
-            return true;
+            return Err(DeviceFault::new("the peer GPU is gone"));
         }
         match (tr.direction, tr.far) {
             (Direction::PeerToDevice, Far::Peer(f)) => {
@@ -191,10 +223,7 @@ impl Model {
             }
             (direction, far) => panic!("{direction:?} with far side {far:?}"),
         }
-        let now = self.t();
-        self.core.handle_transfer_done(tr.id, Ok(()), now);
-        self.collect();
-        true
+        Ok(())
     }
 
     /// Finishes the oldest remote op; false if none is in flight.
@@ -242,8 +271,13 @@ impl Model {
     /// Finishes one copy or remote op for `waiter` (what waits on them); fails the test
     /// if none is in flight.
     pub fn progress(&mut self, waiter: &str) {
+        let gpu = if self.bursts {
+            self.finish_gpu_burst(Self::BURST) > 0
+        } else {
+            self.finish_gpu()
+        };
         assert!(
-            self.finish_gpu() | self.finish_net(),
+            gpu | self.finish_net(),
             "{waiter} waits with nothing in flight\n{}",
             self.core.describe_pages()
         );
@@ -496,6 +530,9 @@ impl Model {
                 }
                 Op::Discard(i) if !bufs.is_empty() => {
                     self.discard_once(pick(&bufs, i));
+                }
+                Op::FinishGpu(n) if self.bursts => {
+                    self.finish_gpu_burst(n);
                 }
                 Op::FinishGpu(n) => {
                     for _ in 0..n {

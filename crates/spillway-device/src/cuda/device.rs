@@ -92,7 +92,9 @@ pub struct CudaDevice {
 /// - `SPILLWAY_CUDA_SYNC_RELEASES=1`: a release behind consumer streams synchronizes them
 ///   on the releasing thread before the pool takes the pages back;
 /// - `SPILLWAY_CUDA_SUBMIT=inline`: every copy is enqueued in the driver by the thread
-///   that submits it (the pool's caller, under the pool's lock), no submitter threads.
+///   that submits it (the pool's caller, under the pool's lock), no submitter threads;
+/// - `SPILLWAY_CUDA_COMPLETION_BURSTS=0`: each finished copy is reported on its own, not
+///   as part of a burst with the copies found finished after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Diagnostics {
     /// Neighbouring pages go as one copy (default true).
@@ -104,6 +106,9 @@ pub struct Diagnostics {
     /// Copies after a batch's first are enqueued by the lane's submitter thread
     /// (default true).
     pub submit_off_thread: bool,
+    /// A completion thread that finds the next copies finished too reports them as one
+    /// burst ([`crate::Completion::follows`]; default true).
+    pub completion_bursts: bool,
 }
 
 impl Default for Diagnostics {
@@ -113,6 +118,7 @@ impl Default for Diagnostics {
             views_in_place: true,
             sync_releases: false,
             submit_off_thread: true,
+            completion_bursts: true,
         }
     }
 }
@@ -134,6 +140,7 @@ impl Diagnostics {
             views_in_place: var("SPILLWAY_CUDA_VIEWS").as_deref() != Some("mapped"),
             sync_releases: var("SPILLWAY_CUDA_SYNC_RELEASES").as_deref() == Some("1"),
             submit_off_thread: var("SPILLWAY_CUDA_SUBMIT").as_deref() != Some("inline"),
+            completion_bursts: var("SPILLWAY_CUDA_COMPLETION_BURSTS").as_deref() != Some("0"),
         }
     }
 }
@@ -282,6 +289,7 @@ impl CudaDevice {
             ctx,
             diagnostics: Diagnostics::from_env(),
         };
+        let bursts = device.diagnostics.completion_bursts;
         for (i, rx) in [h2d_rx, d2h_rx].into_iter().enumerate() {
             let lane = device.lanes[i].clone();
             let ctx = device.ctx.clone();
@@ -289,7 +297,7 @@ impl CudaDevice {
             let name = ["spillway-cuda-h2d", "spillway-cuda-d2h"][i];
             let handle = std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || completion_loop(&ctx, &lane, &rx, &sink))
+                .spawn(move || completion_loop(&ctx, &lane, &rx, &sink, bursts))
                 .map_err(|e| DeviceError::Driver {
                     op: "spawn completion thread",
                     message: e.to_string(),
@@ -705,6 +713,7 @@ mod tests {
                 "SPILLWAY_CUDA_COPY_RUNS" => "0",
                 "SPILLWAY_CUDA_VIEWS" => "mapped",
                 "SPILLWAY_CUDA_SUBMIT" => "inline",
+                "SPILLWAY_CUDA_COMPLETION_BURSTS" => "0",
                 _ => "1",
             }))
         };
@@ -715,6 +724,7 @@ mod tests {
                 views_in_place: false,
                 sync_releases: true,
                 submit_off_thread: false,
+                completion_bursts: false,
             }
         );
         let other = |_: &str| Some("yes".to_string());

@@ -20,6 +20,7 @@
 //! back to the free list once waited for. The sink is called with no lock of the device
 //! held.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
@@ -239,15 +240,21 @@ pub(crate) fn submit_loop(lane: &Lane, rx: &mpsc::Receiver<Vec<Submission>>) {
 }
 
 /// A lane's completion thread: waits for each queued copy's event in order, then
-/// reports it. Ends when the device drops its sender and the queue is empty.
+/// reports it, saying that another follows when the next queued copy has finished too
+/// (a burst is handled by the pool under one lock; unless `bursts` is off). Ends when the device drops its
+/// sender and the queue is empty.
 pub(crate) fn completion_loop(
     ctx: &Context,
     lane: &Lane,
     rx: &mpsc::Receiver<Pending>,
     sink: &CompletionSink,
+    bursts: bool,
 ) {
     let bound = ctx.bind().err().map(|e| e.to_string());
-    while let Ok(p) = rx.recv() {
+    // Copies received and not reported yet, in order (read ahead to see whether the next
+    // one has finished too: then this one's completions say another follows).
+    let mut ahead: VecDeque<Pending> = VecDeque::new();
+    while let Some(p) = ahead.pop_front().or_else(|| rx.recv().ok()) {
         let mut late = false;
         let result = match (p.event, &bound) {
             (None, _) => p.result,
@@ -270,13 +277,27 @@ pub(crate) fn completion_loop(
                 })
             }
         };
+        if bursts {
+            ahead.extend(rx.try_iter());
+        }
+        let next_done = ahead
+            .front()
+            .is_some_and(|next| match (&next.event, &bound) {
+                (Some(event), None) => {
+                    // SAFETY: the event stays alive while its copy is in `ahead`.
+                    let status = unsafe { sys::cuEventQuery(event.0) };
+                    status == sys::CUresult::CUDA_SUCCESS
+                }
+                // Refused, or no context: reported at once.
+                _ => true,
+            });
         let started = Instant::now();
         let n = p.ids.len() as u64;
         for (k, id) in p.ids.into_iter().enumerate() {
             sink(Completion {
                 id,
                 result: result.clone(),
-                follows: (k as u64) + 1 < n,
+                follows: (k as u64) + 1 < n || next_done,
             });
         }
         let mut st = lock(&lane.stats);

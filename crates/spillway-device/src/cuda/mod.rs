@@ -76,7 +76,9 @@
 //! runs (`SPILLWAY_CUDA_COPY_RUNS=0`) or in-place views (`SPILLWAY_CUDA_VIEWS=mapped`),
 //! or make releases wait for their consumer streams on the host
 //! (`SPILLWAY_CUDA_SYNC_RELEASES=1`), or enqueue every copy on the thread that submits it
-//! (`SPILLWAY_CUDA_SUBMIT=inline`, no submitter threads), to tell which part a wrong result comes from.
+//! (`SPILLWAY_CUDA_SUBMIT=inline`, no submitter threads), or report each finished copy on
+//! its own (`SPILLWAY_CUDA_COMPLETION_BURSTS=0`), to tell which part a wrong result (or a
+//! slow one) comes from.
 //! A device made with any of them set logs a warning once.
 //!
 //! # Kernels
