@@ -16,6 +16,9 @@ training (forward + backward + AdamW step, batch --train-batch x --seq tokens):
   learned_one_by_one the same as learned with SPILLWAY_CUDA_COMPLETION_BURSTS=0
              (--one-by-one-variant): each finished copy told to the pool on its own
              (its lock and a pass of its pump each), not in bursts
+  learned_equal_memory the same as learned with the GPU memory the hand-written variant
+             streams through besides activations as its budget (--equal-memory-variant:
+             its ring, staging sets and resident embedding and head with their state)
   learned_whole the same as learned with the optimizer stepping each parameter whole
              (`Optimizer(chunked=False)`, --whole-variant): its buffers shown as one
              array each (on cuda, remapped when scattered), not stepped page by page
@@ -200,8 +203,25 @@ def train_resident(args, config, weights, data):
 
 def make_pool(args, policy, host_bytes):
     import spillway
-    return spillway.Pool(gpu_budget=args.gpu_budget, host_budget=host_bytes,
+    return spillway.Pool(gpu_budget=getattr(args, "gpu_budget_bytes", None) or args.gpu_budget,
+                         host_budget=host_bytes,
                          page_size=args.page_size, device="cuda", policy=policy)
+
+
+def handwritten_memory_bytes(weights):
+    """The GPU memory the hand-written variant streams through besides activations: its
+    2-slot weight ring and two staging sets (gradients, exp_avg, exp_avg_sq), each the
+    size of the largest decoder layer, and the embedding, final norm and head resident
+    with their gradients and AdamW state (bf16: 2 bytes an element, 4 copies)."""
+    layers, resident = {}, 0
+    for name, t in weights.items():
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"]:
+            layers[parts[2]] = layers.get(parts[2], 0) + t.numel()
+        else:
+            resident += t.numel()
+    slot_n = max(layers.values())
+    return 2 * slot_n * 2 + 2 * 3 * slot_n * 2 + 4 * resident * 2
 
 
 def host_bytes_for(args, model, copies):
@@ -704,6 +724,9 @@ def main():
                     help="also train learned with SPILLWAY_CUDA_MAP_AHEAD=0 (variant learned_no_ahead)")
     ap.add_argument("--one-by-one-variant", action="store_true",
                     help="also train learned with SPILLWAY_CUDA_COMPLETION_BURSTS=0 (variant learned_one_by_one)")
+    ap.add_argument("--equal-memory-variant", action="store_true",
+                    help="also train learned with the hand-written variant's GPU memory as budget "
+                         "(variant learned_equal_memory)")
     ap.add_argument("--whole-variant", action="store_true",
                     help="also train learned with the optimizer stepping parameters whole (variant learned_whole)")
     ap.add_argument("--no-discard", action="store_true",
@@ -753,6 +776,14 @@ def main():
         guarded(tr, "learned_one_by_one", lambda: with_env(
             "SPILLWAY_CUDA_COMPLETION_BURSTS", "0",
             lambda: train_offload(args, config, weights, data, "learned", ref if ref else None)))
+    if args.equal_memory_variant and "train" in args.parts:
+        page = spillway_size(args.page_size)
+        equal = argparse.Namespace(**vars(args))
+        equal.gpu_budget_bytes = handwritten_memory_bytes(weights) // page * page
+        doc["equal_memory_budget_bytes"] = equal.gpu_budget_bytes
+        log(f"learned_equal_memory: budget {equal.gpu_budget_bytes / GiB:.2f} GiB")
+        guarded(tr, "learned_equal_memory", lambda: train_offload(
+            equal, config, weights, data, "learned", ref if ref else None))
     if args.whole_variant and "train" in args.parts:
         guarded(tr, "learned_whole", lambda: train_offload(
             args, config, weights, data, "learned", ref if ref else None, chunked=False))
@@ -821,7 +852,8 @@ def main():
                       f"mapping {st.get('mapping_s', 0):.3f} s ({st.get('pages_remapped', 0):.0f} pages), "
                       f"mapped ahead {st.get('pages_mapped_ahead', 0):.0f} pages "
                       f"({st.get('map_ahead_s', 0):.3f} s)")
-    for variant in ("learned", "learned_no_ahead", "learned_one_by_one", "learned_whole", "on_demand"):
+    for variant in ("learned", "learned_no_ahead", "learned_one_by_one", "learned_equal_memory",
+                    "learned_whole", "on_demand"):
         if "losses_equal" in tr.get(variant, {}):
             checks = {k: tr[variant].get(k) for k in ("losses_equal", "grads_equal", "weights_equal",
                                                        "first_loss_differing")}
