@@ -62,6 +62,12 @@ def verdict(main, ident):
                      f"{tr['handwritten']['error'][:120]}")
     else:
         parts.append("no hand-written training variant in this run")
+    eq, hw = tr.get("learned_equal_memory", {}), tr.get("handwritten", {})
+    if "step_s" in eq and "step_s" in hw and "equal_memory_budget_bytes" in main:
+        r = hw["step_s"] / eq["step_s"]
+        parts.append(f"{r:.2f}x the hand-written offload's speed with its streaming memory "
+                     f"({main['equal_memory_budget_bytes'] / GiB:.2f} GiB) as the budget, "
+                     f"training ({met(r >= 1.0)})")
     if "infer_handwritten_over_learned" in main:
         r = main["infer_handwritten_over_learned"]
         parts.append(f"{r:.2f}x the hand-written side-stream prefetch's speed, inference "
