@@ -19,6 +19,8 @@ training (forward + backward + AdamW step, batch --train-batch x --seq tokens):
   learned_equal_memory the same as learned with the GPU memory the hand-written variant
              streams through besides activations as its budget (--equal-memory-variant:
              its ring, staging sets and resident embedding and head with their state)
+  learned_in_flight_SIZE the same as learned with SIZE of copies in flight each way
+             (--in-flight-variant SIZE; the pool's default is 64 MiB)
   learned_whole the same as learned with the optimizer stepping each parameter whole
              (`Optimizer(chunked=False)`, --whole-variant): its buffers shown as one
              array each (on cuda, remapped when scattered), not stepped page by page
@@ -204,6 +206,7 @@ def train_resident(args, config, weights, data):
 def make_pool(args, policy, host_bytes):
     import spillway
     return spillway.Pool(gpu_budget=getattr(args, "gpu_budget_bytes", None) or args.gpu_budget,
+                         copy_bytes_in_flight=getattr(args, "copy_bytes_in_flight", None),
                          host_budget=host_bytes,
                          page_size=args.page_size, device="cuda", policy=policy)
 
@@ -727,6 +730,9 @@ def main():
     ap.add_argument("--equal-memory-variant", action="store_true",
                     help="also train learned with the hand-written variant's GPU memory as budget "
                          "(variant learned_equal_memory)")
+    ap.add_argument("--in-flight-variant", metavar="SIZE",
+                    help="also train learned with SIZE of copies in flight each way "
+                         "(Pool(copy_bytes_in_flight=SIZE); variant learned_in_flight_SIZE)")
     ap.add_argument("--whole-variant", action="store_true",
                     help="also train learned with the optimizer stepping parameters whole (variant learned_whole)")
     ap.add_argument("--no-discard", action="store_true",
@@ -784,6 +790,11 @@ def main():
         log(f"learned_equal_memory: budget {equal.gpu_budget_bytes / GiB:.2f} GiB")
         guarded(tr, "learned_equal_memory", lambda: train_offload(
             equal, config, weights, data, "learned", ref if ref else None))
+    if args.in_flight_variant and "train" in args.parts:
+        more = argparse.Namespace(**vars(args))
+        more.copy_bytes_in_flight = args.in_flight_variant
+        guarded(tr, f"learned_in_flight_{args.in_flight_variant}", lambda: train_offload(
+            more, config, weights, data, "learned", ref if ref else None))
     if args.whole_variant and "train" in args.parts:
         guarded(tr, "learned_whole", lambda: train_offload(
             args, config, weights, data, "learned", ref if ref else None, chunked=False))

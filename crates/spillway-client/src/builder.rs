@@ -47,6 +47,7 @@ pub struct PoolBuilder {
     host_memory: Option<HostMemory>,
     remote: Option<RemoteFactory>,
     lendable_gpu_bytes: Option<u64>,
+    copy_bytes_in_flight: Option<u64>,
 }
 
 impl std::fmt::Debug for PoolBuilder {
@@ -99,6 +100,10 @@ impl PoolBuilder {
         /// GPU memory beyond the budget that the pool may lend to a neighbour
         /// ([`Pool::lend`]), whole pages; the sim device only (`auto` picks it).
         lendable_gpu_bytes: u64,
+        /// Bytes of copies in flight each way between the GPU and the host tier (default
+        /// 64 MiB each, [`spillway_types::limits::H2D_BYTES_IN_FLIGHT_DEFAULT`]); at
+        /// least a page.
+        copy_bytes_in_flight: u64,
     }
     /// The backend (default auto).
     pub fn device(mut self, device: DeviceChoice) -> Self {
@@ -139,6 +144,10 @@ impl PoolBuilder {
         }
         if let Some(p) = self.policy {
             cfg.policy = p;
+        }
+        if let Some(b) = self.copy_bytes_in_flight {
+            cfg.h2d_bytes_in_flight_max = b;
+            cfg.d2h_bytes_in_flight_max = b;
         }
         cfg.validate()?;
         let lendable = self.lendable_gpu_bytes.unwrap_or(0) / cfg.page_size.bytes();

@@ -43,6 +43,27 @@ fn budgets_are_required() {
     );
 }
 
+#[test]
+fn copies_in_flight_are_set_both_ways_and_at_least_a_page() {
+    let build = |bytes: u64| {
+        PoolBuilder::new()
+            .gpu_budget_bytes(8 * PAGE)
+            .host_budget_bytes(32 * PAGE)
+            .page_size(PageSize::new(PAGE).unwrap())
+            .device(DeviceChoice::Sim)
+            .copy_bytes_in_flight(bytes)
+            .build()
+    };
+    let cfg = build(4 * PAGE).unwrap().config();
+    assert_eq!(cfg.h2d_bytes_in_flight_max, 4 * PAGE);
+    assert_eq!(cfg.d2h_bytes_in_flight_max, 4 * PAGE);
+    let e = build(PAGE - 1).unwrap_err();
+    assert!(
+        matches!(e, PoolError::Config(ref c) if c.field == "h2d_bytes_in_flight_max"),
+        "{e}"
+    );
+}
+
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_without_the_feature_names_it() {

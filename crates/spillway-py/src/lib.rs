@@ -46,6 +46,8 @@ struct PoolArgs {
     page: PageSize,
     device: DeviceChoice,
     policy: Policy,
+    /// Bytes of copies in flight each way (`None`: the default).
+    in_flight: Option<u64>,
 }
 
 impl PoolArgs {
@@ -55,6 +57,7 @@ impl PoolArgs {
         page_size: Option<&Bound<'_, PyAny>>,
         device: &str,
         policy: &str,
+        copy_bytes_in_flight: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PoolArgs> {
         let gpu = size::size_arg("gpu_budget", gpu_budget)?;
         let host = size::size_arg("host_budget", host_budget)?;
@@ -69,22 +72,38 @@ impl PoolArgs {
         let policy: Policy = policy
             .parse()
             .map_err(|e| PyValueError::new_err(format!("policy: {e}")))?;
+        let in_flight = copy_bytes_in_flight
+            .map(|b| size::size_arg("copy_bytes_in_flight", b))
+            .transpose()?;
+        if let Some(b) = in_flight
+            && b < page.bytes()
+        {
+            return Err(PyValueError::new_err(format!(
+                "copy_bytes_in_flight: {b} bytes is less than a page ({} bytes)",
+                page.bytes()
+            )));
+        }
         Ok(PoolArgs {
             gpu,
             host,
             page,
             device,
             policy,
+            in_flight,
         })
     }
 
     /// `builder` with the GPU budget, policy and device set; its host tier (budget and
     /// page size) is the caller's.
     fn gpu_side(&self, builder: PoolBuilder) -> PoolBuilder {
-        builder
+        let builder = builder
             .gpu_budget_bytes(self.gpu)
             .policy(self.policy)
-            .device(self.device)
+            .device(self.device);
+        match self.in_flight {
+            Some(b) => builder.copy_bytes_in_flight(b),
+            None => builder,
+        }
     }
 
     /// The Python pool over `pool`, built from these arguments (with the node's `link`
@@ -177,7 +196,7 @@ impl<'py> Data<'py> {
 impl PyPool {
     /// See `spillway/_core.pyi`.
     #[new]
-    #[pyo3(signature = (gpu_budget, host_budget, page_size=None, device="auto", policy="learned"))]
+    #[pyo3(signature = (gpu_budget, host_budget, page_size=None, device="auto", policy="learned", copy_bytes_in_flight=None))]
     fn new(
         py: Python<'_>,
         gpu_budget: &Bound<'_, PyAny>,
@@ -185,8 +204,16 @@ impl PyPool {
         page_size: Option<&Bound<'_, PyAny>>,
         device: &str,
         policy: &str,
+        copy_bytes_in_flight: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let args = PoolArgs::parse(gpu_budget, host_budget, page_size, device, policy)?;
+        let args = PoolArgs::parse(
+            gpu_budget,
+            host_budget,
+            page_size,
+            device,
+            policy,
+            copy_bytes_in_flight,
+        )?;
         let pool = py
             .detach(|| {
                 args.gpu_side(PoolBuilder::new())
@@ -202,7 +229,8 @@ impl PyPool {
     /// `socket` (`spillway node` or `spillway cluster up`), and whose remote tier is the
     /// node's (its peers' RAM). See `spillway/_core.pyi`.
     #[staticmethod]
-    #[pyo3(signature = (socket, gpu_budget, host_budget, page_size=None, device="auto", policy="learned"))]
+    #[pyo3(signature = (socket, gpu_budget, host_budget, page_size=None, device="auto", policy="learned", copy_bytes_in_flight=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn connect(
         py: Python<'_>,
         socket: std::path::PathBuf,
@@ -211,8 +239,16 @@ impl PyPool {
         page_size: Option<&Bound<'_, PyAny>>,
         device: &str,
         policy: &str,
+        copy_bytes_in_flight: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let args = PoolArgs::parse(gpu_budget, host_budget, page_size, device, policy)?;
+        let args = PoolArgs::parse(
+            gpu_budget,
+            host_budget,
+            page_size,
+            device,
+            policy,
+            copy_bytes_in_flight,
+        )?;
         let (link, pool) = py
             .detach(|| {
                 let link = DaemonLink::connect(&socket, args.host, args.page)

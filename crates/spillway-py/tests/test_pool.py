@@ -36,6 +36,8 @@ def test_sizes_accept_ints_and_strings():
         ("page_size", True),
         ("device", "tpu"),
         ("policy", "psychic"),
+        ("copy_bytes_in_flight", "lots"),
+        ("copy_bytes_in_flight", "1KiB"),  # less than a page (2 MiB by default)
     ],
 )
 def test_bad_argument_is_a_value_error_naming_it(arg, value):
@@ -50,6 +52,28 @@ def test_invalid_config_is_a_config_error():
         spillway.Pool(gpu_budget="64KiB", host_budget="16MiB", page_size="1MiB", device="sim")
     assert isinstance(e.value, ValueError)
     assert e.value.field == "gpu_budget_bytes"
+
+
+@pytest.mark.parametrize("in_flight", ["64KiB", "1MiB"])
+def test_written_bytes_come_back_with_any_copies_in_flight(in_flight):
+    # From one 64 KiB page in flight each way to sixteen: 6 MiB of buffers written on the
+    # GPU through a 4 MiB budget come back as written.
+    np = pytest.importorskip("numpy")
+    p = make_pool(copy_bytes_in_flight=in_flight)
+    bufs = [p.alloc(f"b{i}", MiB) for i in range(6)]
+    for step in range(2):
+        for i, b in enumerate(bufs):
+            with p.acquire_mut(b) as view:
+                arr = np.from_dlpack(view) if view.contiguous else None
+                if arr is None:
+                    for k in range(view.pages):
+                        np.from_dlpack(view.page(k))[:] = 10 * step + i
+                else:
+                    arr[:] = 10 * step + i
+        p.step()
+    for i, b in enumerate(bufs):
+        assert p.read(b, 0, MiB) == bytes([10 + i]) * MiB
+    assert p.stats()["d2h_bytes"] > 0  # the budget made them leave the GPU
 
 
 def test_every_byte_round_trips():

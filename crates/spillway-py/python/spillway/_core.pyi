@@ -102,7 +102,13 @@ class Pool:
         page_size: Optional[Size] = None,
         device: DeviceChoice = "auto",
         policy: PolicyName = "learned",
-    ) -> None: ...
+        copy_bytes_in_flight: Optional[Size] = None,
+    ) -> None:
+        """A pool in this process. ``copy_bytes_in_flight``: bytes of copies in flight
+        each way between the GPU and the host tier (default 64 MiB; at least a page):
+        more keeps a copy engine busier with large pages, less lets a demand load pass
+        fewer prefetches."""
+        ...
     @staticmethod
     def connect(
         socket: Union[str, "os.PathLike[str]"],
@@ -111,6 +117,7 @@ class Pool:
         page_size: Optional[Size] = None,
         device: DeviceChoice = "auto",
         policy: PolicyName = "learned",
+        copy_bytes_in_flight: Optional[Size] = None,
     ) -> "Pool":
         """Daemon mode: a pool whose host tier (``host_budget``, a whole number of pages)
         is memory shared with the node listening on ``socket`` (``spillway node``, or
