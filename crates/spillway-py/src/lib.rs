@@ -57,7 +57,6 @@ impl PoolArgs {
         page_size: Option<&Bound<'_, PyAny>>,
         device: &str,
         policy: &str,
-        copy_bytes_in_flight: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PoolArgs> {
         let gpu = size::size_arg("gpu_budget", gpu_budget)?;
         let host = size::size_arg("host_budget", host_budget)?;
@@ -72,25 +71,30 @@ impl PoolArgs {
         let policy: Policy = policy
             .parse()
             .map_err(|e| PyValueError::new_err(format!("policy: {e}")))?;
-        let in_flight = copy_bytes_in_flight
-            .map(|b| size::size_arg("copy_bytes_in_flight", b))
-            .transpose()?;
-        if let Some(b) = in_flight
-            && b < page.bytes()
-        {
-            return Err(PyValueError::new_err(format!(
-                "copy_bytes_in_flight: {b} bytes is less than a page ({} bytes)",
-                page.bytes()
-            )));
-        }
         Ok(PoolArgs {
             gpu,
             host,
             page,
             device,
             policy,
-            in_flight,
+            in_flight: None,
         })
+    }
+
+    /// These arguments with `copy_bytes_in_flight` (a size of at least a page) when given.
+    fn in_flight(mut self, copy_bytes_in_flight: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let Some(b) = copy_bytes_in_flight else {
+            return Ok(self);
+        };
+        let b = size::size_arg("copy_bytes_in_flight", b)?;
+        if b < self.page.bytes() {
+            return Err(PyValueError::new_err(format!(
+                "copy_bytes_in_flight: {b} bytes is less than a page ({} bytes)",
+                self.page.bytes()
+            )));
+        }
+        self.in_flight = Some(b);
+        Ok(self)
     }
 
     /// `builder` with the GPU budget, policy and device set; its host tier (budget and
@@ -206,14 +210,8 @@ impl PyPool {
         policy: &str,
         copy_bytes_in_flight: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let args = PoolArgs::parse(
-            gpu_budget,
-            host_budget,
-            page_size,
-            device,
-            policy,
-            copy_bytes_in_flight,
-        )?;
+        let args = PoolArgs::parse(gpu_budget, host_budget, page_size, device, policy)?
+            .in_flight(copy_bytes_in_flight)?;
         let pool = py
             .detach(|| {
                 args.gpu_side(PoolBuilder::new())
@@ -241,14 +239,8 @@ impl PyPool {
         policy: &str,
         copy_bytes_in_flight: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let args = PoolArgs::parse(
-            gpu_budget,
-            host_budget,
-            page_size,
-            device,
-            policy,
-            copy_bytes_in_flight,
-        )?;
+        let args = PoolArgs::parse(gpu_budget, host_budget, page_size, device, policy)?
+            .in_flight(copy_bytes_in_flight)?;
         let (link, pool) = py
             .detach(|| {
                 let link = DaemonLink::connect(&socket, args.host, args.page)
