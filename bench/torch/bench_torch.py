@@ -109,7 +109,6 @@ def profiled(args, variant, last):
     """With --profile DIR, a torch profiler over the last step (forward, backward and
     optimizer), whose chrome trace goes to DIR/VARIANT.json and whose GPU timeline
     (`timeline.py`) goes into the variant's result; else a no-op."""
-    import contextlib
     if not (args.profile and last):
         return contextlib.nullcontext()
     from torch.profiler import ProfilerActivity, profile
@@ -205,10 +204,15 @@ def train_resident(args, config, weights, data):
 
 def make_pool(args, policy, host_bytes):
     import spillway
-    return spillway.Pool(gpu_budget=getattr(args, "gpu_budget_bytes", None) or args.gpu_budget,
-                         copy_bytes_in_flight=getattr(args, "copy_bytes_in_flight", None),
+    return spillway.Pool(gpu_budget=args.gpu_budget_bytes or args.gpu_budget,
+                         copy_bytes_in_flight=args.copy_bytes_in_flight,
                          host_budget=host_bytes,
                          page_size=args.page_size, device="cuda", policy=policy)
+
+
+def varied(args, **pool_settings):
+    """`args` with some of the pool's settings changed (a variant's)."""
+    return argparse.Namespace(**{**vars(args), **pool_settings})
 
 
 def handwritten_memory_bytes(weights):
@@ -740,6 +744,8 @@ def main():
     ap.add_argument("--profile", metavar="DIR",
                     help="profile each training variant's last step (chrome traces and GPU timelines in DIR)")
     ap.add_argument("--out", default="bench-torch.json")
+    # Pool settings a variant changes (`varied`); None: the run's own.
+    ap.set_defaults(gpu_budget_bytes=None, copy_bytes_in_flight=None)
     args = ap.parse_args()
 
     import spillway
@@ -784,17 +790,16 @@ def main():
             lambda: train_offload(args, config, weights, data, "learned", ref if ref else None)))
     if args.equal_memory_variant and "train" in args.parts:
         page = spillway_size(args.page_size)
-        equal = argparse.Namespace(**vars(args))
-        equal.gpu_budget_bytes = handwritten_memory_bytes(weights) // page * page
-        doc["equal_memory_budget_bytes"] = equal.gpu_budget_bytes
-        log(f"learned_equal_memory: budget {equal.gpu_budget_bytes / GiB:.2f} GiB")
+        budget = handwritten_memory_bytes(weights) // page * page
+        doc["equal_memory_budget_bytes"] = budget
+        log(f"learned_equal_memory: budget {budget / GiB:.2f} GiB")
         guarded(tr, "learned_equal_memory", lambda: train_offload(
-            equal, config, weights, data, "learned", ref if ref else None))
+            varied(args, gpu_budget_bytes=budget), config, weights, data, "learned",
+            ref if ref else None))
     if args.in_flight_variant and "train" in args.parts:
-        more = argparse.Namespace(**vars(args))
-        more.copy_bytes_in_flight = args.in_flight_variant
         guarded(tr, f"learned_in_flight_{args.in_flight_variant}", lambda: train_offload(
-            more, config, weights, data, "learned", ref if ref else None))
+            varied(args, copy_bytes_in_flight=args.in_flight_variant), config, weights, data,
+            "learned", ref if ref else None))
     if args.whole_variant and "train" in args.parts:
         guarded(tr, "learned_whole", lambda: train_offload(
             args, config, weights, data, "learned", ref if ref else None, chunked=False))

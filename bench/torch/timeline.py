@@ -68,20 +68,20 @@ def summarise(path):
     the host, a synchronisation at each phase's end, so a phase's GPU work lies in its
     range)."""
     events = [e for e in load(path) if e.get("ph") == "X" and "dur" in e]
-    out = window(events)
+    busy = {k: merged([(e["ts"], e["ts"] + e["dur"]) for e in events if f(e)])
+            for k, f in KINDS.items()}
+    out = window(events, busy)
     phases = [e for e in events if str(e.get("name", "")).startswith("phase:")
               and e.get("cat") in ("user_annotation", "cpu_op")]
     if phases:
-        out["phases"] = {e["name"][len("phase:"):]: window(events, e["ts"], e["ts"] + e["dur"])
+        out["phases"] = {e["name"][len("phase:"):]: window(events, busy, e["ts"], e["ts"] + e["dur"])
                          for e in phases}
     return out
 
 
-def window(events, lo=None, hi=None):
-    """`summarise` over the events' GPU activity between `lo` and `hi` (microseconds;
-    `None`: all of it)."""
-    busy = {k: merged([(e["ts"], e["ts"] + e["dur"]) for e in events if f(e)])
-            for k, f in KINDS.items()}
+def window(events, busy, lo=None, hi=None):
+    """`summarise` over the events and their merged GPU activity (`busy`, by kind)
+    between `lo` and `hi` (microseconds; `None`: all of it)."""
     if lo is not None:
         busy = {k: clipped(v, lo, hi) for k, v in busy.items()}
         events = [e for e in events if lo <= e["ts"] < hi]
@@ -116,14 +116,16 @@ def main():
     for path in sys.argv[1:]:
         s = summarise(path)
         print(path)
-        for k, v in s.items():
-            if k == "phases":
-                for name, p in v.items():
-                    print(f"  phase {name}")
-                    for k2, v2 in p.items():
-                        print(f"    {k2:<18} {v2:.4f}" if isinstance(v2, float) else f"    {k2:<18} {v2}")
-                continue
-            print(f"  {k:<18} {v:.4f}" if isinstance(v, float) else f"  {k:<18} {v}")
+        show(s, "  ")
+        for name, p in s.get("phases", {}).items():
+            print(f"  phase {name}")
+            show(p, "    ")
+
+
+def show(summary, indent):
+    for k, v in summary.items():
+        if k != "phases":
+            print(f"{indent}{k:<18} {v:.4f}" if isinstance(v, float) else f"{indent}{k:<18} {v}")
 
 
 if __name__ == "__main__":
