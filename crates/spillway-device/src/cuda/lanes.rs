@@ -241,8 +241,8 @@ pub(crate) fn submit_loop(lane: &Lane, rx: &mpsc::Receiver<Vec<Submission>>) {
 
 /// A lane's completion thread: waits for each queued copy's event in order, then
 /// reports it, saying that another follows when the next queued copy has finished too
-/// (a burst is handled by the pool under one lock; unless `bursts` is off). Ends when the device drops its
-/// sender and the queue is empty.
+/// (the pool handles such a burst under one lock; not when `bursts` is off). Ends when
+/// the device drops its sender and the queue is empty.
 pub(crate) fn completion_loop(
     ctx: &Context,
     lane: &Lane,
