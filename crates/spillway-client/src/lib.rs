@@ -36,6 +36,7 @@ mod pool;
 pub mod remote;
 #[cfg(feature = "node")]
 pub mod service_tier;
+mod view_kinds;
 
 pub use peer::PeerError;
 pub use pool::{

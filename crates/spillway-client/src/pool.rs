@@ -20,6 +20,7 @@ use spillway_types::{BufferId, Direction, FrameId};
 
 pub use crate::builder::{DeviceChoice, PoolBuilder};
 use crate::remote::{RemoteCompletion, RemoteFactory, RemoteSetupError, RemoteSink, RemoteTier};
+use crate::view_kinds::ViewKinds;
 
 /// Errors of the pool's API.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +149,8 @@ pub(crate) struct State {
     /// Guards dropped whose release waits for the device's queued work (a fence).
     pending_releases: u64,
     names: HashMap<BufferId, Arc<str>>,
+    /// Which acquires of each buffer want it whole (tells the device what to map ahead).
+    view_kinds: ViewKinds,
     remote_errors_log: LogLimit,
     /// Device mapping failures (a device that refused every page's mapping once wrote a
     /// line per page loaded, under this lock).
@@ -434,6 +437,7 @@ impl Pool {
                 stall: Duration::ZERO,
                 pending_releases: 0,
                 names: HashMap::new(),
+                view_kinds: ViewKinds::default(),
                 remote_errors_log: LogLimit::default(),
                 mapping_errors_log: LogLimit::default(),
             }),
@@ -551,6 +555,7 @@ impl Pool {
         let mut state = self.shared.lock();
         state.core.free(buffer.id, self.shared.now())?;
         state.names.remove(&buffer.id);
+        state.view_kinds.forget(buffer.id);
         self.shared.drive(&mut state);
         drop(state);
         self.shared.device().release_range(buffer.id)?;
@@ -734,6 +739,10 @@ impl Pool {
         let mut state = self.shared.lock();
         let started = Instant::now();
         state.core.step(self.shared.now());
+        let device = self.shared.device();
+        for (buffer, whole) in state.view_kinds.end_step() {
+            device.expect_view(buffer, whole);
+        }
         self.shared.drive(&mut state);
         Timings::add(&self.shared.timings.planning_ns, started.elapsed());
     }
@@ -941,9 +950,17 @@ impl Drop for Guard<'_> {
         // The release waits for the kernels queued on the device while the guard was held
         // (at once on `sim`, whose kernels are synchronous).
         let shared = self.pool.shared.clone();
-        shared.lock().pending_releases += 1;
-        let id = self.id;
         let device = shared.device().clone();
+        {
+            let mut state = shared.lock();
+            state.pending_releases += 1;
+            // Before the release can issue loads: whether they are mapped ahead.
+            let whole = self.range.get().is_some();
+            if let Some(next) = state.view_kinds.ended(self.buffer, whole) {
+                device.expect_view(self.buffer, next);
+            }
+        }
+        let id = self.id;
         let done: Box<dyn FnOnce() + Send> = Box::new(move || {
             let mut state = shared.lock_on_device_thread();
             let started = Instant::now();

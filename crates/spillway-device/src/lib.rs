@@ -250,6 +250,13 @@ pub trait Device: Send + Sync {
         let _ = (buffer, index);
         Ok(())
     }
+    /// Whether the next acquire of `buffer` is expected to view it as one array
+    /// ([`Device::acquire_ptr`]) or page by page: a backend that maps pages ahead of
+    /// views maps only the former's (no-op without virtual memory). The pool calls it
+    /// when its expectation changes; until the first call a backend keeps its own rule.
+    fn expect_view(&self, buffer: BufferId, whole: bool) {
+        let _ = (buffer, whole);
+    }
     /// Makes every `map_page` made so far take effect (backends that map lazily).
     fn flush_mappings(&self) -> Result<(), DeviceError> {
         Ok(())

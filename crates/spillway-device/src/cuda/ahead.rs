@@ -16,9 +16,12 @@
 //! what is left to win.
 //!
 //! Which buffers: a record that breaks the extent (a neighbouring page sits in a frame
-//! that is not the one beside it) of a buffer a holder has viewed whole before queues
-//! the buffer once (a buffer only ever read page by page, as `spillway.torch` reads
-//! gradients and optimizer state, is never mapped); the thread maps every
+//! that is not the one beside it) of a buffer whose next acquire is expected whole queues
+//! the buffer once. Expected whole: a holder has viewed it whole before, and, once the
+//! pool has seen a step, the acquire at the same place of the last step was whole
+//! (`Device::expect_view`, spillway-client's `view_kinds`: `spillway.torch`'s weights are
+//! read page by page in the optimizer, whose loads are then not mapped). A buffer only
+//! ever read page by page (gradients and optimizer state) is never mapped. The thread maps every
 //! recorded page of it not mapped there yet, one page at a time under the range's own
 //! lock (so `map_page` of another page of the buffer waits at most one page's mapping).
 //! A page that left its frame is forgotten (`unmap_page`), so nothing is mapped to a

@@ -127,7 +127,7 @@ impl Device for CudaDevice {
                 mapped: vec![None; pages as usize],
                 desired: vec![None; pages as usize],
                 released: false,
-                viewed_whole: false,
+                map_ahead: false,
             })),
         );
         Ok(Some(DevicePtr(base)))
@@ -154,6 +154,13 @@ impl Device for CudaDevice {
             ahead.want(buffer);
         }
         Ok(())
+    }
+
+    /// Sets whether the buffer's loads are mapped ahead from now on (module `ahead`).
+    fn expect_view(&self, buffer: BufferId, whole: bool) {
+        if let Some(range) = self.ranges.get(buffer) {
+            lock(&range).map_ahead = whole;
+        }
     }
 
     /// Maps every page recorded by `map_page` that is not mapped there yet.
@@ -192,8 +199,9 @@ impl Device for CudaDevice {
         let Some(range) = self.ranges.get(buffer) else {
             return Ok(None);
         };
-        // Wanted as one array: from now on its pages are mapped ahead when they scatter.
-        lock(&range).viewed_whole = true;
+        // Wanted as one array: from now on its pages are mapped ahead when they scatter
+        // (until the pool expects otherwise, `expect_view`).
+        lock(&range).map_ahead = true;
         let base = self.map_buffer(buffer)?;
         self.views.through_range();
         Ok(Some(DevicePtr(base)))

@@ -162,8 +162,8 @@ pub(crate) fn apply(
 }
 
 /// Records that page `index` of `buffer` is in `frame` (mapped when a view needs it, or
-/// ahead). Returns whether to map the buffer ahead: a holder has viewed it whole before
-/// and the frame breaks its extent (a neighbouring page is recorded in a frame that is
+/// ahead). Returns whether to map the buffer ahead: its next view is expected whole
+/// (`BufferRange::map_ahead`) and the frame breaks its extent (a neighbouring page is recorded in a frame that is
 /// not the one beside `frame`, so the next whole view will go through its range).
 pub(crate) fn record(
     ranges: &Ranges,
@@ -196,7 +196,7 @@ pub(crate) fn record(
         .copied()
         .flatten()
         .is_some_and(|n| frame.0.checked_add(1) != Some(n.0));
-    Ok(range.viewed_whole && (before || after))
+    Ok(range.map_ahead && (before || after))
 }
 
 /// Records that page `index` of `buffer` left its frame: nothing maps it ahead to a

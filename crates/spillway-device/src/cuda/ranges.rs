@@ -30,10 +30,12 @@ pub(crate) struct BufferRange {
     /// Unmapped and freed (`release_range`): nothing may map into it any more (the
     /// map-ahead thread may still hold it).
     pub(crate) released: bool,
-    /// A holder has asked for the buffer as one array through this range
-    /// (`acquire_ptr`): only then are its pages mapped ahead. A buffer only ever read
-    /// page by page (the SDK's paged acquires) is never mapped.
-    pub(crate) viewed_whole: bool,
+    /// Whether its pages are mapped ahead as they are recorded: set when a holder asks
+    /// for the buffer as one array through this range (`acquire_ptr`), and from then on
+    /// as the pool expects the next acquire to be whole or page by page
+    /// (`Device::expect_view`). A buffer only ever read page by page (the SDK's paged
+    /// acquires) is never mapped.
+    pub(crate) map_ahead: bool,
 }
 
 /// One buffer's range, locked on its own: the map-ahead thread maps one buffer while
