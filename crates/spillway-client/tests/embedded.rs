@@ -381,3 +381,34 @@ fn a_discard_acquire_moves_nothing_in_and_its_writes_survive_eviction() {
     assert_eq!(s.overwrites, 3 + 2 + 2, "{s:?}");
     assert_eq!(s.evictions_dirty, 2 * 3, "{s:?}");
 }
+
+#[test]
+fn the_device_hears_which_acquires_are_expected_whole() {
+    let p = pool(8, 24, Policy::Learned);
+    let device = p.device();
+    let sim = device
+        .as_any()
+        .downcast_ref::<spillway_device::sim::SimDevice>()
+        .expect("a sim pool");
+    let w = p.alloc("weights", 2 * PAGE).unwrap();
+    let g = p.alloc("grads", 2 * PAGE).unwrap();
+    // Whole in forward (`device_ptr`), page by page in the optimizer.
+    let step = |expect_after_whole: Option<bool>, expect_after_paged: Option<bool>| {
+        let guard = p.acquire(&w).unwrap();
+        assert!(guard.device_ptr().unwrap().is_some());
+        drop(guard);
+        assert_eq!(sim.expected_view(w.id()), expect_after_whole);
+        drop(p.acquire(&w).unwrap());
+        drop(p.acquire_mut(&g).unwrap());
+        assert_eq!(sim.expected_view(w.id()), expect_after_paged);
+        p.step();
+    };
+    // Step 1: once viewed whole, expected whole (no step seen yet).
+    step(Some(true), Some(true));
+    assert_eq!(sim.expected_view(g.id()), Some(false));
+    // From step 2: the acquire after the whole one is expected page by page, and the
+    // next step's first whole again.
+    step(Some(false), Some(true));
+    step(Some(false), Some(true));
+    assert_eq!(sim.expected_view(g.id()), Some(false));
+}

@@ -33,6 +33,7 @@
 //! race with other access.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, mpsc};
@@ -188,6 +189,9 @@ pub struct SimDevice {
     peer: OnceLock<PeerLease>,
     /// The lease of the frames this device lends (one at most).
     lent_out: OnceLock<PeerLease>,
+    /// What the pool last expected of each buffer's next view ([`Device::expect_view`]):
+    /// nothing is mapped here, it is kept for [`SimDevice::expected_view`].
+    expected_views: Mutex<HashMap<BufferId, bool>>,
 }
 
 /// Frames one sim device lends another: the lender's memory, how many of its lendable
@@ -327,6 +331,16 @@ impl std::fmt::Debug for PeerLease {
 }
 
 impl SimDevice {
+    /// Whether the pool last expected `buffer`'s next acquire to view it whole (`None`:
+    /// it has said nothing of it). Tests of the pool's expectations.
+    pub fn expected_view(&self, buffer: BufferId) -> Option<bool> {
+        self.expected_views
+            .lock()
+            .expect("expected-views lock poisoned")
+            .get(&buffer)
+            .copied()
+    }
+
     /// Allocates (and pre-faults) the frames and slots, and starts the two host copy
     /// threads (the peer's two start with [`SimDevice::attach_peer`]).
     pub fn new(config: DeviceConfig, sink: CompletionSink) -> Result<SimDevice, DeviceError> {
@@ -469,6 +483,7 @@ impl SimDevice {
             sink,
             peer: OnceLock::new(),
             lent_out: OnceLock::new(),
+            expected_views: Mutex::new(HashMap::new()),
         };
         device.start_stream(Direction::HostToDevice)?;
         device.start_stream(Direction::DeviceToHost)?;
@@ -742,6 +757,13 @@ impl Device for SimDevice {
             Some(&first) if consecutive => Some(self.frame_ptr(first)),
             _ => None,
         })
+    }
+
+    fn expect_view(&self, buffer: BufferId, whole: bool) {
+        self.expected_views
+            .lock()
+            .expect("expected-views lock poisoned")
+            .insert(buffer, whole);
     }
 
     fn fill_pattern(&self, frame: FrameId, len: u64, seed: u64) -> Result<(), DeviceError> {
