@@ -10,7 +10,10 @@
 //! the optimizer's too, although nothing there reads the mapping and the pages leave
 //! before the next whole view: on the H100 the optimizer phase of `bench/torch` mapped
 //! about 900 pages a step (0.26 s of the map-ahead thread, whose mapping holds the range's
-//! lock that the pool's loads take), and ran 0.09 s faster with mapping ahead off.
+//! lock that the pool's loads take), and ran 0.09 s faster with mapping ahead off, while
+//! forward and backward ran slower without it
+//! (`bench/torch/runs/2026-12-07-bursts-phases-h100.out`, `learned` against
+//! `learned_no_ahead`). Not yet measured with this change: no GPU was lent after it.
 //!
 //! The prediction is positional: the `k`-th acquire of a step is expected to be of the
 //! kind the `k`-th was in the last step (past the last step's count: its first, the next
