@@ -26,9 +26,9 @@ use std::collections::HashMap;
 
 use spillway_types::BufferId;
 
-/// Acquires of one buffer in one step whose kind is kept: 64 (a bit each, a few hundred
-/// bytes a buffer at most). Past it, the next acquire is expected to be of the step's
-/// first kind.
+/// Acquires of one buffer in one step whose kind is kept: 64 (a byte each in two lists,
+/// this step's and the last: 128 bytes a buffer at most). Past it, the next acquire is
+/// expected to be of the step's first kind.
 pub const VIEW_KINDS_PER_STEP_MAX: usize = 64;
 
 /// One buffer's acquires: their kinds (true: whole) in the last step and in this one.
@@ -146,7 +146,7 @@ mod tests {
     #[test]
     fn step_end_tells_the_first_kind_when_it_changed() {
         let mut v = ViewKinds::default();
-        // Step 1: paged then whole; the step ends expecting... the first kind: paged.
+        // Step 1: paged then whole; at its end the next step's first kind (paged).
         assert_eq!(v.ended(b(3), false), Some(false));
         assert_eq!(v.ended(b(3), true), Some(true));
         assert_eq!(v.end_step(), vec![(b(3), false)]);
