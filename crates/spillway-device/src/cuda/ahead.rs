@@ -21,9 +21,10 @@
 //! pool has seen a step, the acquire at the same place of the last step was whole
 //! (`Device::expect_view`, spillway-client's `view_kinds`: `spillway.torch`'s weights are
 //! read page by page in the optimizer, whose loads are then not mapped). A buffer only
-//! ever read page by page (gradients and optimizer state) is never mapped. The thread maps every
-//! recorded page of it not mapped there yet, one page at a time under the range's own
-//! lock (so `map_page` of another page of the buffer waits at most one page's mapping).
+//! ever read page by page (gradients and optimizer state) is never mapped. The thread
+//! maps every recorded page of it not mapped there yet, one page at a time under the
+//! range's own lock (so `map_page` of another page of the buffer waits at most one
+//! page's mapping).
 //! A page that left its frame is forgotten (`unmap_page`), so nothing is mapped to a
 //! frame another page holds. Safety is the view path's: a page is recorded in a new
 //! frame only while no acquire holds its buffer, so no kernel reads a page whose mapping

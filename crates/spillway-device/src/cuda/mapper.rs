@@ -163,8 +163,9 @@ pub(crate) fn apply(
 
 /// Records that page `index` of `buffer` is in `frame` (mapped when a view needs it, or
 /// ahead). Returns whether to map the buffer ahead: its next view is expected whole
-/// (`BufferRange::map_ahead`) and the frame breaks its extent (a neighbouring page is recorded in a frame that is
-/// not the one beside `frame`, so the next whole view will go through its range).
+/// (`BufferRange::map_ahead`) and the frame breaks its extent (a neighbouring page is
+/// recorded in a frame that is not the one beside `frame`, so the next whole view will
+/// go through its range).
 pub(crate) fn record(
     ranges: &Ranges,
     buffer: BufferId,
