@@ -128,6 +128,7 @@ impl Device for CudaDevice {
                 desired: vec![None; pages as usize],
                 released: false,
                 map_ahead: false,
+                pool_expects: false,
             })),
         );
         Ok(Some(DevicePtr(base)))
@@ -159,7 +160,7 @@ impl Device for CudaDevice {
     /// Sets whether the buffer's loads are mapped ahead from now on (module `ahead`).
     fn expect_view(&self, buffer: BufferId, whole: bool) {
         if let Some(range) = self.ranges.get(buffer) {
-            lock(&range).map_ahead = whole;
+            lock(&range).expect_view(whole);
         }
     }
 
@@ -199,9 +200,9 @@ impl Device for CudaDevice {
         let Some(range) = self.ranges.get(buffer) else {
             return Ok(None);
         };
-        // Wanted as one array: from now on its pages are mapped ahead when they scatter
-        // (until the pool expects otherwise, `expect_view`).
-        lock(&range).map_ahead = true;
+        // Wanted as one array: unless the pool says what it expects (`expect_view`), its
+        // pages are mapped ahead from now on when they scatter.
+        lock(&range).viewed_whole();
         let base = self.map_buffer(buffer)?;
         self.views.through_range();
         Ok(Some(DevicePtr(base)))

@@ -30,12 +30,32 @@ pub(crate) struct BufferRange {
     /// Unmapped and freed (`release_range`): nothing may map into it any more (the
     /// map-ahead thread may still hold it).
     pub(crate) released: bool,
-    /// Whether its pages are mapped ahead as they are recorded: set when a holder asks
-    /// for the buffer as one array through this range (`acquire_ptr`), and from then on
-    /// as the pool expects the next acquire to be whole or page by page
-    /// (`Device::expect_view`). A buffer only ever read page by page (the SDK's paged
-    /// acquires) is never mapped.
+    /// Whether its pages are mapped ahead as they are recorded: until the pool says what
+    /// it expects, set when a holder asks for the buffer as one array through this range
+    /// (`acquire_ptr`); from then on only as the pool expects the next acquire to be
+    /// whole or page by page (`Device::expect_view`). A buffer only ever read page by
+    /// page (the SDK's paged acquires) is never mapped.
     pub(crate) map_ahead: bool,
+    /// Whether the pool has said what it expects of this buffer (`expect_view`): a whole
+    /// view then leaves `map_ahead` as the pool set it.
+    pub(crate) pool_expects: bool,
+}
+
+impl BufferRange {
+    /// A holder asked for the buffer as one array through this range: its pages are
+    /// mapped ahead from now on, unless the pool has said what it expects.
+    pub(crate) fn viewed_whole(&mut self) {
+        if !self.pool_expects {
+            self.map_ahead = true;
+        }
+    }
+
+    /// The pool expects the buffer's next acquire to be `whole` or page by page: only
+    /// the former's loads are mapped ahead, from now on whatever the views.
+    pub(crate) fn expect_view(&mut self, whole: bool) {
+        self.map_ahead = whole;
+        self.pool_expects = true;
+    }
 }
 
 /// One buffer's range, locked on its own: the map-ahead thread maps one buffer while
@@ -105,5 +125,36 @@ impl Drop for Ranges {
         for r in ranges {
             let _ = self.release(&mut lock(&r));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range() -> BufferRange {
+        BufferRange {
+            base: 0,
+            mapped: Vec::new(),
+            desired: Vec::new(),
+            released: false,
+            map_ahead: false,
+            pool_expects: false,
+        }
+    }
+
+    #[test]
+    fn a_whole_view_maps_ahead_until_the_pool_says_what_it_expects() {
+        let mut r = range();
+        r.viewed_whole();
+        assert!(r.map_ahead);
+        // The pool expects the next acquire page by page: a whole view no longer turns
+        // mapping ahead back on; only the pool does.
+        r.expect_view(false);
+        assert!(!r.map_ahead);
+        r.viewed_whole();
+        assert!(!r.map_ahead);
+        r.expect_view(true);
+        assert!(r.map_ahead);
     }
 }
