@@ -126,6 +126,7 @@ def main():
 
             def enter(name):
                 marks[name] = pool.stats()
+                marks[name]["at_s"] = time.perf_counter()
                 phase[0] = name
             enter("forward")
             loss = model(x, labels=x).loss
@@ -136,12 +137,14 @@ def main():
             opt.zero_grad()
             dt = time.perf_counter() - t0
             s1 = pool.stats()
+            s1["at_s"] = time.perf_counter()
             moved = {k: s1[k] - s0[k] for k in ("h2d_bytes", "d2h_bytes", "stall_s")}
             ends = [marks["backward"], marks["optimizer"], s1]
             phases = {}
             for p, start, end in zip(PHASES, (marks[q] for q in PHASES), ends):
                 phases[p] = dict(counts.get(p, {}))
                 phases[p]["pool"] = {k: end[k] - start[k] for k in POOL_COUNTERS}
+                phases[p]["pool"]["phase_s"] = end["at_s"] - start["at_s"]
             steps.append({"step": i, "step_s": dt, **moved, "phases": phases})
     finally:
         st._acquire = acquire
@@ -169,11 +172,11 @@ def main():
         print(f"| {p} | {acq:.0f} | {paged:.0f} | {frag:.0f} | {fp:.0f} / {pages:.0f} | {share:.2f} "
               f"| {remaps:.0f} |")
     print()
-    print("| phase | " + " | ".join(POOL_COUNTERS) + " |")
-    print("|---|" + "---|" * len(POOL_COUNTERS))
+    print("| phase | phase_s | " + " | ".join(POOL_COUNTERS) + " |")
+    print("|---|---|" + "---|" * len(POOL_COUNTERS))
     for row, p in zip(rows, PHASES):
         row["pool"] = {k: statistics.median(s["phases"][p]["pool"][k] for s in measured)
-                       for k in POOL_COUNTERS}
+                       for k in ("phase_s",) + POOL_COUNTERS}
         cells = [f"{v / 1e6:.1f} MB" if k.endswith("_bytes") else
                  f"{v:.3f}" if k.endswith("_s") else f"{v:.0f}" for k, v in row["pool"].items()]
         print(f"| {p} | " + " | ".join(cells) + " |")
