@@ -95,7 +95,8 @@
 //! of absent pages while (a) the access is within the lookahead horizon: the first
 //! [`MIN_LOOKAHEAD_ACCESSES`] accesses always, later ones while the predicted time until
 //! them is below [`LEAD_FACTOR`] times the time the copies queued so far will take at
-//! the measured bandwidth, plus [`JITTER_MARGIN`]; and (b) a frame can be had without
+//! the measured bandwidth (or the time the GPU budget takes to fill at it, if longer),
+//! plus [`JITTER_MARGIN`]; and (b) a frame can be had without
 //! evicting a page whose next use is sooner than the incoming page's. Eviction is by
 //! next use (furthest first).
 
@@ -269,6 +270,7 @@ impl PoolCore {
             access: Access::new(
                 Box::new(OrderPredictor::new(cfg.history_steps)),
                 cfg.policy == Policy::Learned,
+                cfg.gpu_frames() * cfg.page_size.bytes(),
             ),
             held: Held::default(),
             eviction,

@@ -29,6 +29,11 @@ pub const PARTIAL_LOOKAHEAD_ACCESSES: usize = 256;
 /// the MoE traces, the predictor walking each earlier step's whole remainder at every
 /// acquire). Twice [`MIN_LOOKAHEAD_ACCESSES`].
 pub const WINDOW_MIN_ACCESSES: usize = 2 * MIN_LOOKAHEAD_ACCESSES as usize;
+/// The farthest access the GPU budget's reach (see `TierPlan::replan`) extends a
+/// horizon to: half of [`PARTIAL_LOOKAHEAD_ACCESSES`], so that a budget holding every
+/// page of the step (every access resident, the reach never ended by a copy) keeps its
+/// plans within the partial window instead of walking the whole lookahead each time.
+pub const REACH_ACCESSES_MAX: u64 = PARTIAL_LOOKAHEAD_ACCESSES as u64 / 2;
 /// Accesses one plan between whole plans serves at most, while each is the access it
 /// predicted surely next: such an access changes no prediction the plan was made from
 /// (the sure ones keep their absolute next uses), so planning again would give the same
@@ -120,15 +125,19 @@ pub(super) struct TierPlan {
     pub(super) queue: VecDeque<(PageId, u64)>,
     /// The furthest access the last plan covers.
     horizon: u64,
+    /// Bytes the tier holds (the GPU tier: its budget; the host tier: 0): the horizon
+    /// reaches at least as far ahead as they take to come at the tier's bandwidth.
+    reach_bytes: u64,
 }
 
 impl TierPlan {
-    fn new(tier: Tier, lead_factor: f64) -> TierPlan {
+    fn new(tier: Tier, lead_factor: f64, reach_bytes: u64) -> TierPlan {
         TierPlan {
             tier,
             lead_factor,
             queue: VecDeque::new(),
             horizon: 0,
+            reach_bytes,
         }
     }
 
@@ -163,10 +172,21 @@ impl TierPlan {
             .sum();
         let mut sure_bytes = 0f64;
         let mut guess_waste = 0f64;
+        // However little is queued, the horizon reaches as far as the tier's contents take
+        // to come (up to REACH_ACCESSES_MAX accesses): a stretch of accesses whose pages are all in the tier does not end it
+        // while the copies after the stretch could already start (issue 11: on a paced sim
+        // run shaped like the H200's, the copy engine idled through the first layers of
+        // backward, whose pages had stayed on the GPU, then the layers after them waited).
+        let reach_secs = self.reach_bytes as f64 / rate.bytes_per_s;
         for (i, u) in upcoming.iter().enumerate() {
+            let reach = if u.distance < REACH_ACCESSES_MAX {
+                reach_secs
+            } else {
+                0.0
+            };
             if u.distance >= MIN_LOOKAHEAD_ACCESSES
                 && u.time_until.as_secs_f64()
-                    > self.lead_factor * queued_secs + JITTER_MARGIN.as_secs_f64()
+                    > (self.lead_factor * queued_secs).max(reach) + JITTER_MARGIN.as_secs_f64()
             {
                 return Some(i);
             }
@@ -273,13 +293,14 @@ impl Access {
         }
     }
 
-    /// An access stream predicted by `predictor` when `learned` (else nothing is planned).
-    pub(super) fn new(predictor: Box<dyn Predictor>, learned: bool) -> Access {
+    /// An access stream predicted by `predictor` when `learned` (else nothing is planned),
+    /// into a GPU tier of `gpu_bytes`.
+    pub(super) fn new(predictor: Box<dyn Predictor>, learned: bool, gpu_bytes: u64) -> Access {
         Access {
             demand: VecDeque::new(),
             host_demand: VecDeque::new(),
-            gpu_plan: TierPlan::new(Tier::Gpu, LEAD_FACTOR),
-            host_plan: TierPlan::new(Tier::Host, REMOTE_LEAD_FACTOR),
+            gpu_plan: TierPlan::new(Tier::Gpu, LEAD_FACTOR, gpu_bytes),
+            host_plan: TierPlan::new(Tier::Host, REMOTE_LEAD_FACTOR, 0),
             next_use: IdMap::default(),
             spare_next_use: IdMap::default(),
             last_full: 0,
@@ -550,7 +571,7 @@ mod tests {
     fn one_rule_plans_both_tiers_within_the_horizon() {
         let (mut pages, a, b, ups) = two_buffers_of_two_pages();
         for (tier, lead) in [(Tier::Gpu, LEAD_FACTOR), (Tier::Host, REMOTE_LEAD_FACTOR)] {
-            let mut plan = TierPlan::new(tier, lead);
+            let mut plan = TierPlan::new(tier, lead, 0);
             // At 1 kB/s the 110 bytes queued for `a` take 110 ms: `b` is within the horizon.
             plan.replan(&ups, 5, 1e3, &pages, &Overwrites::default());
             assert_eq!(
@@ -574,7 +595,7 @@ mod tests {
             frame: spillway_types::FrameId(0),
             prefetch: true,
         };
-        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
+        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR, 0);
         plan.replan(&ups, 5, 1e3, &pages, &Overwrites::default());
         assert_eq!(plan.queue[0], (page(a, 1), 6));
         assert_eq!(plan.queue.len(), 3);
@@ -587,7 +608,7 @@ mod tests {
             bytes_per_s: 1e3,
             peer_bytes_per_s: 1e6,
         };
-        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
+        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR, 0);
         // From the host `a` takes 110 ms: `b` is within the horizon.
         plan.replan(&ups, 5, rate, &pages, &Overwrites::default());
         assert_eq!(plan.queue.len(), 4);
@@ -599,9 +620,33 @@ mod tests {
         plan.replan(&ups, 5, rate, &pages, &Overwrites::default());
         assert_eq!(plan.queue, [(page(a, 0), 6), (page(a, 1), 6)]);
         // The host tier stages from the remote tier: a peer copy changes nothing there.
-        let mut host = TierPlan::new(Tier::Host, REMOTE_LEAD_FACTOR);
+        let mut host = TierPlan::new(Tier::Host, REMOTE_LEAD_FACTOR, 0);
         host.replan(&ups, 5, rate, &pages, &Overwrites::default());
         assert_eq!(host.queue.len(), 4);
+    }
+
+    #[test]
+    fn the_horizon_reaches_as_far_as_the_tiers_contents_take_to_come() {
+        // `a` is on the GPU: nothing is queued before `b`, 9 accesses and 50 ms on, whose
+        // copies take 0.11 ms at 1 MB/s.
+        let (mut pages, a, b, ups) = two_buffers_of_two_pages();
+        for index in 0..2 {
+            pages.page_mut(page(a, index)).gpu = Gpu::Resident {
+                frame: spillway_types::FrameId(index),
+                dirty: false,
+                unused_prefetch: false,
+            };
+        }
+        // A tier of 40 kB fills in 40 ms; with the jitter margin `b` is within its reach.
+        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR, 40_000);
+        plan.replan(&ups, 5, 1e6, &pages, &Overwrites::default());
+        assert_eq!(plan.queue, [(page(b, 0), 15), (page(b, 1), 15)]);
+        assert_eq!(plan.horizon, 15);
+        // One of 30 kB fills in 30 ms: `b` is beyond it, for a later plan.
+        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR, 30_000);
+        plan.replan(&ups, 5, 1e6, &pages, &Overwrites::default());
+        assert!(plan.queue.is_empty());
+        assert_eq!(plan.horizon, 6);
     }
 
     /// A predictor that predicts `seq` surely, one access a millisecond, and records the
@@ -650,7 +695,7 @@ mod tests {
             at: 0,
             asked: asked.clone(),
         };
-        let mut access = Access::new(Box::new(predictor), true);
+        let mut access = Access::new(Box::new(predictor), true, 0);
         let lookahead = 1024;
         // At 1 TB/s the horizon is the jitter margin: 10 ms, the entry at 11 ms ends it.
         let plan = |a: &mut Access| a.replan(lookahead, &pages, 1e12, None);
@@ -690,6 +735,46 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_holding_every_page_keeps_its_plans_within_the_partial_window() {
+        // Every buffer on the GPU, and a budget that takes longer to fill than the whole
+        // sequence lasts: only REACH_ACCESSES_MAX ends the horizon.
+        let mut pages = PageTable::new(100);
+        let seq: Vec<BufferId> = (0..400)
+            .map(|i| {
+                let mut p = Page::new(None);
+                p.gpu = Gpu::Resident {
+                    frame: spillway_types::FrameId(i),
+                    dirty: false,
+                    unused_prefetch: false,
+                };
+                pages.insert(100, vec![p])
+            })
+            .collect();
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let predictor = Scripted {
+            seq: seq.clone(),
+            at: 0,
+            asked: asked.clone(),
+        };
+        let mut access = Access::new(Box::new(predictor), true, 1 << 30);
+        let lookahead = 1024;
+        access.replan(lookahead, &pages, 1e6, None);
+        assert_eq!(access.gpu_plan.horizon, REACH_ACCESSES_MAX);
+        asked.lock().unwrap().clear();
+        for &b in &seq[..3] {
+            access.on_access(b, false, Duration::ZERO);
+            access.expected.clear();
+            access.replan(lookahead, &pages, 1e6, None);
+        }
+        let asked = std::mem::take(&mut *asked.lock().unwrap());
+        assert!(
+            asked.iter().all(|&w| w <= PARTIAL_LOOKAHEAD_ACCESSES),
+            "windows asked: {asked:?}"
+        );
+        assert!(access.gpu_plan.queue.is_empty());
+    }
+
+    #[test]
     fn a_guess_is_planned_only_within_the_speculation_cap() {
         // Pages of 100 bytes; a sure buffer of 4 pages, then guesses of `n` pages each,
         // sized from the cap so that one guess at probability 0.5 fits and two do not:
@@ -717,7 +802,7 @@ mod tests {
         ups.push(upcoming(sure.0, 7, 7));
         // At 1 B/s the horizon covers every access: only the cap limits.
         let slow = 1.0;
-        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR);
+        let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR, 0);
         plan.replan(&ups, 0, slow, &pages, &Overwrites::default());
         let planned: Vec<BufferId> = plan.queue.iter().map(|(p, _)| p.buffer).collect();
         let mut want = vec![guesses[0]; n];
