@@ -96,9 +96,8 @@
 //! [`MIN_LOOKAHEAD_ACCESSES`] accesses always, later ones while the predicted time until
 //! them is below [`LEAD_FACTOR`] times the time the copies queued so far will take at
 //! the measured bandwidth (or the time the GPU budget takes to fill at it, if longer),
-//! plus [`JITTER_MARGIN`]; and (b) a frame can be had without
-//! evicting a page whose next use is sooner than the incoming page's. Eviction is by
-//! next use (furthest first).
+//! plus [`JITTER_MARGIN`]; and (b) a frame can be had without evicting a page whose next
+//! use is sooner than the incoming page's. Eviction is by next use (furthest first).
 
 use std::time::Duration;
 

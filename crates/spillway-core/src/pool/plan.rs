@@ -173,10 +173,11 @@ impl TierPlan {
         let mut sure_bytes = 0f64;
         let mut guess_waste = 0f64;
         // However little is queued, the horizon reaches as far as the tier's contents take
-        // to come (up to REACH_ACCESSES_MAX accesses): a stretch of accesses whose pages are all in the tier does not end it
-        // while the copies after the stretch could already start (issue 11: on a paced sim
-        // run shaped like the H200's, the copy engine idled through the first layers of
-        // backward, whose pages had stayed on the GPU, then the layers after them waited).
+        // to come (up to REACH_ACCESSES_MAX accesses): a stretch of accesses whose pages
+        // are all in the tier does not end it while the copies after the stretch could
+        // already start (issue 11: on a paced sim run shaped like the H200's, the copy
+        // engine idled through the first layers of backward, whose pages had stayed on
+        // the GPU, then the layers after them waited).
         let reach_secs = self.reach_bytes as f64 / rate.bytes_per_s;
         for (i, u) in upcoming.iter().enumerate() {
             let reach = if u.distance < REACH_ACCESSES_MAX {
@@ -555,6 +556,15 @@ mod tests {
         PageId { buffer, index }
     }
 
+    /// A clean page in frame `frame`.
+    fn resident(frame: u32) -> Gpu {
+        Gpu::Resident {
+            frame: spillway_types::FrameId(frame),
+            dirty: false,
+            unused_prefetch: false,
+        }
+    }
+
     /// Two buffers `a` and `b` of two pages (the second page of 10 bytes), never written:
     /// absent from the GPU and from the host tier (no remote tier: none would be `Zero`);
     /// `a` is predicted next, `b` 9 accesses on (past the first MIN_LOOKAHEAD_ACCESSES) in
@@ -631,11 +641,7 @@ mod tests {
         // copies take 0.11 ms at 1 MB/s.
         let (mut pages, a, b, ups) = two_buffers_of_two_pages();
         for index in 0..2 {
-            pages.page_mut(page(a, index)).gpu = Gpu::Resident {
-                frame: spillway_types::FrameId(index),
-                dirty: false,
-                unused_prefetch: false,
-            };
+            pages.page_mut(page(a, index)).gpu = resident(index);
         }
         // A tier of 40 kB fills in 40 ms; with the jitter margin `b` is within its reach.
         let mut plan = TierPlan::new(Tier::Gpu, LEAD_FACTOR, 40_000);
@@ -654,7 +660,22 @@ mod tests {
     struct Scripted {
         seq: Vec<BufferId>,
         at: usize,
-        asked: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+        asked: Asked,
+    }
+
+    /// The windows a [`Scripted`] predictor was asked for.
+    type Asked = std::sync::Arc<std::sync::Mutex<Vec<usize>>>;
+
+    impl Scripted {
+        fn new(seq: &[BufferId]) -> (Box<Scripted>, Asked) {
+            let asked = Asked::default();
+            let predictor = Scripted {
+                seq: seq.to_vec(),
+                at: 0,
+                asked: asked.clone(),
+            };
+            (Box::new(predictor), asked)
+        }
     }
 
     impl Predictor for Scripted {
@@ -689,13 +710,8 @@ mod tests {
         let seq: Vec<BufferId> = (0..400)
             .map(|_| pages.insert(100, vec![Page::new(None)]))
             .collect();
-        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let predictor = Scripted {
-            seq: seq.clone(),
-            at: 0,
-            asked: asked.clone(),
-        };
-        let mut access = Access::new(Box::new(predictor), true, 0);
+        let (predictor, asked) = Scripted::new(&seq);
+        let mut access = Access::new(predictor, true, 0);
         let lookahead = 1024;
         // At 1 TB/s the horizon is the jitter margin: 10 ms, the entry at 11 ms ends it.
         let plan = |a: &mut Access| a.replan(lookahead, &pages, 1e12, None);
@@ -742,21 +758,12 @@ mod tests {
         let seq: Vec<BufferId> = (0..400)
             .map(|i| {
                 let mut p = Page::new(None);
-                p.gpu = Gpu::Resident {
-                    frame: spillway_types::FrameId(i),
-                    dirty: false,
-                    unused_prefetch: false,
-                };
+                p.gpu = resident(i);
                 pages.insert(100, vec![p])
             })
             .collect();
-        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let predictor = Scripted {
-            seq: seq.clone(),
-            at: 0,
-            asked: asked.clone(),
-        };
-        let mut access = Access::new(Box::new(predictor), true, 1 << 30);
+        let (predictor, asked) = Scripted::new(&seq);
+        let mut access = Access::new(predictor, true, 1 << 30);
         let lookahead = 1024;
         access.replan(lookahead, &pages, 1e6, None);
         assert_eq!(access.gpu_plan.horizon, REACH_ACCESSES_MAX);
