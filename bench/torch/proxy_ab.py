@@ -2,10 +2,10 @@
 """An A/B of two builds on the paced sim device, from `fragmentation.py --copy-gbps` runs
 (no GPU needed): each arm's runs, interleaved on one machine, as step time, ratio to the
 copy floor and each phase's wall time; the arms' medians and B's over A's. Prints the
-section; with ``--write bench/RESULTS.md`` appends it to the page's "Runs since" list.
+section for the page's "Runs since" list, as bench/gpu/record.py does:
 
     python3 bench/torch/proxy_ab.py "TITLE" "COMMAND" A_NAME A1.json,A2.json,... \\
-        B_NAME B1.json,B2.json,... [--note TEXT] [--write bench/RESULTS.md]
+        B_NAME B1.json,B2.json,... [--note TEXT] >> bench/RESULTS.md
 """
 
 import argparse
@@ -34,7 +34,6 @@ def main():
     ap.add_argument("b_name")
     ap.add_argument("b_runs")
     ap.add_argument("--note", default="")
-    ap.add_argument("--write")
     a = ap.parse_args()
     arms = [(a.a_name, [row(a.a_name, p) for p in a.a_runs.split(",")]),
             (a.b_name, [row(a.b_name, p) for p in a.b_runs.split(",")])]
@@ -66,14 +65,8 @@ def main():
               + ", ".join(f"{p} {mb[p] / ma[p]:.3f}x" for p in PHASES) + "."]
     if a.note:
         lines += ["", a.note]
-    text = "\n".join(lines) + "\n"
-    if not a.write:
-        print(text)
-        return
-    with open(a.write) as f:
-        page = f.read()
-    with open(a.write, "w") as f:
-        f.write(page.rstrip("\n") + "\n\n" + text)
+    # A blank line first: appended after the page's last section.
+    print("\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":
