@@ -132,6 +132,30 @@ def bisect_lines(pairs):
             + "\n".join(out)) if out else ""
 
 
+def since_lines(path):
+    """A later training run (`--since`) whose learned step is timed without the
+    bit-identity check's step (`timed_steps`): its figures beside the section's."""
+    if not path:
+        return ""
+    doc = json.load(open(path))
+    tr = doc["train"]
+    learned, hand = tr["learned"], tr.get("handwritten")
+    text = (f"Since (`{os.path.relpath(path)}`, {doc['device']}, training only): the runs "
+            "above time and count the last step too, in whose middle the bit-identity check "
+            "reads every gradient, so their learned bytes and the copy floor made of them "
+            "include that read; timed over steps "
+            f"{learned['timed_steps'][0]} to {learned['timed_steps'][-1]} only, learned moves "
+            f"{learned['h2d_bytes_per_step'] / 1e9:.2f} GB in and "
+            f"{learned['d2h_bytes_per_step'] / 1e9:.2f} GB out per step, its floor is "
+            f"{doc['train_floor_s']:.3f} s and its step {learned['step_s']:.3f} s = "
+            f"{learned['step_s'] / doc['train_floor_s']:.3f}x the floor (goal <= {FLOOR_GOAL}: "
+            f"{met(learned['step_s'] <= FLOOR_GOAL * doc['train_floor_s'])})")
+    if hand:
+        text += (f"; the hand-written variant {hand['step_s']:.3f} s, "
+                 f"{hand['step_s'] / learned['step_s']:.2f}x learned's time")
+    return text + "."
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("main")
@@ -141,6 +165,8 @@ def main():
     ap.add_argument("--bisect", nargs="*", default=[], metavar="COMMIT=JSON",
                     help="more identity runs, one per wheel, listed under the identity run")
     ap.add_argument("--note", help="a paragraph after the identity runs (what is known since)")
+    ap.add_argument("--since", metavar="JSON",
+                    help="a later training run timed without the bit-identity check's step")
     ap.add_argument("--write")
     a = ap.parse_args()
     main_doc, ident = json.load(open(a.main)), json.load(open(a.identity))
@@ -154,6 +180,7 @@ def main():
         "\n".join(run_block(ident, a.identity_command)),
         bisect_lines(a.bisect),
         a.note or "",
+        since_lines(a.since),
         f"Verdict: {v}.", where_time_goes(main_doc),
         memory([(main_doc["args"]["attn"], main_doc), (ident["args"]["attn"], ident)]),
     ] if x) + "\n"
