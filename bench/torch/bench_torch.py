@@ -277,6 +277,9 @@ def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
     checked = ref is not None and len(data) > 2
     measured = range(1, len(data) - 1 if checked else len(data))
     s1 = None
+    # Each step's own counters (the pool's stats between the ends of two steps), to tell
+    # a slow step's cause: the first step that follows a learned order, the checked one.
+    by_step, prev = [], pool.stats()
     for i, x in enumerate(data):
         if i == 1 or (checked and i == len(data) - 1):
             torch.cuda.synchronize()
@@ -297,6 +300,9 @@ def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
         if i in measured or i == 0:
             phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
+        cur = pool.stats()
+        by_step.append({k: cur[k] - prev[k] for k in STEP_COUNTERS})
+        prev = cur
         if marks:
             marks.append(("optimizer", pool.stats()))
             for (_, a), (name, b) in zip(marks, marks[1:]):
@@ -309,7 +315,8 @@ def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
     steps = len(measured)
     timed = times[:measured.stop]
     out = {"step_s": median_after_first(timed), "times": times, "losses": losses,
-           "timed_steps": [i + 1 for i in measured],
+           "timed_steps": [i + 1 for i in measured], "pool_stats_by_step": by_step,
+           "phase_times": phases,
            "phase_s": phase_medians(phases), "phase_pool_stats_per_step": phase_pool,
            "gpu_peak_bytes": torch.cuda.max_memory_allocated() + s1["gpu_budget_bytes"],
            "torch_peak_bytes": torch.cuda.max_memory_allocated(),
@@ -330,6 +337,11 @@ def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
     handle.remove()
     del m, opt, handle, pool
     return out
+
+
+STEP_COUNTERS = ("h2d_bytes", "d2h_bytes", "stalls", "stall_s", "demand_loads",
+                 "prefetch_loads", "prefetch_wasted_pages", "evictions_dirty", "pages_mapped_ahead")
+"""The pool's counters recorded for every step of a Spillway variant (`pool_stats_by_step`)."""
 
 
 def stats_per_step(s0, s1, steps):
