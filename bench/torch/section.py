@@ -171,6 +171,11 @@ def main():
     a = ap.parse_args()
     main_doc, ident = json.load(open(a.main)), json.load(open(a.identity))
     v = verdict(main_doc, ident)
+    if a.since:
+        later = json.load(open(a.since))
+        r = later["train"]["learned"]["step_s"] / later["train_floor_s"]
+        v += (f"; training timed without the bit-identity check's step "
+              f"(`{os.path.basename(a.since)}`): {r:.3f}x floor ({met(r <= FLOOR_GOAL)})")
     text = "\n\n".join(x for x in [
         HEADING, INTRO,
         "\n".join(run_block(main_doc, a.main_command)),
