@@ -32,13 +32,13 @@ def rows(part, doc):
 def run_block(doc, command):
     """The lines for one run: what ran, its tables and its checks."""
     a = doc["args"]
-    def timing(doc):
+    def timing():
         timed = doc["train"].get("learned", {}).get("timed_steps")
         if not timed or len(timed) == a["train_steps"] - 1:
             return "median of the steps after the first"
         return (f"median of the steps after the first; Spillway's variants: of steps "
-                f"{timed[0]} to {timed[-1]}, the last one reading every gradient for the "
-                f"bit-identity check")
+                f"{timed[0]} to {timed[-1]}, step {a['train_steps']}, which reads every "
+                f"gradient for the bit-identity check, not timed")
 
     def part(name, head):
         return [head, "", *rows(name, doc), ""] if doc[name] else []
@@ -51,7 +51,7 @@ def run_block(doc, command):
         f"({a['gpu_budget']}, pages {a['page_size']}). Floor = max(resident, copy floor).",
         "",
         *part("train", f"Training: batch {a['train_batch']} x {a['seq']} tokens, AdamW, "
-              f"{a['train_steps']} steps ({timing(doc)}); floor "
+              f"{a['train_steps']} steps ({timing()}); floor "
               f"{doc['train_floor_s']:.3f} s; attention `{a.get('attn', 'sdpa')}`."),
         *part("infer", f"Inference: batch {a['infer_batch']} x {a['infer_seq']} tokens, forward "
               f"only; floor {doc['infer_floor_s']:.3f} s."),
