@@ -108,9 +108,10 @@ def timed_forward_backward(args, m, x, phases, mark=None):
 
 
 def profiled(args, variant, last):
-    """With --profile DIR, a torch profiler over the last step (forward, backward and
-    optimizer), whose chrome trace goes to DIR/VARIANT.json and whose GPU timeline
-    (`timeline.py`) goes into the variant's result; else a no-op."""
+    """With --profile DIR and `last` true (the last timed step), a torch profiler over
+    the step (forward, backward and optimizer), whose chrome trace goes to
+    DIR/VARIANT.json and whose GPU timeline (`timeline.py`) goes into the variant's
+    result; else a no-op."""
     if not (args.profile and last):
         return contextlib.nullcontext()
     from torch.profiler import ProfilerActivity, profile
@@ -288,7 +289,8 @@ def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
             else:
                 s1 = pool.stats()
         last = i == len(data) - 1
-        with profiled(args, policy, last):
+        # Profiled: the last timed step (not the checked one, which is off its order).
+        with profiled(args, policy, i == (measured[-1] if measured else len(data) - 1)):
             dt, loss = timed_forward_backward(args, m, x, phases if i in measured or i == 0 else {},
                                               mark if i in measured else None)
             losses.append(loss.item())
@@ -771,7 +773,7 @@ def main():
     ap.add_argument("--no-discard", action="store_true",
                     help="acquire gradients and new optimizer state without discard (copy their old bytes in)")
     ap.add_argument("--profile", metavar="DIR",
-                    help="profile each training variant's last step (chrome traces and GPU timelines in DIR)")
+                    help="profile each training variant's last timed step (chrome traces and GPU timelines in DIR)")
     ap.add_argument("--out", default="bench-torch.json")
     # Pool settings a variant changes (`varied`); None: the run's own.
     ap.set_defaults(gpu_budget_bytes=None, copy_bytes_in_flight=None)
