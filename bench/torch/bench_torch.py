@@ -289,9 +289,11 @@ def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
             else:
                 s1 = pool.stats()
         last = i == len(data) - 1
+        # The first step's phases are kept too (the medians leave it out), not the checked one's.
+        step_phases = phases if i == 0 or i in measured else {}
         # Profiled: the last timed step (not the checked one, which is off its order).
         with profiled(args, policy, i == (measured[-1] if measured else len(data) - 1)):
-            dt, loss = timed_forward_backward(args, m, x, phases if i in measured or i == 0 else {},
+            dt, loss = timed_forward_backward(args, m, x, step_phases,
                                               mark if i in measured else None)
             losses.append(loss.item())
             if ref is not None and last:
@@ -299,8 +301,7 @@ def train_offload(args, config, weights, data, policy, ref=None, chunked=None):
                 grads_equal = all(torch.equal(got[n].cpu(), g) for n, g in ref["grads"].items())
                 del got
             dt2, _ = sync_time(lambda: (opt.step(), opt.zero_grad()), "optimizer")
-        if i in measured or i == 0:
-            phases.setdefault("optimizer", []).append(dt2)
+        step_phases.setdefault("optimizer", []).append(dt2)
         times.append(dt + dt2)
         cur = pool.stats()
         by_step.append({k: cur[k] - prev[k] for k in STEP_COUNTERS})

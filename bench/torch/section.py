@@ -132,12 +132,16 @@ def bisect_lines(pairs):
             + "\n".join(out)) if out else ""
 
 
-def since_lines(path):
+def since_ratio(doc):
+    """The later run's (`--since`) learned step over its floor."""
+    return doc["train"]["learned"]["step_s"] / doc["train_floor_s"]
+
+
+def since_lines(path, doc):
     """A later training run (`--since`) whose learned step is timed without the
     bit-identity check's step (`timed_steps`): its figures beside the section's."""
-    if not path:
+    if not doc:
         return ""
-    doc = json.load(open(path))
     tr = doc["train"]
     learned, hand = tr["learned"], tr.get("handwritten")
     text = (f"Since (`{os.path.relpath(path)}`, {doc['device']}, training only): the runs "
@@ -148,8 +152,8 @@ def since_lines(path):
             f"{learned['h2d_bytes_per_step'] / 1e9:.2f} GB in and "
             f"{learned['d2h_bytes_per_step'] / 1e9:.2f} GB out per step, its floor is "
             f"{doc['train_floor_s']:.3f} s and its step {learned['step_s']:.3f} s = "
-            f"{learned['step_s'] / doc['train_floor_s']:.3f}x the floor (goal <= {FLOOR_GOAL}: "
-            f"{met(learned['step_s'] <= FLOOR_GOAL * doc['train_floor_s'])})")
+            f"{since_ratio(doc):.3f}x the floor (goal <= {FLOOR_GOAL}: "
+            f"{met(since_ratio(doc) <= FLOOR_GOAL)})")
     if hand:
         text += (f"; the hand-written variant {hand['step_s']:.3f} s, "
                  f"{hand['step_s'] / learned['step_s']:.2f}x learned's time")
@@ -171,9 +175,9 @@ def main():
     a = ap.parse_args()
     main_doc, ident = json.load(open(a.main)), json.load(open(a.identity))
     v = verdict(main_doc, ident)
-    if a.since:
-        later = json.load(open(a.since))
-        r = later["train"]["learned"]["step_s"] / later["train_floor_s"]
+    later = json.load(open(a.since)) if a.since else None
+    if later:
+        r = since_ratio(later)
         v += (f"; training timed without the bit-identity check's step "
               f"(`{os.path.basename(a.since)}`): {r:.3f}x floor ({met(r <= FLOOR_GOAL)})")
     text = "\n\n".join(x for x in [
@@ -185,7 +189,7 @@ def main():
         "\n".join(run_block(ident, a.identity_command)),
         bisect_lines(a.bisect),
         a.note or "",
-        since_lines(a.since),
+        since_lines(a.since, later),
         f"Verdict: {v}.", where_time_goes(main_doc),
         memory([(main_doc["args"]["attn"], main_doc), (ident["args"]["attn"], ident)]),
     ] if x) + "\n"
